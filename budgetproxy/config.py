@@ -1,0 +1,225 @@
+"""Configuration: one typed, validated object loaded from YAML, env vars and CLI flags."""
+
+from __future__ import annotations
+
+import os
+import re
+from pathlib import Path
+from typing import Any, Literal
+
+import yaml
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+
+# Every environment variable the proxy itself reads is named here.
+ENV_CONFIG_FILE = "BUDGETPROXY_CONFIG"
+ENV_MULTIPROC_DIR = "PROMETHEUS_MULTIPROC_DIR"
+
+_ENV_REF = re.compile(r"\$\{([A-Za-z_][A-Za-z0-9_]*)(?::-([^}]*))?\}")
+
+
+class ConfigError(ValueError):
+    """A configuration problem, phrased as one line naming the key."""
+
+
+class _Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+class ServerConfig(_Strict):
+    host: str = "127.0.0.1"
+    port: int = Field(8080, ge=0, le=65535)
+    max_body_bytes: int = Field(32 * 1024 * 1024, gt=0)
+    shutdown_timeout_s: float = Field(30.0, ge=0)
+    workers: int = Field(1, ge=1)
+
+
+class UpstreamConfig(_Strict):
+    name: str = "default"
+    base_url: str
+    api_key: str | None = None
+    models: list[str] = Field(default_factory=lambda: ["*"])
+    timeout_s: float = Field(600.0, gt=0)
+    connect_timeout_s: float = Field(10.0, gt=0)
+    inject_stream_usage: bool = True
+    kind: Literal["openai", "litellm"] = "openai"
+    # litellm only: the provider model to call, e.g. "anthropic/claude-sonnet-4-5".
+    model: str | None = None
+
+    @field_validator("base_url")
+    @classmethod
+    def _strip_slash(cls, v: str) -> str:
+        if not v.startswith(("http://", "https://")):
+            raise ValueError("must start with http:// or https://")
+        return v.rstrip("/")
+
+    @field_validator("api_key")
+    @classmethod
+    def _empty_key_is_none(cls, v: str | None) -> str | None:
+        return v or None
+
+
+class BudgetMixConfig(_Strict):
+    max_turns: int = Field(20, ge=1)
+    step: float = Field(0.1, gt=0, le=1)
+
+
+class BudgetConfig(_Strict):
+    default_turns: int = Field(20, ge=1)
+    on_exhausted: Literal["reject", "finish"] = "reject"
+    finish_reason: str = "length"
+    count_failed_turns: bool = False
+    free_retries_per_turn: int = Field(2, ge=0)
+    sampler: Literal["none", "budgetmix"] = "none"
+    budgetmix: BudgetMixConfig = BudgetMixConfig()
+    seed: int = 0
+
+
+class DisclosureConfig(_Strict):
+    mode: Literal["hidden", "disclosed", "mixed"] = "hidden"
+    disclosed_fraction: float = Field(0.5, ge=0, le=1)
+    placement: Literal["last_message", "system", "new_message"] = "last_message"
+    history: Literal["keep", "drop"] = "keep"
+    template: str = "[Turn budget] Turn {turn} of {total}. {remaining} turns remain after this one."
+
+    @field_validator("template")
+    @classmethod
+    def _template_renders(cls, v: str) -> str:
+        try:
+            v.format(turn=1, total=2, remaining=1, used=0)
+        except (KeyError, IndexError, ValueError) as e:
+            raise ValueError(
+                f"cannot render ({e!r}); allowed fields are {{turn}} {{total}} {{remaining}} {{used}}"
+            ) from None
+        return v
+
+
+class EpisodesConfig(_Strict):
+    id_headers: list[str] = Field(default_factory=lambda: ["X-Episode-Id"])
+    require_id: bool = False
+    idle_timeout_s: float = Field(3600.0, gt=0)
+    retention_s: float = Field(86400.0, ge=0)
+    uncounted_models: list[str] = Field(default_factory=list)
+    budget_headers: Literal["always", "disclosed_only", "never"] = "always"
+    sweep_interval_s: float = Field(5.0, gt=0)
+
+
+class TrajectoriesConfig(_Strict):
+    enabled: bool = True
+    dir: str = "./trajectories"
+    content: Literal["full", "none"] = "full"
+    max_file_bytes: int = Field(256 * 1024 * 1024, gt=0)
+    gzip_rotated: bool = False
+    queue_size: int = Field(10000, ge=1)
+
+
+class MetricsConfig(_Strict):
+    enabled: bool = True
+    turn_buckets: int = Field(64, ge=1, le=1000)
+
+
+class TracingConfig(_Strict):
+    # None: on when OTEL_EXPORTER_OTLP_ENDPOINT (or ..._TRACES_ENDPOINT) is set.
+    enabled: bool | None = None
+    capture_content: bool = False
+
+
+class StoreConfig(_Strict):
+    kind: Literal["memory", "redis"] = "memory"
+    url: str = "redis://127.0.0.1:6379/0"
+    key_prefix: str = "budgetproxy"
+    on_unavailable: Literal["fail_closed", "fail_open"] = "fail_closed"
+
+
+class AuthConfig(_Strict):
+    keys: list[str] = Field(default_factory=list)
+
+
+class Config(_Strict):
+    server: ServerConfig = ServerConfig()
+    upstreams: list[UpstreamConfig] = Field(default_factory=list)
+    budget: BudgetConfig = BudgetConfig()
+    disclosure: DisclosureConfig = DisclosureConfig()
+    episodes: EpisodesConfig = EpisodesConfig()
+    trajectories: TrajectoriesConfig = TrajectoriesConfig()
+    metrics: MetricsConfig = MetricsConfig()
+    tracing: TracingConfig = TracingConfig()
+    store: StoreConfig = StoreConfig()
+    auth: AuthConfig = AuthConfig()
+
+    @model_validator(mode="after")
+    def _check(self) -> Config:
+        bm = self.budget.budgetmix
+        if self.budget.sampler == "budgetmix" and round(1 / bm.step) < 1:
+            raise ValueError("budget.budgetmix.step: must give at least one candidate")
+        if self.server.workers > 1 and self.store.kind == "memory":
+            raise ValueError(
+                "server.workers: more than one worker needs a shared store (store.kind: redis); "
+                "the memory store would give each worker its own budgets"
+            )
+        return self
+
+
+def expand_env(text: str, environ: dict[str, str] | None = None) -> str:
+    """Replace ${VAR} and ${VAR:-default}; an unset VAR without a default becomes ""."""
+    env = os.environ if environ is None else environ
+
+    def sub(m: re.Match[str]) -> str:
+        return env.get(m.group(1), m.group(2) if m.group(2) is not None else "")
+
+    return _ENV_REF.sub(sub, text)
+
+
+def _format_error(err: ValidationError) -> str:
+    first = err.errors()[0]
+    key = ".".join(str(p) for p in first["loc"]) or "config"
+    msg = first["msg"]
+    if first["type"] == "extra_forbidden":
+        msg = "unknown key"
+    if msg.startswith("Value error, "):
+        msg = msg[len("Value error, ") :]
+    return f"{key}: {msg}"
+
+
+def _deep_merge(base: dict[str, Any], over: dict[str, Any]) -> dict[str, Any]:
+    out = dict(base)
+    for k, v in over.items():
+        if isinstance(v, dict) and isinstance(out.get(k), dict):
+            out[k] = _deep_merge(out[k], v)
+        else:
+            out[k] = v
+    return out
+
+
+def load_config(
+    path: str | Path | None = None,
+    overrides: dict[str, Any] | None = None,
+    environ: dict[str, str] | None = None,
+) -> Config:
+    """Load YAML (with ${ENV} expansion), apply overrides (nested dicts), validate.
+
+    Raises ConfigError with one line naming the offending key.
+    """
+    raw: dict[str, Any] = {}
+    if path is not None:
+        p = Path(path)
+        try:
+            text = p.read_text(encoding="utf-8")
+        except OSError as e:
+            raise ConfigError(f"config file {p}: {e.strerror or e}") from None
+        try:
+            loaded = yaml.safe_load(expand_env(text, environ))
+        except yaml.YAMLError as e:
+            mark = getattr(e, "problem_mark", None)
+            where = f" line {mark.line + 1}" if mark is not None else ""
+            raise ConfigError(f"config file {p}{where}: not valid YAML") from None
+        if loaded is None:
+            loaded = {}
+        if not isinstance(loaded, dict):
+            raise ConfigError(f"config file {p}: the top level must be a mapping of sections")
+        raw = loaded
+    if overrides:
+        raw = _deep_merge(raw, overrides)
+    try:
+        return Config.model_validate(raw)
+    except ValidationError as e:
+        raise ConfigError(_format_error(e)) from None

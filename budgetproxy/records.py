@@ -1,0 +1,71 @@
+"""Trajectory record types: the JSONL schema shared by the sink and the analysis."""
+
+from __future__ import annotations
+
+from datetime import UTC, datetime
+from typing import Any, Literal, TypedDict
+
+SCHEMA_VERSION = 1
+
+TurnStatus = Literal["ok", "upstream_error", "rejected"]
+EndReason = Literal["success", "failure", "exhausted", "abandoned"]
+
+
+class Disclosure(TypedDict):
+    arm: str
+    text: str | None
+
+
+class TurnRecord(TypedDict, total=False):
+    schema: int
+    type: Literal["turn"]
+    episode_id: str
+    turn: int
+    attempt: int
+    ts: str
+    latency_s: float
+    model: str | None
+    route: str
+    stream: bool
+    status: TurnStatus
+    http_status: int
+    request_messages: list[Any]
+    messages_offset: int
+    response: dict[str, Any] | None
+    finish_reason: str | None
+    usage: dict[str, Any] | None
+    budget: int
+    remaining: int
+    charged: bool
+    disclosure: Disclosure
+    task_id: str | None
+    group: str | None
+
+
+class EpisodeRecord(TypedDict, total=False):
+    schema: int
+    type: Literal["episode"]
+    episode_id: str
+    task_id: str | None
+    group: str | None
+    tags: dict[str, Any]
+    model: str | None
+    budget: int
+    max_turns: int | None
+    tier: str
+    disclosure: str
+    announced_budget: int | None
+    turns_used: int
+    outcome: Literal["success", "failure"] | None
+    success_turn: int | None
+    reward: float | None
+    exhausted: bool
+    end_reason: EndReason
+    started_at: str
+    ended_at: str
+    metadata: dict[str, Any]
+
+
+def rfc3339(ts: float) -> str:
+    """RFC 3339 UTC timestamp with millisecond precision, e.g. 2026-11-30T10:04:15.123Z."""
+    return datetime.fromtimestamp(ts, UTC).strftime("%Y-%m-%dT%H:%M:%S.%f")[:-3] + "Z"
