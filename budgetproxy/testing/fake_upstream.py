@@ -1,0 +1,634 @@
+"""A fake OpenAI-compatible upstream: deterministic answers, fault injection, cheap per request.
+
+Request headers steer it (the proxy forwards them): ``X-Fake-Status``, ``X-Fake-Delay-Ms``,
+``X-Fake-Fail-Times`` + ``X-Fake-Fail-Key``, ``X-Fake-Chunks``, ``X-Fake-Chunk-Gap-Ms``,
+``X-Fake-Stream-Break-After``, ``X-Fake-Parallel-Tools`` and ``X-Fake-Echo-Request``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import itertools
+import threading
+import time
+import zlib
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass
+from types import TracebackType
+from typing import Any
+
+import orjson
+from aiohttp import web
+
+__all__ = ["FakeUpstream", "Received", "main"]
+
+_JSON = {"Content-Type": "application/json"}
+_SSE = {"Content-Type": "text/event-stream", "Cache-Control": "no-cache"}
+_DONE = b"data: [DONE]\n\n"
+_EMBEDDING_DIM = 8
+
+
+@dataclass(frozen=True, slots=True)
+class Received:
+    """One request as the upstream saw it."""
+
+    method: str
+    path: str
+    headers: dict[str, str]
+    body: bytes
+    json: Any
+
+
+def _error(status: int, message: str, type_: str, code: str | None) -> web.Response:
+    body = {"error": {"message": message, "type": type_, "param": None, "code": code}}
+    return web.Response(status=status, body=orjson.dumps(body), headers=_JSON)
+
+
+def _fault(status: int) -> web.Response:
+    kind = "server_error" if status >= 500 else "invalid_request_error"
+    code = "rate_limit_exceeded" if status == 429 else "fake_fault"
+    return _error(status, f"injected fault {status}", kind, code)
+
+
+def _text_of(content: Any) -> str:
+    """The text of a message's content: a string, or the text parts of a list of parts."""
+    if isinstance(content, str):
+        return content
+    if isinstance(content, list):
+        return "".join(
+            str(p.get("text", "")) for p in content if isinstance(p, dict) and "text" in p
+        )
+    return ""
+
+
+def _words(text: str) -> int:
+    return len(text.split())
+
+
+def _split(text: str, n: int) -> Iterator[str]:
+    """Exactly ``n`` pieces (some may be empty) that concatenate to ``text``."""
+    size, extra = divmod(len(text), n)
+    start = 0
+    for i in range(n):
+        end = start + size + (1 if i < extra else 0)
+        yield text[start:end]
+        start = end
+
+
+def _dummy_arguments(tool: Any) -> str:
+    """Small deterministic JSON arguments that fit the tool's declared parameters."""
+    fn = tool.get("function", {}) if isinstance(tool, dict) else {}
+    params = fn.get("parameters") if isinstance(fn, dict) else None
+    props = params.get("properties") if isinstance(params, dict) else None
+    if not isinstance(props, dict):
+        return "{}"
+    values: dict[Any, Any] = {
+        "string": "fake",
+        "integer": 1,
+        "number": 1,
+        "boolean": True,
+        "array": [],
+        "object": {},
+    }
+    args = {
+        name: values.get(spec.get("type") if isinstance(spec, dict) else None)
+        for name, spec in props.items()
+    }
+    return orjson.dumps(args).decode()
+
+
+def _int_header(request: web.Request, name: str, default: int) -> int:
+    raw = request.headers.get(name)
+    if raw is None:
+        return default
+    try:
+        return int(raw)
+    except ValueError:
+        return default
+
+
+class FakeUpstream:
+    """An aiohttp server on its own event loop thread, recording every request it receives."""
+
+    def __init__(
+        self,
+        models: Sequence[str] = ("fake-model",),
+        host: str = "127.0.0.1",
+        port: int = 0,
+        *,
+        chunks: int = 4,
+        chunk_gap_ms: float = 0.0,
+        record: bool = True,
+    ) -> None:
+        self.models = list(models)
+        self.host = host
+        self.port = port
+        self.default_chunks = max(1, chunks)
+        self.default_gap_ms = chunk_gap_ms
+        self.record = record
+        self.requests: list[Received] = []
+        self._lock = threading.Lock()
+        self._ids = itertools.count(1)
+        self._failures: dict[str, int] = {}
+        self._models_body = orjson.dumps(
+            {
+                "object": "list",
+                "data": [
+                    {"id": m, "object": "model", "created": 0, "owned_by": "fake"}
+                    for m in self.models
+                ],
+            }
+        )
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._thread: threading.Thread | None = None
+        self._runner: web.AppRunner | None = None
+
+    # ---- lifecycle -------------------------------------------------------------------------
+
+    @property
+    def base_url(self) -> str:
+        return f"http://{self.host}:{self.port}/v1"
+
+    def build_app(self) -> web.Application:
+        app = web.Application(client_max_size=64 * 1024 * 1024)
+        app.router.add_post("/v1/chat/completions", self._chat)
+        app.router.add_post("/v1/completions", self._completions)
+        app.router.add_get("/v1/models", self._list_models)
+        app.router.add_post("/v1/embeddings", self._embeddings)
+        app.router.add_post("/v1/responses", self._responses)
+        app.router.add_route("*", "/{tail:.*}", self._not_found)
+        return app
+
+    async def start_async(self) -> None:
+        """Start listening on the running event loop."""
+        self._runner = web.AppRunner(self.build_app(), access_log=None, shutdown_timeout=1.0)
+        await self._runner.setup()
+        site = web.TCPSite(self._runner, self.host, self.port, backlog=4096)
+        await site.start()
+        self.port = int(self._runner.addresses[0][1])
+
+    async def stop_async(self) -> None:
+        if self._runner is not None:
+            await self._runner.cleanup()
+            self._runner = None
+
+    def start(self) -> FakeUpstream:
+        """Run on a daemon thread with its own event loop; return once listening."""
+        ready = threading.Event()
+        failure: list[BaseException] = []
+
+        def run() -> None:
+            loop = asyncio.new_event_loop()
+            self._loop = loop
+            try:
+                loop.run_until_complete(self.start_async())
+            except BaseException as exc:  # noqa: BLE001 - reported to the starting thread
+                failure.append(exc)
+                ready.set()
+                loop.close()
+                return
+            ready.set()
+            try:
+                loop.run_forever()
+            finally:
+                loop.run_until_complete(self.stop_async())
+                loop.close()
+
+        self._thread = threading.Thread(target=run, name="fake-upstream", daemon=True)
+        self._thread.start()
+        if not ready.wait(10):
+            raise RuntimeError("fake upstream did not start within 10 s")
+        if failure:
+            raise failure[0]
+        return self
+
+    def stop(self) -> None:
+        if self._loop is not None and self._thread is not None:
+            self._loop.call_soon_threadsafe(self._loop.stop)
+            self._thread.join(10)
+        self._loop = None
+        self._thread = None
+
+    def __enter__(self) -> FakeUpstream:
+        return self.start()
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        self.stop()
+
+    # ---- inspection ------------------------------------------------------------------------
+
+    def reset(self) -> None:
+        with self._lock:
+            self.requests.clear()
+            self._failures.clear()
+
+    def count(self, path: str = "/v1/chat/completions") -> int:
+        with self._lock:
+            return sum(1 for r in self.requests if r.path == path)
+
+    # ---- request plumbing ------------------------------------------------------------------
+
+    async def _receive(self, request: web.Request) -> tuple[Any, web.Response | None]:
+        """Read and record the request; return its JSON and an injected fault, if any."""
+        body = await request.read()
+        try:
+            parsed: Any = orjson.loads(body) if body else None
+        except orjson.JSONDecodeError:
+            parsed = None
+        if self.record:
+            received = Received(
+                request.method,
+                request.path,
+                {k.lower(): v for k, v in request.headers.items()},
+                body,
+                parsed,
+            )
+            with self._lock:
+                self.requests.append(received)
+        headers = request.headers
+        if "X-Fake-Delay-Ms" in headers:
+            await asyncio.sleep(_int_header(request, "X-Fake-Delay-Ms", 0) / 1000)
+        if "X-Fake-Status" in headers or "X-Fake-Fail-Times" in headers:
+            fault = self._injected_fault(request)
+            if fault is not None:
+                return parsed, fault
+        if request.method == "POST" and not isinstance(parsed, dict):
+            return parsed, _error(
+                400, "request body must be a JSON object", "invalid_request_error", None
+            )
+        return parsed, None
+
+    def _injected_fault(self, request: web.Request) -> web.Response | None:
+        status = _int_header(request, "X-Fake-Status", 500)
+        if "X-Fake-Fail-Times" not in request.headers:
+            return _fault(status) if status >= 300 else None
+        key = request.headers.get("X-Fake-Fail-Key", "")
+        with self._lock:
+            seen = self._failures.get(key, 0)
+            self._failures[key] = seen + 1
+        if seen < _int_header(request, "X-Fake-Fail-Times", 0):
+            return _fault(status)
+        return None
+
+    def _next_id(self, prefix: str) -> str:
+        return f"{prefix}-fake-{next(self._ids)}"
+
+    def _stream_plan(self, request: web.Request) -> tuple[int, float, int | None]:
+        chunks = max(1, _int_header(request, "X-Fake-Chunks", self.default_chunks))
+        raw_gap = request.headers.get("X-Fake-Chunk-Gap-Ms")
+        gap = float(raw_gap) if raw_gap is not None else self.default_gap_ms
+        raw_break = request.headers.get("X-Fake-Stream-Break-After")
+        return chunks, gap / 1000, int(raw_break) if raw_break is not None else None
+
+    async def _sse(
+        self, request: web.Request, events: Iterator[bytes | float]
+    ) -> web.StreamResponse:
+        """Write SSE events; a float in ``events`` is a pause in seconds."""
+        _, _, break_after = self._stream_plan(request)
+        resp = web.StreamResponse(headers=_SSE)
+        await resp.prepare(request)
+        sent = 0
+        for event in events:
+            if isinstance(event, float):
+                if event > 0:
+                    await asyncio.sleep(event)
+                continue
+            if break_after is not None and sent >= break_after:
+                if request.transport is not None:
+                    request.transport.abort()
+                return resp
+            await resp.write(event)
+            sent += 1
+        return resp
+
+    # ---- chat completions ------------------------------------------------------------------
+
+    def _chat_answer(
+        self, request: web.Request, req: dict[str, Any]
+    ) -> tuple[str | None, list[dict[str, Any]]]:
+        """The assistant's content and tool calls for a chat request."""
+        messages = req.get("messages")
+        messages = messages if isinstance(messages, list) else []
+        last = messages[-1] if messages and isinstance(messages[-1], dict) else {}
+        tools = req.get("tools")
+        if (
+            isinstance(tools, list)
+            and tools
+            and last.get("role") != "tool"
+            and req.get("tool_choice") != "none"
+        ):
+            n = max(1, _int_header(request, "X-Fake-Parallel-Tools", 1))
+            calls = []
+            for i in range(n):
+                tool = tools[i % len(tools)]
+                fn = tool.get("function", {}) if isinstance(tool, dict) else {}
+                calls.append(
+                    {
+                        "id": f"call_{i}",
+                        "type": "function",
+                        "function": {
+                            "name": str(fn.get("name", "tool")),
+                            "arguments": _dummy_arguments(tool),
+                        },
+                    }
+                )
+            return None, calls
+        if request.headers.get("X-Fake-Echo-Request") == "1":
+            return orjson.dumps(messages).decode(), []
+        return "echo: " + _text_of(last.get("content")), []
+
+    @staticmethod
+    def _prompt_tokens(messages: Any) -> int:
+        if not isinstance(messages, list):
+            return 0
+        return sum(_words(_text_of(m.get("content"))) for m in messages if isinstance(m, dict))
+
+    async def _chat(self, request: web.Request) -> web.StreamResponse:
+        req, fault = await self._receive(request)
+        if fault is not None:
+            return fault
+        content, calls = self._chat_answer(request, req)
+        prompt = self._prompt_tokens(req.get("messages"))
+        completion = _words(content) if content is not None else 4 * len(calls)
+        usage = {
+            "prompt_tokens": prompt,
+            "completion_tokens": completion,
+            "total_tokens": prompt + completion,
+        }
+        model = req.get("model", self.models[0])
+        finish = "tool_calls" if calls else "stop"
+        cid = self._next_id("chatcmpl")
+        created = int(time.time())
+        if req.get("stream") is True:
+            opts = req.get("stream_options")
+            with_usage = isinstance(opts, dict) and opts.get("include_usage") is True
+            events = self._chat_events(request, cid, created, model, content, calls, finish)
+            return await self._sse(
+                request,
+                self._finish_stream(
+                    events,
+                    cid,
+                    created,
+                    model,
+                    "chat.completion.chunk",
+                    usage if with_usage else None,
+                ),
+            )
+        message: dict[str, Any] = {"role": "assistant", "content": content}
+        if calls:
+            message["tool_calls"] = calls
+        body = {
+            "id": cid,
+            "object": "chat.completion",
+            "created": created,
+            "model": model,
+            "choices": [
+                {"index": 0, "message": message, "logprobs": None, "finish_reason": finish}
+            ],
+            "usage": usage,
+        }
+        return web.Response(body=orjson.dumps(body), headers=_JSON)
+
+    def _chat_events(
+        self,
+        request: web.Request,
+        cid: str,
+        created: int,
+        model: str,
+        content: str | None,
+        calls: list[dict[str, Any]],
+        finish: str,
+    ) -> Iterator[bytes | float]:
+        chunks, gap, _ = self._stream_plan(request)
+        head = b'data: {"id":"%s","object":"chat.completion.chunk","created":%d,"model":%s,' % (
+            cid.encode(),
+            created,
+            orjson.dumps(model),
+        )
+
+        def event(delta: dict[str, Any], finish_reason: str | None = None) -> bytes:
+            choice = {"index": 0, "delta": delta, "logprobs": None, "finish_reason": finish_reason}
+            return head + b'"choices":' + orjson.dumps([choice]) + b"}\n\n"
+
+        if calls:
+            for i, call in enumerate(calls):
+                header = {
+                    "index": i,
+                    "id": call["id"],
+                    "type": "function",
+                    "function": {"name": call["function"]["name"], "arguments": ""},
+                }
+                delta: dict[str, Any] = {"tool_calls": [header]}
+                if i == 0:
+                    delta = {"role": "assistant", "content": None, **delta}
+                yield event(delta)
+                for piece in _split(call["function"]["arguments"], chunks):
+                    yield gap
+                    yield event({"tool_calls": [{"index": i, "function": {"arguments": piece}}]})
+        else:
+            yield event({"role": "assistant", "content": ""})
+            for i, piece in enumerate(_split(content or "", chunks)):
+                if i:
+                    yield gap
+                yield event({"content": piece})
+        yield gap
+        yield event({}, finish)
+
+    @staticmethod
+    def _finish_stream(
+        events: Iterator[bytes | float],
+        cid: str,
+        created: int,
+        model: str,
+        obj: str,
+        usage: dict[str, int] | None,
+    ) -> Iterator[bytes | float]:
+        yield from events
+        if usage is not None:
+            last = {
+                "id": cid,
+                "object": obj,
+                "created": created,
+                "model": model,
+                "choices": [],
+                "usage": usage,
+            }
+            yield b"data: " + orjson.dumps(last) + b"\n\n"
+        yield _DONE
+
+    # ---- other endpoints -------------------------------------------------------------------
+
+    async def _completions(self, request: web.Request) -> web.StreamResponse:
+        req, fault = await self._receive(request)
+        if fault is not None:
+            return fault
+        prompt = req.get("prompt", "")
+        if isinstance(prompt, list):
+            prompt = str(prompt[0]) if prompt else ""
+        text = "echo: " + str(prompt)
+        p, c = _words(str(prompt)), _words(text)
+        usage = {"prompt_tokens": p, "completion_tokens": c, "total_tokens": p + c}
+        model = req.get("model", self.models[0])
+        cid, created = self._next_id("cmpl"), int(time.time())
+
+        def chunk(piece: str, finish: str | None) -> dict[str, Any]:
+            return {
+                "id": cid,
+                "object": "text_completion",
+                "created": created,
+                "model": model,
+                "choices": [{"text": piece, "index": 0, "logprobs": None, "finish_reason": finish}],
+            }
+
+        if req.get("stream") is True:
+            chunks, gap, _ = self._stream_plan(request)
+            opts = req.get("stream_options")
+            with_usage = isinstance(opts, dict) and opts.get("include_usage") is True
+
+            def events() -> Iterator[bytes | float]:
+                for i, piece in enumerate(_split(text, chunks)):
+                    if i:
+                        yield gap
+                    yield b"data: " + orjson.dumps(chunk(piece, None)) + b"\n\n"
+                yield b"data: " + orjson.dumps(chunk("", "stop")) + b"\n\n"
+
+            return await self._sse(
+                request,
+                self._finish_stream(
+                    events(), cid, created, model, "text_completion", usage if with_usage else None
+                ),
+            )
+        body = chunk(text, "stop") | {"usage": usage}
+        return web.Response(body=orjson.dumps(body), headers=_JSON)
+
+    async def _list_models(self, request: web.Request) -> web.Response:
+        _, fault = await self._receive(request)
+        return fault or web.Response(body=self._models_body, headers=_JSON)
+
+    async def _embeddings(self, request: web.Request) -> web.Response:
+        req, fault = await self._receive(request)
+        if fault is not None:
+            return fault
+        inputs = req.get("input", "")
+        items = inputs if isinstance(inputs, list) else [inputs]
+        data = []
+        for i, item in enumerate(items):
+            seed = zlib.crc32(orjson.dumps(item))
+            vector = [((seed >> (4 * d)) & 0xF) / 15.0 for d in range(_EMBEDDING_DIM)]
+            data.append({"object": "embedding", "index": i, "embedding": vector})
+        tokens = sum(_words(x) if isinstance(x, str) else 1 for x in items)
+        body = {
+            "object": "list",
+            "data": data,
+            "model": req.get("model", self.models[0]),
+            "usage": {"prompt_tokens": tokens, "total_tokens": tokens},
+        }
+        return web.Response(body=orjson.dumps(body), headers=_JSON)
+
+    async def _responses(self, request: web.Request) -> web.StreamResponse:
+        req, fault = await self._receive(request)
+        if fault is not None:
+            return fault
+        given = req.get("input", "")
+        if isinstance(given, list):
+            last = given[-1] if given and isinstance(given[-1], dict) else {}
+            given = _text_of(last.get("content"))
+        text = "echo: " + str(given)
+        rid, mid = self._next_id("resp"), self._next_id("msg")
+        p, c = _words(str(given)), _words(text)
+        message = {
+            "type": "message",
+            "id": mid,
+            "status": "completed",
+            "role": "assistant",
+            "content": [{"type": "output_text", "text": text, "annotations": []}],
+        }
+        body = {
+            "id": rid,
+            "object": "response",
+            "created_at": int(time.time()),
+            "status": "completed",
+            "model": req.get("model", self.models[0]),
+            "output": [message],
+            "usage": {"input_tokens": p, "output_tokens": c, "total_tokens": p + c},
+        }
+        if req.get("stream") is not True:
+            return web.Response(body=orjson.dumps(body), headers=_JSON)
+        chunks, gap, _ = self._stream_plan(request)
+
+        def sse(kind: str, payload: dict[str, Any]) -> bytes:
+            data = orjson.dumps({"type": kind, **payload})
+            return b"event: " + kind.encode() + b"\ndata: " + data + b"\n\n"
+
+        def events() -> Iterator[bytes | float]:
+            yield sse(
+                "response.created", {"response": body | {"status": "in_progress", "output": []}}
+            )
+            for i, piece in enumerate(_split(text, chunks)):
+                if i:
+                    yield gap
+                yield sse(
+                    "response.output_text.delta",
+                    {"item_id": mid, "output_index": 0, "content_index": 0, "delta": piece},
+                )
+            yield sse("response.completed", {"response": body})
+
+        return await self._sse(request, events())
+
+    async def _not_found(self, request: web.Request) -> web.Response:
+        await self._receive(request)
+        return _error(
+            404, f"no route {request.method} {request.path}", "invalid_request_error", "not_found"
+        )
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Run the fake upstream standalone (for benchmarks and manual runs)."""
+    parser = argparse.ArgumentParser(prog="python -m budgetproxy.testing.fake_upstream")
+    parser.add_argument("--host", default="127.0.0.1")
+    parser.add_argument("--port", type=int, default=8000)
+    parser.add_argument("--model", action="append", dest="models", help="repeatable")
+    parser.add_argument("--chunks", type=int, default=4, help="default content chunks a stream")
+    parser.add_argument("--chunk-gap-ms", type=float, default=0.0, help="default pause between")
+    parser.add_argument("--record", action="store_true", help="keep every request in memory")
+    args = parser.parse_args(argv)
+    upstream = FakeUpstream(
+        args.models or ["fake-model"],
+        args.host,
+        args.port,
+        chunks=args.chunks,
+        chunk_gap_ms=args.chunk_gap_ms,
+        record=args.record,
+    )
+    try:
+        import uvloop
+    except ImportError:
+        loop = asyncio.new_event_loop()
+    else:
+        loop = uvloop.new_event_loop()
+
+    async def serve() -> None:
+        await upstream.start_async()
+        print(upstream.base_url, flush=True)
+        try:
+            await asyncio.Event().wait()
+        finally:
+            await upstream.stop_async()
+
+    try:
+        loop.run_until_complete(serve())
+    except KeyboardInterrupt:
+        pass
+    finally:
+        loop.close()
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
