@@ -1,0 +1,295 @@
+"""The episode API, health, metrics, model list and pass-through routes (FastAPI)."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+import uuid
+from typing import Any, Literal
+
+import aiohttp
+import orjson
+from fastapi import Body, FastAPI, Request
+from fastapi.exceptions import RequestValidationError
+from fastapi.responses import Response
+from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_latest
+from pydantic import BaseModel, ConfigDict, Field, StrictBool
+
+from budgetproxy.config import Config
+from budgetproxy.core.budget import tier_label
+from budgetproxy.core.episode import EpisodeState, FinishStatus, OutcomeReport
+from budgetproxy.core.ids import is_valid_episode_id
+from budgetproxy.core.spec import EpisodeSpec, SpecError, new_episode
+from budgetproxy.errors import ProxyError
+from budgetproxy.recorder import Recorder
+from budgetproxy.store.base import EpisodeStore, StoreUnavailable
+from budgetproxy.upstream import UpstreamPool
+
+log = logging.getLogger("budgetproxy")
+
+
+class EpisodeCreate(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+    episode_id: str | None = None
+    budget: int | None = Field(None, ge=1, strict=True)
+    max_turns: int | None = Field(None, ge=1, strict=True)
+    task_id: str | None = None
+    group: str | None = None
+    disclosure: Literal["hidden", "disclosed"] | None = None
+    announced_budget: int | None = Field(None, ge=1, strict=True)
+    tags: dict[str, Any] = Field(default_factory=dict)
+
+
+class OutcomeBody(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+    success: StrictBool
+    reward: float | None = None
+    success_turn: int | None = Field(None, ge=1, strict=True)
+    metadata: dict[str, Any] = Field(default_factory=dict)
+
+
+def episode_view(st: EpisodeState) -> dict[str, Any]:
+    return {
+        "episode_id": st.episode_id,
+        "task_id": st.task_id,
+        "group": st.group,
+        "budget": st.budget,
+        "max_turns": st.max_turns,
+        "tier": tier_label(st.budget, st.max_turns),
+        "disclosure": st.disclosure,
+        "announced_budget": st.announced_budget,
+        "turns_used": st.turns_used,
+        "remaining": st.remaining,
+        "status": st.status,
+        "outcome": st.outcome,
+        "success_turn": st.success_turn,
+        "reward": st.reward,
+        "exhausted": st.exhausted,
+        "end_reason": st.end_reason,
+        "tags": st.tags,
+    }
+
+
+def _json(data: Any, status: int = 200) -> Response:
+    return Response(orjson.dumps(data), status_code=status, media_type="application/json")
+
+
+def _error(err: ProxyError) -> Response:
+    return Response(err.body(), status_code=err.status,
+                    headers=dict((k.decode(), v.decode()) for k, v in err.header_list()))
+
+
+def _not_found(episode_id: str) -> ProxyError:
+    return ProxyError(404, "episode_not_found", f"No episode with id {episode_id!r}",
+                      param="episode_id")
+
+
+def build_api(
+    config: Config,
+    store: EpisodeStore,
+    recorder: Recorder,
+    pool: UpstreamPool,
+    registry: CollectorRegistry | None,
+) -> FastAPI:
+    app = FastAPI(
+        title="budgetproxy",
+        summary="Turn budgets per agent episode, in front of any OpenAI-compatible model.",
+        docs_url="/docs",
+        openapi_url="/openapi.json",
+    )
+    auth_keys = frozenset(f"Bearer {k}" for k in config.auth.keys)
+
+    @app.exception_handler(ProxyError)
+    async def _proxy_error(_: Request, exc: ProxyError) -> Response:
+        return _error(exc)
+
+    @app.exception_handler(RequestValidationError)
+    async def _invalid(_: Request, exc: RequestValidationError) -> Response:
+        first = exc.errors()[0] if exc.errors() else {}
+        loc = [str(p) for p in first.get("loc", ()) if p != "body"]
+        param = ".".join(loc) or None
+        if first.get("type") == "json_invalid":
+            msg = "Request body is not valid JSON"
+        elif first.get("type") == "extra_forbidden":
+            msg = f"Unknown field {param!r}"
+        else:
+            msg = f"{param or 'body'}: {first.get('msg', 'invalid value')}"
+        return _error(ProxyError(400, "invalid_request", msg, param=param))
+
+    @app.exception_handler(StoreUnavailable)
+    async def _store_down(_: Request, exc: StoreUnavailable) -> Response:
+        return _error(ProxyError(503, "store_unavailable", "The episode store is unavailable"))
+
+    def check_auth(request: Request) -> None:
+        if auth_keys and request.headers.get("authorization") not in auth_keys:
+            raise ProxyError(401, "invalid_api_key", "Missing or invalid API key for this proxy")
+
+    async def end_and_record(episode_id: str, report: OutcomeReport | None) -> Response:
+        done = await store.finish(episode_id, report, time.time())
+        if done.status is None or done.state is None:
+            if await store.is_known(episode_id):
+                return _json({"episode_id": episode_id, "status": "finished"})
+            raise _not_found(episode_id)
+        if done.status is FinishStatus.CONFLICT:
+            raise ProxyError(
+                409, "outcome_conflict",
+                f"Episode {episode_id!r} already ended ({done.state.end_reason}, outcome "
+                f"{done.state.outcome}); a different report is refused",
+            )
+        if done.status is FinishStatus.FINISHED:
+            await recorder.episode_ended(done.state)
+        return _json(episode_view(done.state))
+
+    @app.get("/healthz", include_in_schema=False)
+    async def healthz() -> Response:
+        return _json({"status": "ok"})
+
+    @app.get("/readyz", include_in_schema=False)
+    async def readyz() -> Response:
+        try:
+            ok = await asyncio.wait_for(store.ping(), 2.0)
+        except (TimeoutError, StoreUnavailable, OSError):
+            ok = False
+        if not ok:
+            return _json({"status": "unavailable", "store": config.store.kind}, 503)
+        return _json({"status": "ready", "store": config.store.kind})
+
+    @app.get("/metrics", include_in_schema=False)
+    async def metrics() -> Response:
+        if registry is None:
+            return Response("metrics are disabled\n", status_code=404)
+        return Response(generate_latest(registry), media_type=CONTENT_TYPE_LATEST)
+
+    @app.post("/v1/episodes", status_code=201)
+    async def create_episode(request: Request, body: EpisodeCreate = Body()) -> Response:  # noqa: B008
+        check_auth(request)
+        eid = body.episode_id or f"ep-{uuid.uuid4().hex}"
+        if not is_valid_episode_id(eid):
+            raise ProxyError(400, "invalid_episode_id",
+                             "Episode ids are 1-128 characters of A-Z a-z 0-9 . _ : -",
+                             param="episode_id")
+        spec = EpisodeSpec(
+            episode_id=eid, budget=body.budget, max_turns=body.max_turns, task_id=body.task_id,
+            group=body.group, disclosure=body.disclosure,
+            announced_budget=body.announced_budget, tags=body.tags,
+        )
+        try:
+            st = new_episode(spec, config.budget, config.disclosure, time.time())
+        except SpecError as e:
+            raise ProxyError(400, "invalid_request", str(e), param=e.param) from None
+        if not await store.create(st):
+            raise ProxyError(409, "episode_exists", f"Episode {eid!r} already exists",
+                             param="episode_id")
+        await recorder.episode_started(st)
+        base = str(request.base_url).rstrip("/")
+        return _json(
+            {
+                "episode_id": eid,
+                "budget": st.budget,
+                "max_turns": st.max_turns,
+                "tier": tier_label(st.budget, st.max_turns),
+                "disclosure": st.disclosure,
+                "announced_budget": st.announced_budget,
+                "task_id": st.task_id,
+                "group": st.group,
+                "base_url": f"{base}/episodes/{eid}/v1",
+            },
+            201,
+        )
+
+    @app.get("/v1/episodes/{episode_id}")
+    async def get_episode(request: Request, episode_id: str) -> Response:
+        check_auth(request)
+        st = await store.get(episode_id)
+        if st is None:
+            if await store.is_known(episode_id):
+                return _json({"episode_id": episode_id, "status": "finished"})
+            raise _not_found(episode_id)
+        return _json(episode_view(st))
+
+    @app.post("/v1/episodes/{episode_id}/outcome")
+    async def report_outcome(
+        request: Request, episode_id: str, body: OutcomeBody = Body()  # noqa: B008
+    ) -> Response:
+        check_auth(request)
+        report = OutcomeReport(success=body.success, reward=body.reward,
+                               success_turn=body.success_turn, metadata=body.metadata)
+        return await end_and_record(episode_id, report)
+
+    @app.post("/v1/episodes/{episode_id}/end")
+    async def end_episode(request: Request, episode_id: str) -> Response:
+        check_auth(request)
+        return await end_and_record(episode_id, None)
+
+    @app.get("/v1/models")
+    async def list_models(request: Request) -> Response:
+        check_auth(request)
+        merged: dict[str, dict[str, Any]] = {}
+
+        async def fetch(u: Any) -> list[dict[str, Any]]:
+            if u.kind != "openai":
+                return [{"id": m, "object": "model", "owned_by": u.name} for m in u.models
+                        if "*" not in m]
+            headers = {"authorization": f"Bearer {u.api_key}"} if u.api_key else {}
+            try:
+                async with pool.session.get(f"{u.base_url}/models", headers=headers,
+                                            timeout=aiohttp.ClientTimeout(total=10)) as r:
+                    if r.status != 200:
+                        return []
+                    data = orjson.loads(await r.read()).get("data", [])
+                    return [m for m in data if isinstance(m, dict) and "id" in m]
+            except (aiohttp.ClientError, TimeoutError, orjson.JSONDecodeError, AttributeError):
+                log.warning("could not list models of upstream %s", u.name)
+                return []
+
+        for models in await asyncio.gather(*(fetch(u) for u in pool.upstreams)):
+            for m in models:
+                merged.setdefault(m["id"], m)
+        return _json({"object": "list", "data": list(merged.values())})
+
+    @app.api_route("/v1/{path:path}", methods=["GET", "POST", "PUT", "PATCH", "DELETE"],
+                   include_in_schema=False)
+    async def passthrough(request: Request, path: str) -> Response:
+        check_auth(request)
+        body = await request.body()
+        if len(body) > config.server.max_body_bytes:
+            raise ProxyError(413, "request_too_large", "Request body exceeds the limit of "
+                             f"{config.server.max_body_bytes} bytes (server.max_body_bytes)")
+        model = None
+        if body and request.headers.get("content-type", "").startswith("application/json"):
+            try:
+                parsed = orjson.loads(body)
+                model = parsed.get("model") if isinstance(parsed, dict) else None
+            except orjson.JSONDecodeError:
+                model = None
+        upstream = pool.route(model if isinstance(model, str) else None) or (
+            pool.upstreams[0] if pool.upstreams else None)
+        if upstream is None or upstream.kind != "openai":
+            raise ProxyError(404, "not_found", f"No upstream serves /v1/{path}")
+        headers = {k: v for k, v in request.headers.items()
+                   if k not in ("host", "content-length", "authorization", "accept-encoding",
+                                "connection", "x-api-key") and not k.startswith("x-episode-")}
+        if upstream.api_key:
+            headers["authorization"] = f"Bearer {upstream.api_key}"
+        elif not auth_keys and "authorization" in request.headers:
+            headers["authorization"] = request.headers["authorization"]
+        url = f"{upstream.base_url}/{path}"
+        if request.url.query:
+            url += f"?{request.url.query}"
+        try:
+            async with pool.session.request(request.method, url, data=body, headers=headers,
+                                            timeout=pool.timeout(upstream)) as r:
+                data = await r.read()
+                out = {k: v for k, v in r.headers.items()
+                       if k.lower() not in ("content-length", "content-encoding",
+                                            "transfer-encoding", "connection", "date", "server")}
+                return Response(data, status_code=r.status, headers=out)
+        except TimeoutError:
+            raise ProxyError(504, "upstream_timeout",
+                             f"Upstream {upstream.name!r} timed out") from None
+        except aiohttp.ClientError as e:
+            raise ProxyError(502, "upstream_unreachable",
+                             f"Upstream {upstream.name!r} is unreachable: {e}") from None
+
+    return app

@@ -1,0 +1,204 @@
+"""The ASGI application: a thin dispatcher, the model-call hot path, and the lifespan."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import os
+import time
+from typing import Any
+
+from prometheus_client import CollectorRegistry
+
+from budgetproxy.api import build_api
+from budgetproxy.asgi import Receive, Scope, Send
+from budgetproxy.config import ENV_MULTIPROC_DIR, Config
+from budgetproxy.core.ids import split_episode_prefix
+from budgetproxy.forward import MODEL_ROUTES, ModelCalls
+from budgetproxy.metrics import Metrics
+from budgetproxy.recorder import Recorder
+from budgetproxy.sink import JsonlSink, NullSink, TrajectorySink
+from budgetproxy.store.base import EpisodeStore, StoreUnavailable
+from budgetproxy.tracing import Tracing, build_provider, tracing_wanted
+from budgetproxy.upstream import UpstreamPool
+
+log = logging.getLogger("budgetproxy")
+
+
+def _make_store(config: Config) -> EpisodeStore:
+    if config.store.kind == "redis":
+        from budgetproxy.store.redis import RedisStore
+
+        return RedisStore(config.store.url, prefix=config.store.key_prefix)
+    from budgetproxy.store.memory import MemoryStore
+
+    return MemoryStore()
+
+
+def _make_registry() -> CollectorRegistry:
+    registry = CollectorRegistry(auto_describe=True)
+    if os.environ.get(ENV_MULTIPROC_DIR):
+        from prometheus_client import multiprocess
+
+        # Families are still defined on a per-process registry; the exposition merges files.
+        collect = CollectorRegistry()
+        multiprocess.MultiProcessCollector(collect)
+        return collect
+    return registry
+
+
+class BudgetProxy:
+    """Model calls go straight to the hot path; everything else to the FastAPI app."""
+
+    def __init__(
+        self,
+        config: Config,
+        *,
+        store: EpisodeStore | None = None,
+        sink: TrajectorySink | None = None,
+        registry: CollectorRegistry | None = None,
+        tracer: Any = None,
+    ) -> None:
+        self.config = config
+        self.store = store if store is not None else _make_store(config)
+        if sink is None:
+            t = config.trajectories
+            sink = (
+                JsonlSink(t.dir, max_file_bytes=t.max_file_bytes, gzip_rotated=t.gzip_rotated,
+                          queue_size=t.queue_size)
+                if t.enabled else NullSink()
+            )
+        self.sink = sink
+        self.metrics: Metrics | None = None
+        self.registry: CollectorRegistry | None = None
+        if config.metrics.enabled:
+            if registry is None:
+                multiproc = bool(os.environ.get(ENV_MULTIPROC_DIR))
+                exposed = _make_registry()
+                # In multiprocess mode values live in files; families need no registry.
+                self.metrics = Metrics(CollectorRegistry() if multiproc else exposed,
+                                       config.metrics.turn_buckets)
+                self.registry = exposed
+            else:
+                self.metrics = Metrics(registry, config.metrics.turn_buckets)
+                self.registry = registry
+        self._provider: Any = None
+        if tracer is None and tracing_wanted(config.tracing):
+            self._provider = build_provider()
+            tracer = self._provider.get_tracer("budgetproxy")
+        self.tracing = Tracing(tracer, config.tracing.capture_content)
+        self.pool = UpstreamPool(config.upstreams)
+        self.recorder = Recorder(self.sink, self.metrics, config.trajectories.content == "full")
+        litellm_call = None
+        if any(u.kind == "litellm" for u in config.upstreams):
+            from budgetproxy.litellm_adapter import call_litellm
+
+            litellm_call = call_litellm
+        self.calls = ModelCalls(config, self.pool, self.store, self.recorder, self.metrics,
+                                self.tracing, litellm_call)
+        self.api = build_api(config, self.store, self.recorder, self.pool, self.registry)
+        self._sweeper: asyncio.Task[None] | None = None
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] == "http":
+            path: str = scope["path"]
+            if path in MODEL_ROUTES and scope["method"] == "POST":
+                await self.calls.handle(scope, receive, send, path, None)
+                return
+            if path.startswith("/episodes/"):
+                split = split_episode_prefix(path)
+                if split is not None:
+                    eid, tail = split
+                    if tail in MODEL_ROUTES and scope["method"] == "POST":
+                        await self.calls.handle(scope, receive, send, tail, eid)
+                        return
+                    scope = dict(scope)
+                    scope["path"] = tail
+                    scope["raw_path"] = tail.encode()
+            await self._timed_api(scope, receive, send)
+        elif scope["type"] == "lifespan":
+            await self._lifespan(receive, send)
+        else:
+            await self.api(scope, receive, send)
+
+    async def _timed_api(self, scope: Scope, receive: Receive, send: Send) -> None:
+        t0 = time.perf_counter()
+        status = 500
+
+        async def send_status(message: Any) -> None:
+            nonlocal status
+            if message["type"] == "http.response.start":
+                status = message["status"]
+            await send(message)
+
+        try:
+            await self.api(scope, receive, send_status)
+        finally:
+            if self.metrics is not None:
+                route = scope.get("route")
+                template = getattr(route, "path", None) or "other"
+                self.metrics.request_duration.labels(template).observe(time.perf_counter() - t0)
+                self.metrics.requests.labels(template, str(status)).inc()
+
+    # -- lifespan ------------------------------------------------------------------------------
+    async def startup(self) -> None:
+        await self.pool.start()
+        await self.sink.start()
+        self._sweeper = asyncio.create_task(self._sweep(), name="episode-sweeper")
+
+    async def shutdown(self) -> None:
+        if self._sweeper is not None:
+            self._sweeper.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._sweeper
+        try:
+            for st in await self.store.finish_all_active(time.time()):
+                await self.recorder.episode_ended(st)
+        except StoreUnavailable:
+            log.warning("store unavailable at shutdown; active episodes were not ended")
+        await self.sink.close()
+        await self.pool.close()
+        await self.store.close()
+        if self._provider is not None:
+            with contextlib.suppress(Exception):
+                self._provider.shutdown()
+
+    async def _sweep(self) -> None:
+        ep = self.config.episodes
+        while True:
+            await asyncio.sleep(ep.sweep_interval_s)
+            try:
+                ended = await self.store.expire_idle(time.time(), ep.idle_timeout_s,
+                                                     ep.retention_s)
+                for st in ended:
+                    await self.recorder.episode_ended(st)
+                if self.metrics is not None:
+                    self.metrics.queue_depth.set(self.sink.depth())
+            except StoreUnavailable:
+                continue
+            except Exception:
+                log.exception("episode sweep failed")
+
+    async def _lifespan(self, receive: Receive, send: Send) -> None:
+        while True:
+            message = await receive()
+            if message["type"] == "lifespan.startup":
+                try:
+                    await self.startup()
+                except Exception as e:
+                    log.exception("startup failed")
+                    await send({"type": "lifespan.startup.failed", "message": str(e)})
+                    return
+                await send({"type": "lifespan.startup.complete"})
+            elif message["type"] == "lifespan.shutdown":
+                try:
+                    await self.shutdown()
+                finally:
+                    await send({"type": "lifespan.shutdown.complete"})
+                return
+
+
+def create_app(config: Config, **kwargs: Any) -> BudgetProxy:
+    """Build the proxy for `config`; nothing starts until the server runs its lifespan."""
+    return BudgetProxy(config, **kwargs)

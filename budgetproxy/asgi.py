@@ -1,0 +1,67 @@
+"""Small pure-ASGI helpers for the hot path: read a bounded body, send a whole response."""
+
+from __future__ import annotations
+
+from collections.abc import Awaitable, Callable, MutableMapping
+from typing import Any
+
+from budgetproxy.errors import ProxyError
+
+Scope = MutableMapping[str, Any]
+Message = MutableMapping[str, Any]
+Receive = Callable[[], Awaitable[Message]]
+Send = Callable[[Message], Awaitable[None]]
+
+
+class ClientGone(Exception):
+    """The client disconnected before its request body arrived."""
+
+
+def _too_large(limit: int) -> ProxyError:
+    return ProxyError(
+        413, "request_too_large", f"Request body exceeds the limit of {limit} bytes "
+        "(server.max_body_bytes)",
+    )
+
+
+async def read_body(receive: Receive, headers: dict[bytes, bytes], limit: int) -> bytes:
+    declared = headers.get(b"content-length")
+    if declared is not None and declared.isdigit() and int(declared) > limit:
+        raise _too_large(limit)
+    msg = await receive()
+    if msg["type"] == "http.disconnect":
+        raise ClientGone()
+    body: bytes = msg.get("body", b"")
+    if not msg.get("more_body"):
+        if len(body) > limit:
+            raise _too_large(limit)
+        return body
+    chunks = [body]
+    size = len(body)
+    while True:
+        msg = await receive()
+        if msg["type"] == "http.disconnect":
+            raise ClientGone()
+        part = msg.get("body", b"")
+        size += len(part)
+        if size > limit:
+            raise _too_large(limit)
+        chunks.append(part)
+        if not msg.get("more_body"):
+            return b"".join(chunks)
+
+
+async def send_response(
+    send: Send, status: int, headers: list[tuple[bytes, bytes]], body: bytes
+) -> None:
+    await send({"type": "http.response.start", "status": status, "headers": headers})
+    await send({"type": "http.response.body", "body": body})
+
+
+async def send_error(
+    send: Send, err: ProxyError, extra: list[tuple[bytes, bytes]] | None = None
+) -> None:
+    headers = err.header_list()
+    if extra:
+        headers.extend(extra)
+    await send_response(send, err.status, headers, err.body())

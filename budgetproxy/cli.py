@@ -1,0 +1,102 @@
+"""The command line: `budgetproxy serve | analyze | demo`."""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import os
+import sys
+import tempfile
+from typing import Any
+
+from budgetproxy import __version__
+from budgetproxy.config import ENV_CONFIG_FILE, ENV_MULTIPROC_DIR, ConfigError, load_config
+
+
+def _serve_overrides(args: argparse.Namespace) -> dict[str, Any]:
+    over: dict[str, Any] = {}
+    server: dict[str, Any] = {}
+    if args.host is not None:
+        server["host"] = args.host
+    if args.port is not None:
+        server["port"] = args.port
+    if args.workers is not None:
+        server["workers"] = args.workers
+    if server:
+        over["server"] = server
+    if args.upstream is not None:
+        over["upstreams"] = [{"name": "default", "base_url": args.upstream, "models": ["*"]}]
+    if args.log_dir is not None:
+        over["trajectories"] = {"dir": args.log_dir}
+    if args.default_budget is not None:
+        over["budget"] = {"default_turns": args.default_budget}
+    if args.store is not None:
+        over["store"] = {"kind": "redis", "url": args.store} if args.store.startswith(
+            "redis") else {"kind": args.store}
+    return over
+
+
+def _serve(args: argparse.Namespace) -> int:
+    path = args.config or os.environ.get(ENV_CONFIG_FILE)
+    try:
+        config = load_config(path, _serve_overrides(args))
+    except ConfigError as e:
+        print(f"budgetproxy: bad config: {e}", file=sys.stderr)
+        return 2
+    if not config.upstreams:
+        print("budgetproxy: bad config: upstreams: no upstream configured; pass --upstream URL "
+              "(an OpenAI-compatible base URL ending in /v1) or list upstreams in the config",
+              file=sys.stderr)
+        return 2
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: "
+                        "%(message)s")
+    if config.server.workers > 1:
+        from budgetproxy.workers import run_workers
+
+        # Set before any worker imports prometheus_client, which reads it at import time.
+        os.environ.setdefault(ENV_MULTIPROC_DIR, tempfile.mkdtemp(prefix="budgetproxy-prom-"))
+        return run_workers(config)
+    from budgetproxy.server import run_foreground
+
+    return run_foreground(config)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="budgetproxy",
+        description="OpenAI-compatible proxy that counts, caps and discloses turn budgets per "
+        "agent episode.",
+    )
+    parser.add_argument("--version", action="version", version=f"budgetproxy {__version__}")
+    sub = parser.add_subparsers(dest="command", metavar="COMMAND")
+    serve = sub.add_parser("serve", help="run the proxy")
+    serve.add_argument("--config", help="YAML config file (env BUDGETPROXY_CONFIG)")
+    serve.add_argument("--host")
+    serve.add_argument("--port", type=int)
+    serve.add_argument("--upstream", help="OpenAI-compatible base URL ending in /v1, for every "
+                       "model")
+    serve.add_argument("--log-dir", help="trajectory JSONL directory (default ./trajectories)")
+    serve.add_argument("--default-budget", type=int, help="turns for an episode that names none")
+    serve.add_argument("--workers", type=int, help="worker processes (needs the Redis store)")
+    serve.add_argument("--store", help="'memory', or a redis:// URL for the Redis store")
+    serve.set_defaults(func=_serve)
+    for module in ("budgetproxy.analysis.command", "budgetproxy.demo.command"):
+        try:
+            mod = __import__(module, fromlist=["register"])
+        except ImportError:
+            continue
+        mod.register(sub)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    if not getattr(args, "func", None):
+        parser.print_help()
+        return 2
+    try:
+        code: int = args.func(args)
+    except KeyboardInterrupt:
+        return 130
+    return code

@@ -1,0 +1,1 @@
+"""The pure core: episode accounting, budgets and disclosure, with no I/O."""

@@ -1,0 +1,45 @@
+"""Budgets: tiers, BudgetMix candidates and the deterministic per-group draws."""
+
+from __future__ import annotations
+
+import hashlib
+from fractions import Fraction
+
+
+def round_half_up(x: Fraction) -> int:
+    """Round a non-negative exact fraction to the nearest integer, halves going up."""
+    return int((x + Fraction(1, 2)) // 1)
+
+
+def tier_label(budget: int, max_turns: int | None) -> str:
+    """budget / max_turns as a percentage rounded to a multiple of 5: "25%"; "n/a" without it."""
+    if not max_turns:
+        return "n/a"
+    pct = Fraction(budget * 100, max_turns)
+    return f"{5 * round_half_up(pct / 5)}%"
+
+
+def budgetmix_candidates(max_turns: int, step: float) -> list[int]:
+    """Candidate budgets at step intervals of max_turns: i = 1..round(1/step)."""
+    step_q = Fraction(str(step))
+    n = max(1, round_half_up(1 / step_q))
+    return [max(1, round_half_up(i * step_q * max_turns)) for i in range(1, n + 1)]
+
+
+def _unit_draw(*parts: object) -> Fraction:
+    """A deterministic draw in [0, 1) from the parts, identical on every replica and restart."""
+    key = "\x1f".join("" if p is None else str(p) for p in parts).encode()
+    digest = hashlib.sha256(key).digest()
+    return Fraction(int.from_bytes(digest[:8], "big"), 1 << 64)
+
+
+def draw_budgetmix(seed: int, task_id: str | None, group: str, max_turns: int, step: float) -> int:
+    """The group's BudgetMix budget: uniform over the candidates, fixed by (seed, task, group)."""
+    cands = budgetmix_candidates(max_turns, step)
+    u = _unit_draw("budgetmix", seed, task_id, group)
+    return cands[int(u * len(cands))]
+
+
+def draw_disclosed(seed: int, task_id: str | None, group: str, fraction: float) -> bool:
+    """The group's arm in mixed mode: disclosed with probability `fraction`, fixed per group."""
+    return _unit_draw("arm", seed, task_id, group) < Fraction(str(fraction))

@@ -1,0 +1,220 @@
+"""Episode state and turn accounting: reserve before forwarding, settle after, finish once."""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass, field
+from enum import Enum
+from typing import Any, Literal
+
+Arm = Literal["hidden", "disclosed"]
+Outcome = Literal["success", "failure"]
+EndReason = Literal["success", "failure", "exhausted", "abandoned"]
+
+
+@dataclass
+class EpisodeState:
+    """Everything a store keeps for one episode. Plain values, so any store can hold it."""
+
+    episode_id: str
+    budget: int
+    max_turns: int | None
+    disclosure: Arm
+    task_id: str | None = None
+    group: str | None = None
+    announced_budget: int | None = None
+    tags: dict[str, Any] = field(default_factory=dict)
+    created_at: float = 0.0
+    last_activity: float = 0.0
+    model: str | None = None
+    # Accounting. turns_used counts charged turns including those still in flight.
+    turns_used: int = 0
+    inflight: int = 0
+    last_turn: int = 0
+    last_attempt: int = 0
+    last_hash: str | None = None
+    last_state: Literal["none", "inflight", "charged", "refunded"] = "none"
+    last_charged: bool = False
+    free_retries_used: int = 0
+    refused: bool = False
+    # Where earlier turns' disclosure texts went: [message index, turn] pairs.
+    disclosed_at: list[list[int]] = field(default_factory=list)
+    # Number of client messages seen by the previous turn (for logging only the new ones).
+    messages_seen: int = 0
+    # End of the episode.
+    status: Literal["active", "finished"] = "active"
+    outcome: Outcome | None = None
+    success_turn: int | None = None
+    reward: float | None = None
+    metadata: dict[str, Any] = field(default_factory=dict)
+    end_reason: EndReason | None = None
+    ended_at: float | None = None
+
+    @property
+    def remaining(self) -> int:
+        return max(0, self.budget - self.turns_used)
+
+    @property
+    def exhausted(self) -> bool:
+        return self.refused or self.turns_used >= self.budget
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+    @classmethod
+    def from_dict(cls, d: dict[str, Any]) -> EpisodeState:
+        return cls(**d)
+
+
+class GrantKind(str, Enum):
+    FORWARD = "forward"
+    EXHAUSTED = "exhausted"
+    FINISHED = "finished"
+
+
+@dataclass(frozen=True)
+class Grant:
+    """The core's answer to "may this call go upstream?"."""
+
+    kind: GrantKind
+    turn: int = 0
+    attempt: int = 1
+    charged: bool = False
+    body_hash: str = ""
+    # Disclosure placements of earlier turns, before this one was added.
+    disclosed_at: tuple[tuple[int, int], ...] = ()
+    messages_seen: int = 0
+
+
+class SettleResult(str, Enum):
+    OK = "ok"  # upstream answered (any status that is charged: 2xx and 4xx)
+    REFUNDABLE = "refundable"  # connect error, timeout, 5xx, 429, before any byte reached the client
+    BROKEN = "broken"  # failed after bytes reached the client: charged
+
+
+def reserve(
+    st: EpisodeState,
+    body_hash: str,
+    now: float,
+    *,
+    free_retries: int,
+    message_count: int,
+    disclosure_index: int | None,
+) -> Grant:
+    """Decide whether a model call may be forwarded, and reserve its turn. Mutates `st`.
+
+    `disclosure_index` is the client-message index this turn's disclosure text attaches to
+    (None when nothing is disclosed). It is remembered so later turns can re-apply it.
+    """
+    if st.status == "finished":
+        return Grant(GrantKind.FINISHED, turn=st.last_turn)
+    prior = tuple((i, t) for i, t in st.disclosed_at)
+    seen = st.messages_seen
+    is_retry = st.last_hash == body_hash and st.last_state in ("charged", "refunded")
+    if is_retry and st.last_state == "charged" and st.free_retries_used < free_retries:
+        st.free_retries_used += 1
+        st.last_attempt += 1
+        charged = False
+        turn = st.last_turn
+    elif is_retry and st.last_state == "refunded":
+        if st.turns_used >= st.budget:
+            st.refused = True
+            return Grant(GrantKind.EXHAUSTED, turn=st.turns_used)
+        st.turns_used += 1
+        st.last_attempt += 1
+        charged = True
+        turn = st.last_turn
+    else:
+        if st.turns_used >= st.budget:
+            st.refused = True
+            return Grant(GrantKind.EXHAUSTED, turn=st.turns_used)
+        st.turns_used += 1
+        st.last_turn = st.turns_used
+        st.last_attempt = 1
+        st.free_retries_used = 0
+        st.last_hash = body_hash
+        charged = True
+        turn = st.last_turn
+    st.last_state = "inflight"
+    st.last_charged = charged
+    st.inflight += 1
+    st.last_activity = now
+    st.messages_seen = message_count
+    if disclosure_index is not None:
+        st.disclosed_at = [p for p in st.disclosed_at if p[0] != disclosure_index]
+        st.disclosed_at.append([disclosure_index, turn])
+    return Grant(
+        GrantKind.FORWARD,
+        turn=turn,
+        attempt=st.last_attempt,
+        charged=charged,
+        body_hash=body_hash,
+        disclosed_at=prior,
+        messages_seen=seen,
+    )
+
+
+def settle(
+    st: EpisodeState, grant: Grant, result: SettleResult, now: float, *, count_failed: bool
+) -> bool:
+    """Close a forwarded turn. Returns True when its turn was refunded. Mutates `st`."""
+    st.inflight = max(0, st.inflight - 1)
+    st.last_activity = now
+    refund = result is SettleResult.REFUNDABLE and grant.charged and not count_failed
+    if refund:
+        st.turns_used = max(0, st.turns_used - 1)
+    if grant.turn == st.last_turn and grant.body_hash == st.last_hash:
+        if refund:
+            st.last_state = "refunded"
+        elif grant.charged or st.last_state == "inflight":
+            st.last_state = "charged"
+    return refund
+
+
+def end_reason(st: EpisodeState) -> EndReason:
+    """success (reported) > exhausted > failure (reported) > abandoned."""
+    if st.outcome == "success":
+        return "success"
+    if st.exhausted:
+        return "exhausted"
+    if st.outcome == "failure":
+        return "failure"
+    return "abandoned"
+
+
+@dataclass(frozen=True)
+class OutcomeReport:
+    success: bool
+    reward: float | None = None
+    success_turn: int | None = None
+    metadata: dict[str, Any] = field(default_factory=dict)
+
+
+class FinishStatus(str, Enum):
+    FINISHED = "finished"  # this call ended the episode
+    SAME = "same"  # already ended with the same report
+    CONFLICT = "conflict"  # already ended differently
+
+
+def finish(st: EpisodeState, report: OutcomeReport | None, now: float) -> FinishStatus:
+    """End an episode, with a harness report or without one (end, idle, shutdown)."""
+    if st.status == "finished":
+        if report is None:
+            return FinishStatus.SAME
+        same = (
+            st.outcome == ("success" if report.success else "failure")
+            and st.reward == report.reward
+            and st.success_turn == (report.success_turn or st.success_turn)
+        )
+        return FinishStatus.SAME if same else FinishStatus.CONFLICT
+    if report is not None:
+        st.outcome = "success" if report.success else "failure"
+        st.reward = report.reward
+        st.metadata = dict(report.metadata)
+        if report.success:
+            st.success_turn = (
+                report.success_turn if report.success_turn is not None else st.turns_used
+            )
+    st.status = "finished"
+    st.ended_at = now
+    st.end_reason = end_reason(st)
+    return FinishStatus.FINISHED

@@ -1,0 +1,80 @@
+"""Episode creation: resolve a new episode's budget and arm from its spec and the config."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+from budgetproxy.config import BudgetConfig, DisclosureConfig
+from budgetproxy.core.budget import draw_budgetmix, draw_disclosed
+from budgetproxy.core.episode import Arm, EpisodeState
+
+
+class SpecError(ValueError):
+    """A spec value that cannot be used; `param` names the field."""
+
+    def __init__(self, param: str, message: str) -> None:
+        super().__init__(message)
+        self.param = param
+
+
+@dataclass(frozen=True)
+class EpisodeSpec:
+    episode_id: str
+    budget: int | None = None
+    max_turns: int | None = None
+    task_id: str | None = None
+    group: str | None = None
+    disclosure: Arm | None = None
+    announced_budget: int | None = None
+    tags: dict[str, Any] = field(default_factory=dict)
+
+
+def new_episode(
+    spec: EpisodeSpec, budget_cfg: BudgetConfig, disclosure_cfg: DisclosureConfig, now: float
+) -> EpisodeState:
+    """Budget: explicit > BudgetMix draw for the group > max_turns > default_turns.
+
+    Arm: explicit > the configured mode (a per-group draw in mixed mode).
+    Draws are keyed on (seed, task_id, group), or the episode id for an episode in no group.
+    """
+    bm = budget_cfg.budgetmix
+    sampled = budget_cfg.sampler == "budgetmix"
+    max_turns = spec.max_turns if spec.max_turns is not None else (bm.max_turns if sampled else None)
+    group_key = spec.group if spec.group is not None else spec.episode_id
+    if spec.budget is not None:
+        budget = spec.budget
+    elif sampled and max_turns is not None:
+        budget = draw_budgetmix(budget_cfg.seed, spec.task_id, group_key, max_turns, bm.step)
+    elif max_turns is not None:
+        budget = max_turns
+    else:
+        budget = budget_cfg.default_turns
+    if budget < 1:
+        raise SpecError("budget", f"budget must be a positive number of turns, got {budget}")
+    if max_turns is not None and budget > max_turns:
+        raise SpecError("budget", f"budget {budget} is outside 1..max_turns ({max_turns})")
+    if spec.announced_budget is not None and spec.announced_budget < 1:
+        raise SpecError("announced_budget", "announced_budget must be a positive number of turns")
+    arm: Arm
+    if spec.disclosure is not None:
+        arm = spec.disclosure
+    elif disclosure_cfg.mode == "mixed":
+        disclosed = draw_disclosed(
+            budget_cfg.seed, spec.task_id, group_key, disclosure_cfg.disclosed_fraction
+        )
+        arm = "disclosed" if disclosed else "hidden"
+    else:
+        arm = disclosure_cfg.mode
+    return EpisodeState(
+        episode_id=spec.episode_id,
+        budget=budget,
+        max_turns=max_turns,
+        disclosure=arm,
+        task_id=spec.task_id,
+        group=spec.group,
+        announced_budget=spec.announced_budget,
+        tags=dict(spec.tags),
+        created_at=now,
+        last_activity=now,
+    )

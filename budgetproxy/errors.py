@@ -1,0 +1,81 @@
+"""Errors the proxy itself returns, OpenAI-shaped: {"error": {message, type, param, code}}."""
+
+from __future__ import annotations
+
+import orjson
+
+_TYPE_BY_STATUS = {
+    400: "invalid_request_error",
+    401: "authentication_error",
+    403: "permission_error",
+    404: "not_found_error",
+    405: "invalid_request_error",
+    409: "conflict_error",
+    413: "invalid_request_error",
+    502: "upstream_error",
+    503: "service_unavailable",
+    504: "upstream_error",
+}
+
+
+class ProxyError(Exception):
+    """An error answered by the proxy itself. 4xx carry `x-should-retry: false`."""
+
+    def __init__(
+        self,
+        status: int,
+        code: str,
+        message: str,
+        *,
+        param: str | None = None,
+        type_: str | None = None,
+        headers: dict[str, str] | None = None,
+    ) -> None:
+        super().__init__(message)
+        self.status = status
+        self.code = code
+        self.message = message
+        self.param = param
+        self.type = type_ or _TYPE_BY_STATUS.get(status, "api_error")
+        self.headers = headers or {}
+
+    def body(self) -> bytes:
+        return orjson.dumps(
+            {
+                "error": {
+                    "message": self.message,
+                    "type": self.type,
+                    "param": self.param,
+                    "code": self.code,
+                }
+            }
+        )
+
+    def header_list(self) -> list[tuple[bytes, bytes]]:
+        out = [(b"content-type", b"application/json")]
+        if 400 <= self.status < 500:
+            out.append((b"x-should-retry", b"false"))
+        out.extend((k.lower().encode(), v.encode()) for k, v in self.headers.items())
+        return out
+
+
+def invalid_request(message: str, param: str | None = None) -> ProxyError:
+    return ProxyError(400, "invalid_request", message, param=param)
+
+
+def budget_exhausted(episode_id: str, budget: int) -> ProxyError:
+    return ProxyError(
+        403,
+        "turn_budget_exhausted",
+        f"Episode {episode_id!r} has used its turn budget of {budget}; no further model calls "
+        "are forwarded. Report the outcome or start a new episode.",
+        type_="budget_exhausted",
+    )
+
+
+def episode_finished(episode_id: str) -> ProxyError:
+    return ProxyError(
+        403,
+        "episode_finished",
+        f"Episode {episode_id!r} has finished; model calls on it are refused.",
+    )

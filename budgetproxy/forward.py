@@ -1,0 +1,765 @@
+"""Model calls: parse, ask the core for a turn, forward upstream, stream back, record."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import fnmatch
+import hashlib
+import logging
+import time
+from collections.abc import Callable
+from typing import Any
+
+import aiohttp
+import orjson
+
+from budgetproxy import synthetic
+from budgetproxy.asgi import ClientGone, Receive, Scope, Send, read_body, send_error, send_response
+from budgetproxy.config import Config, UpstreamConfig
+from budgetproxy.core import disclosure
+from budgetproxy.core.budget import tier_label
+from budgetproxy.core.episode import EpisodeState, Grant, GrantKind, SettleResult
+from budgetproxy.core.ids import is_valid_episode_id
+from budgetproxy.core.spec import EpisodeSpec, SpecError, new_episode
+from budgetproxy.errors import ProxyError, budget_exhausted, episode_finished, invalid_request
+from budgetproxy.metrics import Metrics
+from budgetproxy.recorder import Recorder
+from budgetproxy.records import SCHEMA_VERSION, rfc3339
+from budgetproxy.sse import EventSplitter, assemble, is_usage_only
+from budgetproxy.store.base import EpisodeStore, StoreUnavailable
+from budgetproxy.tracing import Tracing
+from budgetproxy.upstream import UpstreamPool
+
+log = logging.getLogger("budgetproxy")
+
+# route path -> (kind, required list/str field)
+MODEL_ROUTES: dict[str, str] = {
+    "/v1/chat/completions": "chat",
+    "/v1/completions": "completions",
+    "/v1/responses": "responses",
+    "/v1/messages": "messages",
+}
+_DROP_REQUEST_HEADERS = frozenset(
+    {
+        b"host", b"content-length", b"connection", b"keep-alive", b"transfer-encoding", b"te",
+        b"trailer", b"upgrade", b"proxy-authorization", b"proxy-connection", b"authorization",
+        b"accept-encoding", b"x-api-key", b"expect",
+    }
+)
+_DROP_RESPONSE_HEADERS = frozenset(
+    {
+        "content-length", "content-encoding", "transfer-encoding", "connection", "keep-alive",
+        "date", "server",
+    }
+)
+_SPEC_HEADERS = {
+    "budget": b"x-episode-budget",
+    "max_turns": b"x-episode-max-turns",
+    "announced_budget": b"x-episode-announced-budget",
+}
+
+
+def _int_header(headers: dict[bytes, bytes], name: bytes, param: str) -> int | None:
+    raw = headers.get(name)
+    if raw is None or raw == b"":
+        return None
+    try:
+        value = int(raw)
+    except ValueError:
+        raise invalid_request(
+            f"Header {name.decode().title()} must be a positive integer, got {raw.decode()!r}",
+            param,
+        ) from None
+    if value < 1:
+        raise invalid_request(f"Header {name.decode().title()} must be at least 1", param)
+    return value
+
+
+def spec_from_headers(episode_id: str, headers: dict[bytes, bytes]) -> EpisodeSpec:
+    arm_raw = headers.get(b"x-episode-disclosure")
+    arm = arm_raw.decode().strip().lower() if arm_raw else None
+    if arm not in (None, "hidden", "disclosed"):
+        raise invalid_request(
+            f"Header X-Episode-Disclosure must be 'hidden' or 'disclosed', got {arm!r}",
+            "disclosure",
+        )
+    task = headers.get(b"x-episode-task")
+    group = headers.get(b"x-episode-group")
+    return EpisodeSpec(
+        episode_id=episode_id,
+        budget=_int_header(headers, _SPEC_HEADERS["budget"], "budget"),
+        max_turns=_int_header(headers, _SPEC_HEADERS["max_turns"], "max_turns"),
+        announced_budget=_int_header(
+            headers, _SPEC_HEADERS["announced_budget"], "announced_budget"
+        ),
+        task_id=task.decode() if task else None,
+        group=group.decode() if group else None,
+        disclosure=arm,  # type: ignore[arg-type]
+    )
+
+
+def validate_payload(kind: str, body: bytes) -> dict[str, Any]:
+    try:
+        payload = orjson.loads(body)
+    except orjson.JSONDecodeError as e:
+        raise invalid_request(f"Request body is not valid JSON: {e}") from None
+    if not isinstance(payload, dict):
+        raise invalid_request("Request body must be a JSON object")
+    model = payload.get("model")
+    if not isinstance(model, str) or not model:
+        raise invalid_request("'model' is required and must be a non-empty string", "model")
+    if kind in ("chat", "messages"):
+        messages = payload.get("messages")
+        if not isinstance(messages, list) or not messages:
+            raise invalid_request("'messages' is required and must be a non-empty array", "messages")
+        for i, m in enumerate(messages):
+            if not isinstance(m, dict) or not isinstance(m.get("role"), str):
+                raise invalid_request(
+                    f"messages[{i}] must be an object with a string 'role'", f"messages[{i}]"
+                )
+    elif kind == "completions" and "prompt" not in payload:
+        raise invalid_request("'prompt' is required", "prompt")
+    elif kind == "responses" and "input" not in payload:
+        raise invalid_request("'input' is required", "input")
+    stream = payload.get("stream")
+    if stream is not None and not isinstance(stream, bool):
+        raise invalid_request("'stream' must be a boolean", "stream")
+    return payload
+
+
+def _conversation(kind: str, payload: dict[str, Any]) -> list[Any]:
+    if kind in ("chat", "messages"):
+        msgs: list[Any] = payload["messages"]
+        return msgs
+    if kind == "completions":
+        return [{"role": "user", "content": payload.get("prompt")}]
+    inp = payload.get("input")
+    return inp if isinstance(inp, list) else [{"role": "user", "content": inp}]
+
+
+class _Call:
+    """Per-call state carried through the handler."""
+
+    __slots__ = (
+        "t0", "route", "kind", "model", "stream", "episode_id", "state", "grant",
+        "upstream", "t_upstream", "started", "sent_body", "status", "disclosure_text",
+        "result", "http_status", "ttft", "error_class", "conversation", "data", "events", "settled", "span",
+    )
+
+    def __init__(self, route: str, kind: str) -> None:
+        self.t0 = time.perf_counter()
+        self.route = route
+        self.kind = kind
+        self.model: str | None = None
+        self.stream = False
+        self.episode_id: str | None = None
+        self.state: EpisodeState | None = None
+        self.grant: Grant | None = None
+        self.upstream: UpstreamConfig | None = None
+        self.t_upstream = 0.0
+        self.started = False
+        self.sent_body = False
+        self.status = "ok"
+        self.disclosure_text: str | None = None
+        self.result = SettleResult.OK
+        self.http_status = 200
+        self.ttft: float | None = None
+        self.error_class: str | None = None
+        self.conversation: list[Any] | None = None
+        self.data: bytes | None = None
+        self.events: list[bytes] | None = None
+        self.settled = False
+        self.span: Any = None
+
+
+class ModelCalls:
+    """The hot path for POST /v1/chat/completions, /completions, /responses, /messages."""
+
+    def __init__(
+        self,
+        config: Config,
+        pool: UpstreamPool,
+        store: EpisodeStore,
+        recorder: Recorder,
+        metrics: Metrics | None,
+        tracing: Tracing,
+        litellm_call: Callable[..., Any] | None = None,
+    ) -> None:
+        self.cfg = config
+        self.pool = pool
+        self.store = store
+        self.recorder = recorder
+        self.metrics = metrics
+        self.tracing = tracing
+        self.litellm_call = litellm_call
+        names = ["x-episode-id", *(h.lower() for h in config.episodes.id_headers)]
+        self.id_headers = tuple(dict.fromkeys(n.encode() for n in names))
+        self.strip_headers = _DROP_REQUEST_HEADERS | set(self.id_headers)
+        self.auth_keys = frozenset(f"Bearer {k}".encode() for k in config.auth.keys)
+        self.uncounted = tuple(config.episodes.uncounted_models)
+        self.budget_cfg = config.budget
+        self.disc_cfg = config.disclosure
+        self.max_body = config.server.max_body_bytes
+        self.fail_open = config.store.on_unavailable == "fail_open"
+
+    # -- entry -------------------------------------------------------------------------------
+    async def handle(
+        self, scope: Scope, receive: Receive, send: Send, route: str, path_episode: str | None
+    ) -> None:
+        call = _Call(route, MODEL_ROUTES[route])
+        try:
+            await self._handle(call, scope, receive, send, path_episode)
+        except ClientGone:
+            call.http_status = 499
+        except ProxyError as e:
+            call.http_status = e.status
+            if not call.started:
+                await send_error(send, e, self._episode_headers(call))
+        except asyncio.CancelledError:
+            raise
+        except Exception:
+            log.exception("unexpected error on %s", route)
+            call.http_status = 500
+            if not call.started:
+                await send_error(
+                    send,
+                    ProxyError(500, "internal_error", "The proxy failed on this request; "
+                               "it has been logged.", type_="api_error"),
+                )
+        finally:
+            if self.metrics is not None:
+                total = time.perf_counter() - call.t0
+                self.metrics.request_duration.labels(route).observe(total)
+                self.metrics.requests.labels(route, str(call.http_status)).inc()
+                if call.upstream is not None:
+                    self.metrics.overhead.labels(route).observe(max(0.0, total - call.t_upstream))
+
+    def _episode_id(self, headers: dict[bytes, bytes], path_episode: str | None) -> str | None:
+        eid: str | None = None
+        for name in self.id_headers:
+            raw = headers.get(name)
+            if raw:
+                eid = raw.decode("latin-1")
+                break
+        if path_episode is not None:
+            if eid is not None and eid != path_episode:
+                raise ProxyError(
+                    400, "invalid_episode_id",
+                    f"Episode id in the header ({eid!r}) differs from the one in the path "
+                    f"({path_episode!r})", param="episode_id",
+                )
+            eid = path_episode
+        if eid is not None and not is_valid_episode_id(eid):
+            raise ProxyError(
+                400, "invalid_episode_id",
+                "Episode ids are 1-128 characters of A-Z a-z 0-9 . _ : -", param="episode_id",
+            )
+        return eid
+
+    async def _handle(
+        self, call: _Call, scope: Scope, receive: Receive, send: Send, path_episode: str | None
+    ) -> None:
+        headers: dict[bytes, bytes] = dict(scope["headers"])
+        if self.auth_keys and headers.get(b"authorization") not in self.auth_keys:
+            raise ProxyError(401, "invalid_api_key", "Missing or invalid API key for this proxy")
+        eid = self._episode_id(headers, path_episode)
+        body = await read_body(receive, headers, self.max_body)
+        payload = validate_payload(call.kind, body)
+        call.model = model = payload["model"]
+        call.stream = stream = payload.get("stream") is True
+        upstream = self.pool.route(model)
+        if upstream is None:
+            raise ProxyError(404, "model_not_found", f"No upstream serves model {model!r}",
+                             param="model")
+        if eid is None and self.cfg.episodes.require_id:
+            raise ProxyError(
+                400, "episode_id_required",
+                "This proxy requires an episode id (X-Episode-Id header or /episodes/{id}/v1 "
+                "path prefix)", param="episode_id",
+            )
+        counted = eid is not None and not (
+            self.uncounted and any(fnmatch.fnmatchcase(model, p) for p in self.uncounted)
+        )
+        call.episode_id = eid
+        if not counted:
+            if self.metrics is not None:
+                self.metrics.calls_without_episode.labels(call.route).inc()
+            await self._forward(call, upstream, headers, body, payload, receive, send,
+                                conversation=None)
+            return
+        assert eid is not None
+        conversation = _conversation(call.kind, payload)
+        grant, st = await self._open_turn(call, eid, headers, body, conversation)
+        if grant is None:  # store down, fail_open
+            await self._forward(call, upstream, headers, body, payload, receive, send,
+                                conversation=None)
+            return
+        if grant.kind is GrantKind.FINISHED:
+            raise episode_finished(eid)
+        if grant.kind is GrantKind.EXHAUSTED:
+            await self._exhausted(call, st, send, payload, conversation)
+            return
+        if st.disclosure == "disclosed" and call.kind == "chat":
+            text = disclosure.render(
+                self.disc_cfg.template, grant.turn, st.budget, st.announced_budget
+            )
+            call.disclosure_text = text
+            earlier: list[tuple[int, str]] = []
+            if self.disc_cfg.history == "keep":
+                earlier = [
+                    (idx, disclosure.render(self.disc_cfg.template, t, st.budget,
+                                            st.announced_budget))
+                    for idx, t in grant.disclosed_at
+                ]
+            payload["messages"] = disclosure.apply(
+                conversation, self.disc_cfg.placement, text, earlier
+            )
+            body = b""  # re-encode below
+        await self._forward(call, upstream, headers, body, payload, receive, send,
+                            conversation=conversation)
+
+    async def _open_turn(
+        self, call: _Call, eid: str, headers: dict[bytes, bytes], body: bytes,
+        conversation: list[Any],
+    ) -> tuple[Grant | None, EpisodeState]:
+        now = time.time()
+
+        def fresh() -> EpisodeState:
+            try:
+                st = new_episode(spec_from_headers(eid, headers), self.budget_cfg,
+                                 self.disc_cfg, now)
+            except SpecError as e:
+                raise invalid_request(str(e), e.param) from None
+            st.model = call.model
+            return st
+
+        count = len(conversation)
+        index = (
+            disclosure.placement_index(self.disc_cfg.placement, count)
+            if call.kind == "chat" and self.disc_cfg.history == "keep"
+            else None
+        )
+        try:
+            opened = await self.store.open_turn(
+                eid, fresh, hashlib.blake2b(body, digest_size=16).hexdigest(), now,
+                free_retries=self.budget_cfg.free_retries_per_turn,
+                message_count=count, disclosure_index=index,
+            )
+        except StoreUnavailable:
+            policy = "fail_open" if self.fail_open else "fail_closed"
+            if self.metrics is not None:
+                self.metrics.store_unavailable.labels(policy).inc()
+            if self.fail_open:
+                return None, fresh()
+            raise ProxyError(503, "store_unavailable",
+                             "The episode store is unavailable; try again shortly") from None
+        if opened.created:
+            await self.recorder.episode_started(opened.state)
+        call.state = opened.state
+        call.grant = opened.grant
+        return opened.grant, opened.state
+
+    # -- budget spent --------------------------------------------------------------------------
+    async def _exhausted(
+        self, call: _Call, st: EpisodeState, send: Send, payload: dict[str, Any],
+        conversation: list[Any],
+    ) -> None:
+        if self.metrics is not None:
+            self.metrics.budget_exhausted.labels(tier_label(st.budget, st.max_turns),
+                                                 st.disclosure).inc()
+        call.status = "rejected"
+        finish_mode = self.budget_cfg.on_exhausted == "finish" and call.kind in (
+            "chat", "completions")
+        call.http_status = 200 if finish_mode else 403
+        await self._record_turn(call, conversation, None, charged=False)
+        if not finish_mode:
+            raise budget_exhausted(st.episode_id, st.budget)
+        reason = self.budget_cfg.finish_reason
+        model = call.model or ""
+        extra = [(b"x-episode-exhausted", b"true")]
+        if call.stream:
+            so = payload.get("stream_options") or {}
+            data = (
+                synthetic.chat_completion_stream(model, reason, bool(so.get("include_usage")))
+                if call.kind == "chat"
+                else synthetic.text_completion_stream(model, reason)
+            )
+            ctype = b"text/event-stream"
+        else:
+            data = (
+                synthetic.chat_completion(model, reason)
+                if call.kind == "chat"
+                else synthetic.text_completion(model, reason)
+            )
+            ctype = b"application/json"
+        call.started = True
+        await send_response(
+            send, 200, [(b"content-type", ctype), *self._episode_headers(call), *extra], data
+        )
+
+    # -- forwarding ----------------------------------------------------------------------------
+    def _upstream_headers(
+        self, headers: dict[bytes, bytes], upstream: UpstreamConfig
+    ) -> dict[str, str]:
+        out: dict[str, str] = {}
+        strip = self.strip_headers
+        for k, v in headers.items():
+            if k in strip or k.startswith(b"x-episode-"):
+                continue
+            out[k.decode("latin-1")] = v.decode("latin-1")
+        out["content-type"] = "application/json"
+        if upstream.api_key:
+            out["authorization"] = f"Bearer {upstream.api_key}"
+        elif not self.auth_keys:
+            auth = headers.get(b"authorization")
+            if auth:
+                out["authorization"] = auth.decode("latin-1")
+            key = headers.get(b"x-api-key")
+            if key:
+                out["x-api-key"] = key.decode("latin-1")
+        return out
+
+    def _episode_headers(self, call: _Call) -> list[tuple[bytes, bytes]]:
+        st, grant = call.state, call.grant
+        if st is None or call.episode_id is None:
+            return []
+        turn = grant.turn if grant is not None and grant.kind is GrantKind.FORWARD else (
+            st.turns_used)
+        out = [(b"x-episode-id", call.episode_id.encode()), (b"x-episode-turn", b"%d" % turn)]
+        mode = self.cfg.episodes.budget_headers
+        if mode == "always" or (mode == "disclosed_only" and st.disclosure == "disclosed"):
+            remaining = st.remaining
+            if call.result is SettleResult.REFUNDABLE and grant is not None and grant.charged:
+                remaining = min(st.budget, remaining + 1)
+            out.append((b"x-episode-budget", b"%d" % st.budget))
+            out.append((b"x-episode-remaining", b"%d" % remaining))
+        return out
+
+    async def _forward(
+        self, call: _Call, upstream: UpstreamConfig, headers: dict[bytes, bytes], body: bytes,
+        payload: dict[str, Any], receive: Receive, send: Send, *,
+        conversation: list[Any] | None,
+    ) -> None:
+        call.upstream = upstream
+        drop_usage = False
+        if call.stream and upstream.inject_stream_usage and call.kind in ("chat", "completions"):
+            so = payload.get("stream_options")
+            if not (isinstance(so, dict) and so.get("include_usage")):
+                payload["stream_options"] = {**(so if isinstance(so, dict) else {}),
+                                             "include_usage": True}
+                drop_usage = True
+                body = b""
+        if not body:
+            body = orjson.dumps(payload)
+        call.conversation = conversation
+        call.span = span = self.tracing.start_call(
+            call.kind, call.model, upstream, call.episode_id, call.state, call.grant
+        )
+        reply: dict[str, Any] = {}
+        try:
+            if upstream.kind == "litellm":
+                await self._forward_litellm(call, upstream, payload, send)
+            else:
+                await self._forward_http(call, upstream, headers, body, receive, send,
+                                         drop_usage)
+        finally:
+            await self._settle(call)
+            reply = await self._after(call)
+            self.tracing.end_call(span, call.http_status, call.error_class,
+                                  reply.get("usage"), reply.get("finish_reason"))
+
+    async def _forward_litellm(
+        self, call: _Call, upstream: UpstreamConfig, payload: dict[str, Any], send: Send
+    ) -> None:
+        if self.litellm_call is None:
+            raise ProxyError(500, "litellm_unavailable", "litellm upstream is not set up")
+        t = time.perf_counter()
+        status, data = await self.litellm_call(upstream, payload, call.stream)
+        call.t_upstream = time.perf_counter() - t
+        call.http_status = status
+        self._classify(call, status)
+        call.started = True
+        ctype = b"text/event-stream" if call.stream and status == 200 else b"application/json"
+        await send_response(send, status, [(b"content-type", ctype),
+                                           *self._episode_headers(call)], data)
+        call.sent_body = True
+        self._observe_upstream(call)
+        if call.stream:
+            call.events = EventSplitter().feed(data)
+        else:
+            call.data = data
+
+    def _classify(self, call: _Call, status: int) -> None:
+        if status == 429 or status >= 500:
+            call.result = SettleResult.REFUNDABLE
+            call.status = "upstream_error"
+            call.error_class = "status_429" if status == 429 else "status_5xx"
+        elif status >= 400:
+            call.status = "upstream_error"
+            call.error_class = "status_4xx"
+
+    def _observe_upstream(self, call: _Call) -> None:
+        m = self.metrics
+        if m is None or call.upstream is None:
+            return
+        m.upstream_duration.labels(call.upstream.name).observe(call.t_upstream)
+        if call.error_class is not None:
+            m.upstream_errors.labels(call.upstream.name, call.error_class).inc()
+
+    async def _forward_http(
+        self, call: _Call, upstream: UpstreamConfig, headers: dict[bytes, bytes], body: bytes,
+        receive: Receive, send: Send, drop_usage: bool,
+    ) -> None:
+        url = upstream.base_url + call.route[3:]
+        t_up = time.perf_counter()
+        try:
+            out_headers = self._upstream_headers(headers, upstream)
+            self.tracing.inject(call.span, out_headers)
+            resp = await self.pool.session.post(
+                url, data=body, headers=out_headers, timeout=self.pool.timeout(upstream)
+            )
+        except (TimeoutError, aiohttp.ServerTimeoutError):
+            self._fail(call, "timeout", t_up)
+            raise ProxyError(504, "upstream_timeout",
+                             f"Upstream {upstream.name!r} timed out") from None
+        except (aiohttp.ClientError, OSError) as e:
+            self._fail(call, "connect", t_up)
+            raise ProxyError(502, "upstream_unreachable",
+                             f"Upstream {upstream.name!r} is unreachable: {e}") from None
+        try:
+            ctype = resp.headers.get("content-type", "")
+            if call.stream and resp.status == 200 and ctype.startswith("text/event-stream"):
+                await self._relay_stream(call, resp, receive, send, drop_usage, t_up)
+                return
+            try:
+                data = await resp.read()
+            except (TimeoutError, aiohttp.ClientError) as e:
+                cls = "timeout" if isinstance(e, TimeoutError) else "connect"
+                self._fail(call, cls, t_up)
+                raise ProxyError(502, "upstream_unreachable",
+                                 f"Upstream {upstream.name!r} failed mid-response") from None
+            call.t_upstream = time.perf_counter() - t_up
+            call.http_status = resp.status
+            self._classify(call, resp.status)
+            out = self._response_headers(resp, call)
+            call.started = True
+            if call.result is SettleResult.REFUNDABLE:
+                await self._settle(call)
+            await send_response(send, resp.status, out, data)
+            call.sent_body = True
+        finally:
+            resp.release()
+        self._observe_upstream(call)
+        call.data = data
+
+    def _fail(self, call: _Call, cls: str, t_up: float) -> None:
+        call.t_upstream = time.perf_counter() - t_up
+        call.result = SettleResult.REFUNDABLE
+        call.status = "upstream_error"
+        call.error_class = cls
+        call.http_status = 504 if cls == "timeout" else 502
+        self._observe_upstream(call)
+
+    def _response_headers(
+        self, resp: aiohttp.ClientResponse, call: _Call
+    ) -> list[tuple[bytes, bytes]]:
+        out = [
+            (k.lower().encode("latin-1"), v.encode("latin-1"))
+            for k, v in resp.headers.items()
+            if k.lower() not in _DROP_RESPONSE_HEADERS
+        ]
+        out.extend(self._episode_headers(call))
+        return out
+
+    async def _relay_stream(
+        self, call: _Call, resp: aiohttp.ClientResponse, receive: Receive, send: Send,
+        drop_usage: bool, t_up: float,
+    ) -> None:
+        splitter = EventSplitter()
+        events: list[bytes] = []
+        task = asyncio.current_task()
+        gone = False
+
+        async def watch() -> None:
+            nonlocal gone
+            while True:
+                msg = await receive()
+                if msg["type"] == "http.disconnect":
+                    gone = True
+                    if task is not None:
+                        task.cancel()
+                    return
+
+        watcher = asyncio.create_task(watch())
+        head = self._response_headers(resp, call)
+        try:
+            async for data in resp.content.iter_any():
+                out = []
+                for ev in splitter.feed(data):
+                    events.append(ev)
+                    if drop_usage and is_usage_only(ev):
+                        continue
+                    out.append(ev)
+                if not out:
+                    continue
+                if not call.started:
+                    call.started = True
+                    call.ttft = time.perf_counter() - call.t0
+                    await send({"type": "http.response.start", "status": 200, "headers": head})
+                await send({"type": "http.response.body", "body": b"".join(out),
+                            "more_body": True})
+                call.sent_body = True
+            rest = splitter.rest()
+            if rest:
+                events.append(rest)
+            if not call.started:
+                call.started = True
+                await send({"type": "http.response.start", "status": 200, "headers": head})
+            await send({"type": "http.response.body", "body": rest, "more_body": False})
+        except asyncio.CancelledError:
+            if not gone:
+                raise
+            call.status = "upstream_error"
+            call.http_status = 499
+            call.error_class = None
+            if not call.sent_body:
+                call.result = SettleResult.REFUNDABLE
+        except (TimeoutError, aiohttp.ClientError):
+            call.error_class = "stream_broken"
+            call.status = "upstream_error"
+            if call.sent_body:
+                call.result = SettleResult.BROKEN
+                with contextlib.suppress(Exception):
+                    await send({"type": "http.response.body", "body": b"", "more_body": False})
+            else:
+                call.result = SettleResult.REFUNDABLE
+                call.http_status = 502
+                call.t_upstream = time.perf_counter() - t_up
+                self._observe_upstream(call)
+                raise ProxyError(502, "upstream_unreachable",
+                                 "Upstream stream ended before sending any data") from None
+        finally:
+            watcher.cancel()
+            if gone:
+                task_uncancel = getattr(task, "uncancel", None)
+                if task_uncancel is not None:
+                    task_uncancel()
+        call.t_upstream = time.perf_counter() - t_up
+        self._observe_upstream(call)
+        if call.ttft is not None and self.metrics is not None:
+            self.metrics.ttft.labels(self.metrics.model_label(call.model)).observe(call.ttft)
+        call.events = events
+
+    # -- after the response --------------------------------------------------------------------
+    async def _settle(self, call: _Call) -> None:
+        grant = call.grant
+        if grant is None or call.episode_id is None or grant.kind is not GrantKind.FORWARD:
+            return
+        if call.settled:
+            return
+        call.settled = True
+        try:
+            await self.store.close_turn(
+                call.episode_id, grant, call.result, time.time(),
+                count_failed=self.budget_cfg.count_failed_turns,
+            )
+        except StoreUnavailable:
+            log.warning("store unavailable while settling turn of %s", call.episode_id)
+
+    async def _after(self, call: _Call) -> dict[str, Any]:
+        """Read the reply back for tokens and the log; runs once the client has its answer."""
+        reply: dict[str, Any] = {"message": None, "finish_reason": None, "usage": None}
+        if call.events is not None:
+            reply = assemble(call.events)
+        elif call.data:
+            reply = _read_reply(call.kind, call.data)
+        usage = reply.get("usage")
+        m = self.metrics
+        if m is not None and isinstance(usage, dict):
+            label = m.model_label(call.model)
+            tin = usage.get("prompt_tokens", usage.get("input_tokens"))
+            tout = usage.get("completion_tokens", usage.get("output_tokens"))
+            if isinstance(tin, int):
+                m.tokens.labels(label, "input").inc(tin)
+            if isinstance(tout, int):
+                m.tokens.labels(label, "output").inc(tout)
+        grant, st = call.grant, call.state
+        if grant is None or st is None:
+            return reply
+        charged = grant.charged and call.result is not SettleResult.REFUNDABLE
+        if charged and m is not None:
+            m.turns.labels(tier_label(st.budget, st.max_turns), st.disclosure).inc()
+        await self._record_turn(call, call.conversation, reply, charged=grant.charged)
+        return reply
+
+    async def _record_turn(
+        self, call: _Call, conversation: list[Any] | None, reply: dict[str, Any] | None,
+        *, charged: bool,
+    ) -> None:
+        st = call.state
+        if st is None or call.episode_id is None:
+            return
+        grant = call.grant
+        forwarded = grant is not None and grant.kind is GrantKind.FORWARD
+        seen = grant.messages_seen if grant is not None and forwarded else st.messages_seen
+        msgs = conversation or []
+        if seen > len(msgs):
+            seen = 0
+        turn = grant.turn if grant is not None and grant.kind is GrantKind.FORWARD else (
+            st.turns_used + 1)
+        remaining = st.remaining
+        if call.result is SettleResult.REFUNDABLE and charged:
+            remaining = min(st.budget, remaining + 1)
+        reply = reply or {}
+        await self.recorder.turn(
+            {
+                "schema": SCHEMA_VERSION,
+                "type": "turn",
+                "episode_id": call.episode_id,
+                "turn": turn,
+                "attempt": grant.attempt if grant is not None else 1,
+                "ts": rfc3339(time.time()),
+                "latency_s": round(time.perf_counter() - call.t0, 6),
+                "model": call.model,
+                "route": call.route,
+                "stream": call.stream,
+                "status": call.status,
+                "http_status": call.http_status,
+                "request_messages": msgs[seen:],
+                "messages_offset": seen,
+                "response": reply.get("message"),
+                "finish_reason": reply.get("finish_reason"),
+                "usage": reply.get("usage"),
+                "budget": st.budget,
+                "remaining": remaining,
+                "charged": charged and call.result is not SettleResult.REFUNDABLE,
+                "disclosure": {"arm": st.disclosure, "text": call.disclosure_text},
+                "task_id": st.task_id,
+                "group": st.group,
+            }
+        )
+
+
+def _read_reply(kind: str, data: bytes) -> dict[str, Any]:
+    try:
+        obj = orjson.loads(data)
+    except orjson.JSONDecodeError:
+        return {"message": None, "finish_reason": None, "usage": None}
+    if not isinstance(obj, dict):
+        return {"message": None, "finish_reason": None, "usage": None}
+    usage = obj.get("usage")
+    choices = obj.get("choices")
+    if isinstance(choices, list) and choices and isinstance(choices[0], dict):
+        c0 = choices[0]
+        if kind == "completions":
+            message: Any = {"role": "assistant", "content": c0.get("text")}
+        else:
+            message = c0.get("message")
+        return {"message": message, "finish_reason": c0.get("finish_reason"), "usage": usage}
+    if "error" in obj:
+        return {"message": None, "finish_reason": None, "usage": None, "error": obj["error"]}
+    # responses / messages APIs: keep the output as the reply
+    out = obj.get("output", obj.get("content"))
+    return {"message": {"role": "assistant", "content": out},
+            "finish_reason": obj.get("stop_reason", obj.get("status")), "usage": usage}

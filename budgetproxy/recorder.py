@@ -1,0 +1,94 @@
+"""Consumers of finished work: trajectory records and metrics for turns and episodes."""
+
+from __future__ import annotations
+
+import time
+from typing import Any
+
+from budgetproxy.core.budget import tier_label
+from budgetproxy.core.episode import EpisodeState
+from budgetproxy.metrics import Metrics
+from budgetproxy.records import SCHEMA_VERSION, rfc3339
+from budgetproxy.sink import TrajectorySink
+
+
+def _strip_text(value: Any) -> Any:
+    """content: none — texts out, lengths kept."""
+    if isinstance(value, str):
+        return {"length": len(value)}
+    if isinstance(value, list):
+        return [_strip_text(v) for v in value]
+    if isinstance(value, dict):
+        out: dict[str, Any] = {}
+        for k, v in value.items():
+            if k in ("content", "text", "arguments", "input", "output") and v is not None:
+                out[k] = _strip_text(v)
+            elif isinstance(v, dict | list):
+                out[k] = _strip_text(v)
+            else:
+                out[k] = v
+        return out
+    return value
+
+
+class Recorder:
+    """Turns finished turns and episodes into log records and metric updates."""
+
+    def __init__(self, sink: TrajectorySink, metrics: Metrics | None, content_full: bool) -> None:
+        self.sink = sink
+        self.metrics = metrics
+        self.content_full = content_full
+
+    def labels(self, st: EpisodeState) -> tuple[str, str]:
+        return tier_label(st.budget, st.max_turns), st.disclosure
+
+    async def episode_started(self, st: EpisodeState) -> None:
+        if self.metrics is not None:
+            self.metrics.episodes_started.labels(*self.labels(st)).inc()
+            self.metrics.active_episodes.inc()
+
+    async def episode_ended(self, st: EpisodeState) -> None:
+        tier, arm = self.labels(st)
+        reason = st.end_reason or "abandoned"
+        if self.metrics is not None:
+            m = self.metrics
+            m.episodes_finished.labels(tier, arm, reason).inc()
+            used = st.success_turn if reason == "success" and st.success_turn else st.turns_used
+            m.episode_turns.labels(tier, arm, reason).observe(used)
+            m.active_episodes.dec()
+        await self.sink.put(
+            {
+                "schema": SCHEMA_VERSION,
+                "type": "episode",
+                "episode_id": st.episode_id,
+                "task_id": st.task_id,
+                "group": st.group,
+                "tags": st.tags,
+                "model": st.model,
+                "budget": st.budget,
+                "max_turns": st.max_turns,
+                "tier": tier,
+                "disclosure": arm,
+                "announced_budget": st.announced_budget,
+                "turns_used": st.turns_used,
+                "outcome": st.outcome,
+                "success_turn": st.success_turn,
+                "reward": st.reward,
+                "exhausted": st.exhausted,
+                "end_reason": reason,
+                "started_at": rfc3339(st.created_at),
+                "ended_at": rfc3339(st.ended_at or time.time()),
+                "metadata": st.metadata,
+            }
+        )
+
+    async def turn(self, record: dict[str, Any]) -> None:
+        if not self.content_full:
+            for key in ("request_messages", "response"):
+                if record.get(key) is not None:
+                    record[key] = _strip_text(record[key])
+            if record.get("disclosure", {}).get("text") is not None:
+                record["disclosure"]["text"] = _strip_text(record["disclosure"]["text"])
+        await self.sink.put(record)
+        if self.metrics is not None:
+            self.metrics.queue_depth.set(self.sink.depth())

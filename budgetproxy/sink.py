@@ -1,0 +1,148 @@
+"""Trajectory sink: JSONL records written off the request path by one writer task.
+
+Back-pressure: the queue is bounded; when it is full, `put` waits, so calls slow down instead of
+records being dropped. Records are written to the OS as each batch is taken off the queue
+(write + flush); a SIGKILL loses only what was still queued, never a written line. SIGTERM drains
+the queue before the process exits.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import gzip
+import os
+import shutil
+import time
+from pathlib import Path
+from typing import Any, Protocol
+
+import orjson
+
+
+class TrajectorySink(Protocol):
+    async def start(self) -> None: ...
+
+    async def put(self, record: dict[str, Any]) -> None: ...
+
+    async def close(self) -> None: ...
+
+    def depth(self) -> int: ...
+
+
+class NullSink:
+    """Drops records (trajectories disabled)."""
+
+    async def start(self) -> None:
+        return None
+
+    async def put(self, record: dict[str, Any]) -> None:
+        return None
+
+    async def close(self) -> None:
+        return None
+
+    def depth(self) -> int:
+        return 0
+
+
+class MemorySink:
+    """Keeps records in a list (tests and embedding)."""
+
+    def __init__(self) -> None:
+        self.records: list[dict[str, Any]] = []
+
+    async def start(self) -> None:
+        return None
+
+    async def put(self, record: dict[str, Any]) -> None:
+        self.records.append(record)
+
+    async def close(self) -> None:
+        return None
+
+    def depth(self) -> int:
+        return 0
+
+
+class JsonlSink:
+    """Appends records to `<dir>/trajectories-<start>-<pid>.jsonl`, rotating by size."""
+
+    def __init__(
+        self, directory: str | Path, *, max_file_bytes: int, gzip_rotated: bool, queue_size: int
+    ) -> None:
+        self._dir = Path(directory)
+        self._max_bytes = max_file_bytes
+        self._gzip = gzip_rotated
+        self._queue: asyncio.Queue[dict[str, Any] | None] = asyncio.Queue(maxsize=queue_size)
+        self._task: asyncio.Task[None] | None = None
+        self._file: Any = None
+        self._path: Path | None = None
+        self._written = 0
+        self._seq = 0
+        self.records_written = 0
+
+    @property
+    def path(self) -> Path | None:
+        return self._path
+
+    async def start(self) -> None:
+        self._dir.mkdir(parents=True, exist_ok=True)
+        self._open_new()
+        self._task = asyncio.create_task(self._run(), name="trajectory-writer")
+
+    def _open_new(self) -> None:
+        stamp = time.strftime("%Y%m%dT%H%M%S", time.gmtime())
+        self._seq += 1
+        self._path = self._dir / f"trajectories-{stamp}-{os.getpid()}-{self._seq:04d}.jsonl"
+        self._file = open(self._path, "ab")  # noqa: SIM115 - lives as long as the sink
+        self._written = 0
+
+    def _rotate(self) -> None:
+        old = self._path
+        self._file.close()
+        self._open_new()
+        if self._gzip and old is not None:
+            with open(old, "rb") as src, gzip.open(f"{old}.gz", "wb") as dst:
+                shutil.copyfileobj(src, dst)
+            old.unlink()
+
+    def depth(self) -> int:
+        return self._queue.qsize()
+
+    async def put(self, record: dict[str, Any]) -> None:
+        await self._queue.put(record)
+
+    def _write_batch(self, lines: list[bytes]) -> None:
+        data = b"".join(lines)
+        self._file.write(data)
+        self._file.flush()
+        self._written += len(data)
+        if self._written >= self._max_bytes:
+            self._rotate()
+
+    async def _run(self) -> None:
+        queue = self._queue
+        while True:
+            record = await queue.get()
+            batch: list[dict[str, Any] | None] = [record]
+            while not queue.empty() and len(batch) < 1024:
+                batch.append(queue.get_nowait())
+            lines = [orjson.dumps(r) + b"\n" for r in batch if r is not None]
+            if lines:
+                await asyncio.to_thread(self._write_batch, lines)
+                self.records_written += len(lines)
+            for _ in batch:
+                queue.task_done()
+            if None in batch:
+                return
+
+    async def close(self) -> None:
+        if self._task is not None:
+            await self._queue.put(None)
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._task
+            self._task = None
+        if self._file is not None:
+            self._file.close()
+            self._file = None

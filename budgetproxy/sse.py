@@ -1,0 +1,108 @@
+"""Server-sent events: split an upstream stream into events and read a reply back from them."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import orjson
+
+
+class EventSplitter:
+    """Cuts a byte stream into whole SSE events (each ending in a blank line)."""
+
+    def __init__(self) -> None:
+        self._buf = b""
+        self._sep = b"\n\n"
+
+    def feed(self, data: bytes) -> list[bytes]:
+        buf = self._buf + data if self._buf else data
+        if b"\r\n" in data and self._sep == b"\n\n" and b"\n\n" not in buf:
+            self._sep = b"\r\n\r\n"
+        sep = self._sep
+        events: list[bytes] = []
+        start = 0
+        while True:
+            end = buf.find(sep, start)
+            if end < 0:
+                break
+            events.append(buf[start : end + len(sep)])
+            start = end + len(sep)
+        self._buf = buf[start:]
+        return events
+
+    def rest(self) -> bytes:
+        out, self._buf = self._buf, b""
+        return out
+
+
+def event_data(event: bytes) -> bytes | None:
+    """The data payload of one event (data lines joined), or None."""
+    parts = [
+        line[5:].lstrip(b" ") for line in event.splitlines() if line.startswith(b"data:")
+    ]
+    if not parts:
+        return None
+    return b"\n".join(parts)
+
+
+def is_usage_only(event: bytes) -> bool:
+    """An OpenAI usage-only chunk: `"choices": []` plus `usage` (sent for include_usage)."""
+    if b'"usage"' not in event or b'"choices"' not in event:
+        return False
+    data = event_data(event)
+    if data is None:
+        return False
+    try:
+        obj = orjson.loads(data)
+    except orjson.JSONDecodeError:
+        return False
+    return isinstance(obj, dict) and obj.get("choices") == [] and bool(obj.get("usage"))
+
+
+def assemble(events: list[bytes]) -> dict[str, Any]:
+    """Rebuild {message, finish_reason, usage} from chat or text-completion chunks."""
+    content: list[str] = []
+    tool_calls: dict[int, dict[str, Any]] = {}
+    finish_reason: str | None = None
+    usage: dict[str, Any] | None = None
+    role = "assistant"
+    for event in events:
+        data = event_data(event)
+        if data is None or data == b"[DONE]":
+            continue
+        try:
+            obj = orjson.loads(data)
+        except orjson.JSONDecodeError:
+            continue
+        if not isinstance(obj, dict):
+            continue
+        if obj.get("usage"):
+            usage = obj["usage"]
+        for choice in obj.get("choices") or ():
+            if not isinstance(choice, dict) or choice.get("index", 0) != 0:
+                continue
+            if choice.get("finish_reason"):
+                finish_reason = choice["finish_reason"]
+            if isinstance(choice.get("text"), str):
+                content.append(choice["text"])
+            delta = choice.get("delta") or {}
+            if delta.get("role"):
+                role = delta["role"]
+            if isinstance(delta.get("content"), str):
+                content.append(delta["content"])
+            for tc in delta.get("tool_calls") or ():
+                slot = tool_calls.setdefault(
+                    tc.get("index", 0),
+                    {"id": None, "type": "function", "function": {"name": "", "arguments": ""}},
+                )
+                if tc.get("id"):
+                    slot["id"] = tc["id"]
+                fn = tc.get("function") or {}
+                if fn.get("name"):
+                    slot["function"]["name"] += fn["name"]
+                if fn.get("arguments"):
+                    slot["function"]["arguments"] += fn["arguments"]
+    message: dict[str, Any] = {"role": role, "content": "".join(content) if content else None}
+    if tool_calls:
+        message["tool_calls"] = [tool_calls[i] for i in sorted(tool_calls)]
+    return {"message": message, "finish_reason": finish_reason, "usage": usage}

@@ -1,0 +1,92 @@
+"""The episode store interface: every state change is one atomic step on one episode."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Protocol
+
+from budgetproxy.core.episode import (
+    EpisodeState,
+    FinishStatus,
+    Grant,
+    OutcomeReport,
+    SettleResult,
+)
+
+
+class StoreUnavailable(Exception):
+    """The store could not be reached; the caller applies `store.on_unavailable`."""
+
+
+@dataclass(frozen=True)
+class TurnOpen:
+    grant: Grant
+    state: EpisodeState  # a snapshot after the reservation
+    created: bool  # this call created the episode
+
+
+@dataclass(frozen=True)
+class FinishOutcome:
+    status: FinishStatus | None  # None: unknown episode
+    state: EpisodeState | None
+
+
+class EpisodeStore(Protocol):
+    """Reserve/settle/finish each run as one atomic step (a lock, or one Lua script)."""
+
+    async def open_turn(
+        self,
+        episode_id: str,
+        fresh: Callable[[], EpisodeState],
+        body_hash: str,
+        now: float,
+        *,
+        free_retries: int,
+        message_count: int,
+        disclosure_index: int | None,
+    ) -> TurnOpen:
+        """Create the episode with `fresh()` if it does not exist, then `core.episode.reserve`.
+
+        `fresh` is called only for a new episode (its headers are read on the first call only);
+        it may raise, and then nothing is stored.
+        """
+        ...
+
+    async def close_turn(
+        self, episode_id: str, grant: Grant, result: SettleResult, now: float, *, count_failed: bool
+    ) -> tuple[bool, EpisodeState | None]:
+        """`core.episode.settle`; returns (refunded, snapshot)."""
+        ...
+
+    async def create(self, fresh: EpisodeState) -> bool:
+        """Insert a new episode; False when the id exists (active, finished or remembered)."""
+        ...
+
+    async def get(self, episode_id: str) -> EpisodeState | None: ...
+
+    async def is_known(self, episode_id: str) -> bool:
+        """True for live episodes and for finished ones past retention (id remembered)."""
+        ...
+
+    async def finish(
+        self, episode_id: str, report: OutcomeReport | None, now: float
+    ) -> FinishOutcome:
+        """`core.episode.finish`; `status` FINISHED exactly once per episode across replicas."""
+        ...
+
+    async def expire_idle(self, now: float, idle_timeout_s: float, retention_s: float) -> list[
+        EpisodeState
+    ]:
+        """End idle active episodes (returns those this call ended); forget old finished ones."""
+        ...
+
+    async def finish_all_active(self, now: float) -> list[EpisodeState]:
+        """End every active episode this process is responsible for (shutdown)."""
+        ...
+
+    async def active_count(self) -> int: ...
+
+    async def ping(self) -> bool: ...
+
+    async def close(self) -> None: ...

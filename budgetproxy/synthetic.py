@@ -1,0 +1,82 @@
+"""Synthetic replies for `on_exhausted: finish`: a well-formed final assistant turn, no tools."""
+
+from __future__ import annotations
+
+import time
+import uuid
+
+import orjson
+
+EXHAUSTED_TEXT = "[Turn budget exhausted] This episode has no turns left."
+
+
+def _ids() -> tuple[str, int]:
+    return f"chatcmpl-budget-{uuid.uuid4().hex[:24]}", int(time.time())
+
+
+def chat_completion(model: str, finish_reason: str) -> bytes:
+    cid, created = _ids()
+    return orjson.dumps(
+        {
+            "id": cid,
+            "object": "chat.completion",
+            "created": created,
+            "model": model,
+            "choices": [
+                {
+                    "index": 0,
+                    "message": {"role": "assistant", "content": EXHAUSTED_TEXT},
+                    "finish_reason": finish_reason,
+                    "logprobs": None,
+                }
+            ],
+            "usage": {"prompt_tokens": 0, "completion_tokens": 0, "total_tokens": 0},
+        }
+    )
+
+
+def chat_completion_stream(model: str, finish_reason: str, include_usage: bool) -> bytes:
+    cid, created = _ids()
+    base = {"id": cid, "object": "chat.completion.chunk", "created": created, "model": model}
+    chunks = [
+        {**base, "choices": [{"index": 0, "delta": {"role": "assistant", "content": ""},
+                              "finish_reason": None}]},
+        {**base, "choices": [{"index": 0, "delta": {"content": EXHAUSTED_TEXT},
+                              "finish_reason": None}]},
+        {**base, "choices": [{"index": 0, "delta": {}, "finish_reason": finish_reason}]},
+    ]
+    if include_usage:
+        chunks.append(
+            {**base, "choices": [],
+             "usage": {"prompt_tokens": 0, "completion_tokens": 0, "total_tokens": 0}}
+        )
+    out = b"".join(b"data: " + orjson.dumps(c) + b"\n\n" for c in chunks)
+    return out + b"data: [DONE]\n\n"
+
+
+def text_completion(model: str, finish_reason: str) -> bytes:
+    cid, created = _ids()
+    return orjson.dumps(
+        {
+            "id": cid,
+            "object": "text_completion",
+            "created": created,
+            "model": model,
+            "choices": [
+                {"index": 0, "text": EXHAUSTED_TEXT, "finish_reason": finish_reason,
+                 "logprobs": None}
+            ],
+            "usage": {"prompt_tokens": 0, "completion_tokens": 0, "total_tokens": 0},
+        }
+    )
+
+
+def text_completion_stream(model: str, finish_reason: str) -> bytes:
+    cid, created = _ids()
+    base = {"id": cid, "object": "text_completion", "created": created, "model": model}
+    chunks = [
+        {**base, "choices": [{"index": 0, "text": EXHAUSTED_TEXT, "finish_reason": None}]},
+        {**base, "choices": [{"index": 0, "text": "", "finish_reason": finish_reason}]},
+    ]
+    out = b"".join(b"data: " + orjson.dumps(c) + b"\n\n" for c in chunks)
+    return out + b"data: [DONE]\n\n"
