@@ -30,7 +30,8 @@ def _make_store(config: Config) -> EpisodeStore:
     if config.store.kind == "redis":
         from budgetproxy.store.redis import RedisStore
 
-        return RedisStore(config.store.url, prefix=config.store.key_prefix)
+        store: EpisodeStore = RedisStore(config.store.url, prefix=config.store.key_prefix)
+        return store
     from budgetproxy.store.memory import MemoryStore
 
     return MemoryStore()
@@ -43,7 +44,7 @@ def _make_registry() -> CollectorRegistry:
 
         # Families are still defined on a per-process registry; the exposition merges files.
         collect = CollectorRegistry()
-        multiprocess.MultiProcessCollector(collect)
+        multiprocess.MultiProcessCollector(collect)  # type: ignore[no-untyped-call]
         return collect
     return registry
 

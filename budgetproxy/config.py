@@ -87,9 +87,8 @@ class DisclosureConfig(_Strict):
         try:
             v.format(turn=1, total=2, remaining=1, used=0)
         except (KeyError, IndexError, ValueError) as e:
-            raise ValueError(
-                f"cannot render ({e!r}); allowed fields are {{turn}} {{total}} {{remaining}} {{used}}"
-            ) from None
+            allowed = "{turn} {total} {remaining} {used}"
+            raise ValueError(f"cannot render ({e!r}); allowed fields are {allowed}") from None
         return v
 
 

@@ -112,7 +112,9 @@ def validate_payload(kind: str, body: bytes) -> dict[str, Any]:
     if kind in ("chat", "messages"):
         messages = payload.get("messages")
         if not isinstance(messages, list) or not messages:
-            raise invalid_request("'messages' is required and must be a non-empty array", "messages")
+            raise invalid_request(
+                "'messages' is required and must be a non-empty array", "messages"
+            )
         for i, m in enumerate(messages):
             if not isinstance(m, dict) or not isinstance(m.get("role"), str):
                 raise invalid_request(
@@ -144,7 +146,8 @@ class _Call:
     __slots__ = (
         "t0", "route", "kind", "model", "stream", "episode_id", "state", "grant",
         "upstream", "t_upstream", "started", "sent_body", "status", "disclosure_text",
-        "result", "http_status", "ttft", "error_class", "conversation", "data", "events", "settled", "span",
+        "result", "http_status", "ttft", "error_class", "conversation", "data", "events",
+        "settled", "span",
     )
 
     def __init__(self, route: str, kind: str) -> None:
@@ -267,7 +270,7 @@ class ModelCalls:
         body = await read_body(receive, headers, self.max_body)
         payload = validate_payload(call.kind, body)
         call.model = model = payload["model"]
-        call.stream = stream = payload.get("stream") is True
+        call.stream = payload.get("stream") is True
         upstream = self.pool.route(model)
         if upstream is None:
             raise ProxyError(404, "model_not_found", f"No upstream serves model {model!r}",

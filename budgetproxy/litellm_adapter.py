@@ -1,4 +1,4 @@
-"""Providers beyond OpenAI's API through litellm (optional extra, imported lazily, off the fast path).
+"""Providers beyond OpenAI's API through litellm: an optional extra, lazily imported.
 
 A `kind: litellm` upstream calls `litellm.acompletion` with the upstream's `model` (e.g.
 `anthropic/claude-sonnet-4-5`, or `openai/<name>` with `base_url`), and answers in OpenAI's

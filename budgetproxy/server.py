@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import math
 import threading
 from typing import Any
 
@@ -27,7 +28,9 @@ def _http_impl() -> str:
     return "httptools"
 
 
-def uvicorn_config(app: Any, config: Config, *, host: str, port: int, **extra: Any) -> uvicorn.Config:
+def uvicorn_config(
+    app: Any, config: Config, *, host: str, port: int, **extra: Any
+) -> uvicorn.Config:
     return uvicorn.Config(
         app,
         host=host,
@@ -38,7 +41,7 @@ def uvicorn_config(app: Any, config: Config, *, host: str, port: int, **extra: A
         access_log=False,
         log_level="warning",
         server_header=False,
-        timeout_graceful_shutdown=config.server.shutdown_timeout_s,
+        timeout_graceful_shutdown=math.ceil(config.server.shutdown_timeout_s),
         timeout_keep_alive=30,
         backlog=4096,
         **extra,

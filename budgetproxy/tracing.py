@@ -1,4 +1,4 @@
-"""OpenTelemetry tracing: one span per model call, GenAI semantic conventions, never failing a call."""
+"""OpenTelemetry tracing: one span per model call, GenAI conventions, never failing a call."""
 
 from __future__ import annotations
 

@@ -5,7 +5,6 @@ from __future__ import annotations
 import os
 
 import orjson
-import uvicorn
 
 from budgetproxy.config import Config
 
@@ -30,9 +29,8 @@ def run_workers(config: Config) -> int:
     )
     print(f"budgetproxy listening on http://{config.server.host}:{config.server.port} "
           f"with {config.server.workers} workers", flush=True)
-    server = uvicorn.Server(ucfg)
     sock = ucfg.bind_socket()
     from uvicorn.supervisors import Multiprocess
 
-    Multiprocess(ucfg, target=server.run, sockets=[sock]).run()
+    Multiprocess(ucfg, sockets=[sock]).run()
     return 0

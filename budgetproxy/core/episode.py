@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from dataclasses import asdict, dataclass, field
-from enum import Enum
+from enum import StrEnum
 from typing import Any, Literal
 
 Arm = Literal["hidden", "disclosed"]
@@ -65,7 +65,7 @@ class EpisodeState:
         return cls(**d)
 
 
-class GrantKind(str, Enum):
+class GrantKind(StrEnum):
     FORWARD = "forward"
     EXHAUSTED = "exhausted"
     FINISHED = "finished"
@@ -85,9 +85,10 @@ class Grant:
     messages_seen: int = 0
 
 
-class SettleResult(str, Enum):
+class SettleResult(StrEnum):
     OK = "ok"  # upstream answered (any status that is charged: 2xx and 4xx)
-    REFUNDABLE = "refundable"  # connect error, timeout, 5xx, 429, before any byte reached the client
+    # connect error, timeout, 5xx or 429 before any byte reached the client
+    REFUNDABLE = "refundable"
     BROKEN = "broken"  # failed after bytes reached the client: charged
 
 
@@ -189,7 +190,7 @@ class OutcomeReport:
     metadata: dict[str, Any] = field(default_factory=dict)
 
 
-class FinishStatus(str, Enum):
+class FinishStatus(StrEnum):
     FINISHED = "finished"  # this call ended the episode
     SAME = "same"  # already ended with the same report
     CONFLICT = "conflict"  # already ended differently

@@ -40,7 +40,9 @@ def new_episode(
     """
     bm = budget_cfg.budgetmix
     sampled = budget_cfg.sampler == "budgetmix"
-    max_turns = spec.max_turns if spec.max_turns is not None else (bm.max_turns if sampled else None)
+    max_turns = spec.max_turns
+    if max_turns is None and sampled:
+        max_turns = bm.max_turns
     group_key = spec.group if spec.group is not None else spec.episode_id
     if spec.budget is not None:
         budget = spec.budget
