@@ -8,6 +8,7 @@ trade streaming latency for reach.
 
 from __future__ import annotations
 
+import os
 from typing import Any
 
 import orjson
@@ -27,6 +28,8 @@ def _error(status: int, message: str, code: str) -> tuple[int, bytes]:
 async def call_litellm(
     upstream: UpstreamConfig, payload: dict[str, Any], stream: bool
 ) -> tuple[int, bytes]:
+    # Use the cost map shipped in the package; never fetch it over the network at import.
+    os.environ.setdefault("LITELLM_LOCAL_MODEL_COST_MAP", "True")
     try:
         import litellm
     except ImportError:
