@@ -50,11 +50,14 @@ def finished(matchers: str, window: str, by: str = "tier, disclosure") -> str:
 def share(
     outcome_matcher: str, window: str, by: str = "tier, disclosure", base: str = EPISODE
 ) -> str:
-    """Share of judged (not abandoned) finished episodes whose end reason matches; 0 when none."""
+    """Share of judged (not abandoned) finished episodes whose end reason matches.
+
+    0 when none matched; no value (rather than NaN) where no episode finished in the window.
+    """
     den = finished(f'{base},outcome!="abandoned"', window, by)
     num = finished(f"{base},{outcome_matcher}", window, by)
     zero = f"0 * {den}" if by else "vector(0)"
-    return f"({num} or {zero})\n/\n{den}"
+    return f"({num} or {zero})\n/\n({den} > 0)"
 
 
 def success_within(window: str, le_matcher: str) -> str:
@@ -62,7 +65,7 @@ def success_within(window: str, le_matcher: str) -> str:
     bucket = f'budgetproxy_episode_turns_bucket{{{EPISODE},outcome="success",{le_matcher}}}'
     num = f"sum by (tier, disclosure, le) ({count_in(bucket, window)})"
     den = finished(f'{EPISODE},outcome!="abandoned"', window)
-    return f"{num}\n/ ignoring(le) group_left\n{den}"
+    return f"{num}\n/ ignoring(le) group_left()\n({den} > 0)"
 
 
 def quantile(q: float, metric: str, matchers: str, by: str = "") -> str:
@@ -669,7 +672,7 @@ def agent_budgets() -> Json:
         ),
         (
             timeseries(
-                "Active episodes",
+                "Active episodes over time",
                 "Episodes started and not yet finished, over all replicas.",
                 [target("sum(budgetproxy_active_episodes)", "active")],
             ),
@@ -705,7 +708,7 @@ def agent_budgets() -> Json:
                 [
                     target(
                         f"sum by ({per_outcome}) ({count_in(hist % 'sum', '$__range')})\n/\n"
-                        f"sum by ({per_outcome}) ({count_in(hist % 'count', '$__range')})",
+                        f"(sum by ({per_outcome}) ({count_in(hist % 'count', '$__range')}) > 0)",
                         "{{tier}} · {{disclosure}} · {{outcome}}",
                         instant=True,
                     )
@@ -841,7 +844,7 @@ def proxy_health() -> Json:
                 "5xx share",
                 "Share of requests answered with a 5xx status.",
                 f'(sum(rate({req}{{{route},code=~"5.."}}[$__rate_interval])) or vector(0))\n/\n'
-                f"sum(rate({req}{{{route}}}[$__rate_interval]))",
+                f"(sum(rate({req}{{{route}}}[$__rate_interval])) > 0)",
                 "percentunit",
                 thresholds=_BAD_HIGH,
                 decimals=2,
@@ -905,7 +908,12 @@ def proxy_health() -> Json:
             timeseries(
                 "5xx share by route",
                 "Share of each route's requests answered with a 5xx status.",
-                [target(f"({errors_5xx} or 0 * {all_by_route})\n/\n{all_by_route}", "{{route}}")],
+                [
+                    target(
+                        f"({errors_5xx} or 0 * {all_by_route})\n/\n({all_by_route} > 0)",
+                        "{{route}}",
+                    )
+                ],
                 "percentunit",
                 max_=1,
             ),
@@ -1016,7 +1024,7 @@ def proxy_health() -> Json:
         ),
         (
             timeseries(
-                "Trajectory queue depth",
+                "Trajectory queue depth over time",
                 "Records waiting for the trajectory writer, over all replicas.",
                 [target("sum(budgetproxy_trajectory_queue_depth)", "queued")],
             ),

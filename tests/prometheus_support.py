@@ -40,6 +40,37 @@ SAMPLE_VALUES: dict[str, str] = {
     "__rate_interval": "1m",
     "__interval": "15s",
 }
+HISTOGRAMS = {
+    "budgetproxy_episode_turns",
+    "budgetproxy_request_duration_seconds",
+    "budgetproxy_upstream_duration_seconds",
+    "budgetproxy_proxy_overhead_seconds",
+    "budgetproxy_time_to_first_token_seconds",
+}
+# The metrics the proxy exports, with the labels each carries (histograms without `le`).
+METRICS: dict[str, set[str]] = {
+    "budgetproxy_turns_total": {"tier", "disclosure"},
+    "budgetproxy_episodes_started_total": {"tier", "disclosure"},
+    "budgetproxy_episodes_finished_total": {"tier", "disclosure", "outcome"},
+    "budgetproxy_episode_turns": {"tier", "disclosure", "outcome"},
+    "budgetproxy_budget_exhausted_total": {"tier", "disclosure"},
+    "budgetproxy_request_duration_seconds": {"route"},
+    "budgetproxy_upstream_duration_seconds": {"upstream"},
+    "budgetproxy_proxy_overhead_seconds": {"route"},
+    "budgetproxy_time_to_first_token_seconds": {"model"},
+    "budgetproxy_tokens_total": {"model", "direction"},
+    "budgetproxy_upstream_errors_total": {"upstream", "class"},
+    "budgetproxy_requests_total": {"route", "code"},
+    "budgetproxy_active_episodes": set(),
+    "budgetproxy_calls_without_episode_total": {"route"},
+    "budgetproxy_trajectory_queue_depth": set(),
+    "budgetproxy_store_unavailable_total": {"policy"},
+}
+SERIES_NAMES = {
+    f"{name}{suffix}": labels
+    for name, labels in METRICS.items()
+    for suffix in (("_bucket", "_sum", "_count") if name in HISTOGRAMS else ("",))
+}
 _VARIABLE = re.compile(r"\$\{(\w+)(?::(\w+))?\}|\$(\w+)|\[\[(\w+)\]\]")
 
 
@@ -229,8 +260,8 @@ class Prometheus:
             _stop(self._proc)
             self._proc = None
 
-    def _api(self, path: str, params: dict[str, str]) -> Any:
-        resp = self.http.post(path, data=params)
+    def _api(self, path: str, params: dict[str, str] | None = None) -> Any:
+        resp = self.http.post(path, data=params) if params else self.http.get(path)
         try:
             body = resp.json()
         except ValueError:
@@ -263,7 +294,7 @@ class Prometheus:
         return float(result[0]["value"][1])
 
     def targets_up(self) -> bool:
-        active = self._api("/api/v1/targets", {})["activeTargets"]
+        active = self._api("/api/v1/targets")["activeTargets"]
         return bool(active) and all(t["health"] == "up" for t in active)
 
 

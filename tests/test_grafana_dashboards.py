@@ -13,7 +13,10 @@ from prometheus_support import (
     DASHBOARD_DIR,
     DATASOURCE,
     GRAFANA,
+    METRICS,
+    REPO,
     SAMPLE_VALUES,
+    SERIES_NAMES,
     dashboards,
     panel_queries,
     promtool,
@@ -32,37 +35,6 @@ REQUIRED_VARIABLES = {
 # Grafana's built-in variables the panels may use.
 BUILTINS = {"__range", "__rate_interval", "__interval"}
 PANEL_TYPES = {"row", "stat", "timeseries", "bargauge", "barchart", "heatmap", "table"}
-HISTOGRAMS = {
-    "budgetproxy_episode_turns",
-    "budgetproxy_request_duration_seconds",
-    "budgetproxy_upstream_duration_seconds",
-    "budgetproxy_proxy_overhead_seconds",
-    "budgetproxy_time_to_first_token_seconds",
-}
-# The metrics the proxy exports, with the labels each carries (histograms without `le`).
-METRICS: dict[str, set[str]] = {
-    "budgetproxy_turns_total": {"tier", "disclosure"},
-    "budgetproxy_episodes_started_total": {"tier", "disclosure"},
-    "budgetproxy_episodes_finished_total": {"tier", "disclosure", "outcome"},
-    "budgetproxy_episode_turns": {"tier", "disclosure", "outcome"},
-    "budgetproxy_budget_exhausted_total": {"tier", "disclosure"},
-    "budgetproxy_request_duration_seconds": {"route"},
-    "budgetproxy_upstream_duration_seconds": {"upstream"},
-    "budgetproxy_proxy_overhead_seconds": {"route"},
-    "budgetproxy_time_to_first_token_seconds": {"model"},
-    "budgetproxy_tokens_total": {"model", "direction"},
-    "budgetproxy_upstream_errors_total": {"upstream", "class"},
-    "budgetproxy_requests_total": {"route", "code"},
-    "budgetproxy_active_episodes": set(),
-    "budgetproxy_calls_without_episode_total": {"route"},
-    "budgetproxy_trajectory_queue_depth": set(),
-    "budgetproxy_store_unavailable_total": {"policy"},
-}
-_SERIES_NAMES = {
-    f"{name}{suffix}": labels
-    for name, labels in METRICS.items()
-    for suffix in (("_bucket", "_sum", "_count") if name in HISTOGRAMS else ("",))
-}
 _SELECTOR = re.compile(r"\b(budgetproxy_\w+)(\{([^}]*)\})?")
 _MATCHER_LABEL = re.compile(r"(\w+)\s*(?:=~|!~|!=|=)")
 
@@ -108,6 +80,10 @@ def test_panels_have_ids_grid_positions_and_no_overlap(name: str) -> None:
     panels = _panels(BOARDS[name])
     ids = [p["id"] for p in panels]
     assert len(ids) == len(set(ids)), "panel ids must be unique"
+    titles = [p["title"] for p in panels]
+    assert len(titles) == len(set(titles)), (
+        "panel titles must be unique (tests find panels by them)"
+    )
     cells: dict[tuple[int, int], str] = {}
     for p in panels:
         assert p["type"] in PANEL_TYPES, p["type"]
@@ -163,8 +139,8 @@ def test_query_variables_use_label_values_on_the_datasource(name: str) -> None:
         assert m, var["definition"]
         assert var["query"]["query"] == var["definition"]
         metric, label = m.groups()
-        assert metric in _SERIES_NAMES, metric
-        assert label in _SERIES_NAMES[metric], f"{metric} has no label {label}"
+        assert metric in SERIES_NAMES, metric
+        assert label in SERIES_NAMES[metric], f"{metric} has no label {label}"
         assert var["multi"] and var["includeAll"] and var["allValue"] == ".*"
 
 
@@ -184,9 +160,9 @@ def test_queries_use_only_exported_metrics_and_their_labels() -> None:
         names = _SELECTOR.findall(q.target["expr"])
         assert names, f"{q.name} uses no budgetproxy metric"
         for metric, _, matchers in names:
-            assert metric in _SERIES_NAMES, f"{q.name}: unknown metric {metric}"
+            assert metric in SERIES_NAMES, f"{q.name}: unknown metric {metric}"
             labels = set(_MATCHER_LABEL.findall(matchers)) - {"le"}
-            assert labels <= _SERIES_NAMES[metric], f"{q.name}: {metric} has no {labels}"
+            assert labels <= SERIES_NAMES[metric], f"{q.name}: {metric} has no {labels}"
 
 
 def test_every_query_parses_with_promtool(tmp_path: Path) -> None:
@@ -226,6 +202,18 @@ def test_dashboard_provisioning_points_at_the_mounted_folder() -> None:
     [provider] = doc["providers"]
     assert provider["type"] == "file"
     assert provider["options"]["path"] == "/var/lib/grafana/dashboards"
+
+
+def test_compose_mounts_the_provisioning_and_dashboards_where_grafana_looks() -> None:
+    compose_file = REPO / "deploy" / "docker-compose.yml"
+    services = yaml.safe_load(compose_file.read_text())["services"]
+    mounts = {}
+    for volume in services["grafana"]["volumes"]:
+        host, container = volume.split(":")[:2]
+        mounts[container] = (compose_file.parent / host).resolve()
+    assert mounts["/etc/grafana/provisioning"] == GRAFANA / "provisioning"
+    assert mounts["/var/lib/grafana/dashboards"] == DASHBOARD_DIR
+    assert "prometheus" in services, "the datasource url names the compose service prometheus"
 
 
 def test_committed_dashboards_are_what_the_generator_writes() -> None:
