@@ -2,15 +2,14 @@
 
 from __future__ import annotations
 
+# litellm is part of the [dev] extra: a missing install fails here rather than skipping.
+import litellm  # noqa: E402,F401
 import openai
 import pytest
 
 from budgetproxy.config import load_config
 from budgetproxy.server import ProxyServer
 from budgetproxy.testing.fake_upstream import FakeUpstream
-
-# litellm is part of the [dev] extra: a missing install fails here rather than skipping.
-import litellm  # noqa: E402,F401
 
 
 @pytest.fixture(scope="module")
