@@ -1,4 +1,4 @@
-"""The litellm upstream kind: called through litellm's `openai/` provider against the fake upstream."""
+"""The litellm upstream kind, through litellm's `openai/` provider against the fake upstream."""
 
 from __future__ import annotations
 

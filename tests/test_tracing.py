@@ -33,7 +33,9 @@ def upstream() -> Iterator[FakeUpstream]:
 
 
 @pytest.fixture()
-def traced(upstream: FakeUpstream, tmp_path: Path) -> Iterator[tuple[ProxyServer, InMemorySpanExporter]]:
+def traced(
+    upstream: FakeUpstream, tmp_path: Path
+) -> Iterator[tuple[ProxyServer, InMemorySpanExporter]]:
     exporter = InMemorySpanExporter()
     provider = TracerProvider()
     provider.add_span_processor(SimpleSpanProcessor(exporter))
