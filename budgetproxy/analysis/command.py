@@ -1,0 +1,335 @@
+"""`budgetproxy analyze`: Pass@(K,T) tables, report, recovery view, BudgetMix audit, export.
+
+Importing this module is cheap: DuckDB and numpy load only when the command runs.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from collections.abc import Callable, Sequence
+from fractions import Fraction
+from pathlib import Path
+from typing import Any, TypeVar
+
+from budgetproxy.analysis.passk import to_fraction
+
+T = TypeVar("T")
+
+DESCRIPTION = """\
+Read trajectory logs (JSONL, .jsonl.gz, Parquet; files or folders) and print Pass@(K,T):
+the chance that at least one of K episodes of a task succeeds within T turns, estimated per
+task and averaged over tasks, with 95% bootstrap confidence intervals over tasks."""
+
+
+def _list_of(parse: Callable[[str], T], what: str) -> Callable[[str], list[T]]:
+    def parse_list(text: str) -> list[T]:
+        try:
+            values = [parse(part) for part in text.split(",") if part.strip()]
+        except (ValueError, ZeroDivisionError) as exc:
+            raise argparse.ArgumentTypeError(f"expected {what}, got {text!r}") from exc
+        if not values:
+            raise argparse.ArgumentTypeError(f"expected {what}, got {text!r}")
+        return values
+
+    return parse_list
+
+
+def _positive_int(text: str) -> int:
+    value = int(text)
+    if value < 1:
+        raise ValueError(text)
+    return value
+
+
+def _percent(text: str) -> Fraction:
+    value = to_fraction(text)
+    if value <= 0:
+        raise ValueError(text)
+    return value
+
+
+def _step(text: str) -> Fraction:
+    value = to_fraction(text)
+    if not 0 < value <= 1:
+        raise argparse.ArgumentTypeError(f"step must be in (0, 1], got {text!r}")
+    return value
+
+
+def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    """Add the `analyze` subcommand; its handler is `run`."""
+    p = subparsers.add_parser(
+        "analyze",
+        help="Pass@(K,T) tables and reports from trajectory logs",
+        description=DESCRIPTION,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    p.add_argument("paths", nargs="+", metavar="PATH", help="log files or folders")
+    p.add_argument(
+        "--k",
+        type=_list_of(_positive_int, "K values like 1,2,4,8"),
+        default=[1, 2, 4, 8],
+        help="sample counts K (default 1,2,4,8)",
+    )
+    p.add_argument(
+        "--tiers",
+        type=_list_of(_percent, "percentages like 25,50,75,100"),
+        help="budget tiers in %% of each task's max_turns (default 25,50,75,100)",
+    )
+    p.add_argument(
+        "--turns",
+        type=_list_of(_positive_int, "turn counts like 2,4,8"),
+        help="absolute turn budgets T, instead of (or with --tiers, besides) tiers",
+    )
+    p.add_argument(
+        "--by",
+        type=_list_of(str.strip, "field names"),
+        default=[],
+        help="split by disclosure, model, group, task_id or a tag name "
+        "(comma-separated for several)",
+    )
+    p.add_argument("--json", action="store_true", help="print JSON instead of tables")
+    p.add_argument("--report", type=Path, metavar="FILE.html", help="write an HTML report")
+    p.add_argument("--seed", type=int, default=0, help="bootstrap seed (default 0)")
+    p.add_argument("--resamples", type=int, default=1000, help="bootstrap resamples (1000)")
+    p.add_argument(
+        "--audit-budgetmix",
+        action="store_true",
+        help="check budgets against BudgetMix; exit 1 if something is off",
+    )
+    p.add_argument(
+        "--budgetmix-step",
+        type=_step,
+        default=Fraction(1, 10),
+        help="BudgetMix candidate step (default 0.1)",
+    )
+    p.add_argument(
+        "--budgetmix-alpha",
+        type=float,
+        default=0.01,
+        help="significance level of the uniformity test (default 0.01)",
+    )
+    p.add_argument(
+        "--error-pattern",
+        metavar="REGEX",
+        help="recovery view: tool results matching this (RE2) regex are errors",
+    )
+    p.add_argument(
+        "--to-parquet",
+        type=Path,
+        metavar="OUT",
+        help="write OUT/episodes.parquet and OUT/turns.parquet",
+    )
+    p.set_defaults(func=run)
+
+
+def run(args: argparse.Namespace) -> int:
+    """Run `analyze`; returns the exit code (0 ok, 1 nothing to report or audit failed,
+    2 bad arguments or paths)."""
+    from budgetproxy.analysis.load import InputError
+
+    try:
+        return _run(args)
+    except InputError as exc:
+        print(f"budgetproxy analyze: {exc}", file=sys.stderr)
+        return exc.exit_code
+    except KeyboardInterrupt:
+        return 130
+    except Exception as exc:
+        import duckdb
+
+        if not isinstance(exc, duckdb.Error):
+            raise
+        first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+        print(f"budgetproxy analyze: {first}", file=sys.stderr)
+        return 1
+
+
+def _run(args: argparse.Namespace) -> int:
+    from budgetproxy.analysis import load
+    from budgetproxy.analysis.progress import Progress
+    from budgetproxy.analysis.table import Budget, compute_cells, format_cells
+
+    inputs = load.discover(args.paths)
+    if not inputs.files:
+        raise load.InputError(
+            f"no trajectory logs (*.jsonl, *.jsonl.gz, *.parquet) in {', '.join(args.paths)}"
+        )
+    tiers = args.tiers if args.tiers is not None else ([] if args.turns else [25, 50, 75, 100])
+    budgets = [Budget("tier", Fraction(p)) for p in tiers]
+    budgets += [Budget("turns", Fraction(t)) for t in args.turns or []]
+    progress = Progress(inputs.total_bytes)
+    out: dict[str, Any] = {}
+    text: list[str] = []
+    code = 0
+    with load.connect() as con:
+        if args.error_pattern is not None:
+            _check_pattern(con, args.error_pattern)
+        summary = load.load_episodes(con, inputs, progress)
+        _print_skipped(summary)
+        if summary.episodes == 0:
+            raise load.InputError(
+                f"no episode records in {inputs.files} file(s) ({summary.turn_records:,} turn "
+                f"records, {summary.skipped:,} skipped)"
+            )
+        counts = _episode_counts(con)
+        cells = compute_cells(con, args.k, budgets, args.by, args.resamples, args.seed)
+        out["pass_at"] = [c.as_json() for c in cells]
+        out["inputs"] = _inputs_json(summary)
+        out["episodes"] = counts
+        out["settings"] = {
+            "k": args.k,
+            "tiers": [f"{b.label}" for b in budgets if b.kind == "tier"],
+            "turns": args.turns or [],
+            "by": args.by,
+            "resamples": args.resamples,
+            "seed": args.seed,
+            "confidence": 0.95,
+        }
+        text += [_summary_text(summary, counts), format_cells(cells, args.resamples, args.seed)]
+        extra: list[tuple[str, str]] = []
+        if args.error_pattern is not None:
+            from budgetproxy.analysis.recovery import compute_recovery, format_recovery
+
+            load.create_turns_view(con, inputs)
+            rows = compute_recovery(con, args.error_pattern, progress)
+            out["recovery"] = [r.as_json() for r in rows]
+            text.append(format_recovery(rows, args.error_pattern))
+            extra.append(("Recovery after tool errors", text[-1]))
+        if args.audit_budgetmix:
+            from budgetproxy.analysis.audit import audit_budgetmix, format_audit
+
+            audit = audit_budgetmix(con, args.budgetmix_step, args.budgetmix_alpha)
+            out["audit"] = audit.as_json()
+            text.append(format_audit(audit))
+            extra.append(("BudgetMix audit", text[-1]))
+            code = code or (0 if audit.ok else 1)
+        if args.report is not None:
+            _write_report(con, args, cells, budgets, summary, counts, extra)
+            out["report"] = str(args.report)
+        if args.to_parquet is not None:
+            from budgetproxy.analysis.export import export_parquet
+
+            load.create_turns_view(con, inputs)
+            episodes_file, turns_file = export_parquet(con, args.to_parquet, progress)
+            out["parquet"] = {"episodes": str(episodes_file), "turns": str(turns_file)}
+            print(f"wrote {episodes_file} and {turns_file}", file=sys.stderr)
+    if args.json:
+        print(json.dumps(out, indent=2, ensure_ascii=False))
+    else:
+        print("\n".join(text), end="")
+    if all(c.value is None for c in cells):
+        print("budgetproxy analyze: no eligible episodes for any K and T", file=sys.stderr)
+        code = 1
+    return code
+
+
+def _check_pattern(con: Any, pattern: str) -> None:
+    from budgetproxy.analysis.load import InputError
+
+    try:
+        con.execute("SELECT regexp_matches('', ?)", [pattern]).fetchall()
+    except Exception as exc:
+        raise InputError(f"--error-pattern {pattern!r} is not a valid RE2 regex", 2) from exc
+
+
+def _episode_counts(con: Any) -> dict[str, int]:
+    row = con.execute(
+        """
+        SELECT count(*),
+            count(*) FILTER (WHERE end_reason = 'abandoned'),
+            count(*) FILTER (WHERE end_reason <> 'abandoned' AND task_id IS NULL),
+            count(*) FILTER (WHERE end_reason <> 'abandoned' AND task_id IS NOT NULL
+                             AND max_turns IS NULL)
+        FROM episodes
+        """
+    ).fetchone()
+    total, abandoned, no_task, no_max = (int(v) for v in row)
+    return {
+        "total": total,
+        "used": total - abandoned - no_task,
+        "left_out_abandoned": abandoned,
+        "left_out_no_task_id": no_task,
+        "no_max_turns": no_max,
+    }
+
+
+def _inputs_json(summary: Any) -> dict[str, Any]:
+    return {
+        "files": summary.files,
+        "bytes": summary.bytes,
+        "turn_records": summary.turn_records,
+        "episode_records": summary.episode_records,
+        "duplicate_episode_records": summary.duplicates,
+        "skipped": summary.skipped,
+        "skipped_reasons": {reason: n for reason, n, _ in summary.reasons},
+    }
+
+
+def _summary_text(summary: Any, counts: dict[str, int]) -> str:
+    lines = [
+        f"read {summary.files:,} file(s), {summary.bytes / 1e6:,.1f} MB: "
+        f"{summary.turn_records:,} turn records, {summary.episode_records:,} episode records"
+        + (f", {summary.skipped:,} skipped" if summary.skipped else ""),
+        f"episodes: {counts['total']:,}; left out: {counts['left_out_abandoned']:,} abandoned, "
+        f"{counts['left_out_no_task_id']:,} without task_id",
+    ]
+    if summary.duplicates:
+        lines.append(f"{summary.duplicates:,} duplicate episode records (the last one kept)")
+    if counts["no_max_turns"]:
+        lines.append(
+            f"{counts['no_max_turns']:,} episodes without max_turns: left out of "
+            f"tier columns (use --turns)"
+        )
+    return "\n".join(lines) + "\n"
+
+
+def _print_skipped(summary: Any, shown: int = 5) -> None:
+    if not summary.skipped:
+        return
+    print(f"skipped {summary.skipped:,} record(s):", file=sys.stderr)
+    for reason, n, example in summary.reasons[:shown]:
+        print(f"  {n:,} × {reason}  (e.g. {example[:120]})", file=sys.stderr)
+    if len(summary.reasons) > shown:
+        print(f"  … and {len(summary.reasons) - shown} more reason(s); see --json", file=sys.stderr)
+
+
+def _write_report(
+    con: Any,
+    args: argparse.Namespace,
+    cells: Sequence[Any],
+    budgets: Sequence[Any],
+    summary: Any,
+    counts: dict[str, int],
+    extra: Sequence[tuple[str, str]],
+) -> None:
+    from budgetproxy.analysis.report import render_report
+    from budgetproxy.analysis.table import compute_cells
+
+    by = args.by or ["disclosure"]
+    if not args.by:
+        cells = compute_cells(con, args.k, budgets, by, args.resamples, args.seed)
+    facts = {
+        "inputs": f"{summary.files:,} file(s), {summary.turn_records:,} turn records, "
+        f"{summary.episode_records:,} episode records, {summary.skipped:,} skipped",
+        "episodes": f"{counts['total']:,} ({counts['left_out_abandoned']:,} abandoned and "
+        f"{counts['left_out_no_task_id']:,} without task_id left out)",
+        "K": ", ".join(map(str, args.k)),
+        "split by": ", ".join(by),
+        "confidence intervals": f"95%, {args.resamples} bootstrap resamples over tasks, "
+        f"seed {args.seed}",
+    }
+    html = render_report(con, cells, by, facts, extra)
+    args.report.parent.mkdir(parents=True, exist_ok=True)
+    args.report.write_text(html, encoding="utf-8")
+    print(f"wrote {args.report}", file=sys.stderr)
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """`python -m budgetproxy.analysis PATH...`: the subcommand on its own."""
+    parser = argparse.ArgumentParser(prog="budgetproxy")
+    register(parser.add_subparsers(dest="command", required=True))
+    args = parser.parse_args(["analyze", *(sys.argv[1:] if argv is None else argv)])
+    result: int = args.func(args)
+    return result

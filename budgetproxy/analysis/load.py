@@ -1,0 +1,389 @@
+"""Reading trajectory logs (JSONL, .jsonl.gz, Parquet) into DuckDB, counting what is skipped.
+
+Episode records become the temp table `episodes` (validated, typed, one row per episode_id:
+the last record wins). Turn records stay in the files: `create_turns_view` defines a view
+that re-reads them for the recovery view and the Parquet export, so they never become Python
+objects.
+"""
+
+from __future__ import annotations
+
+import shutil
+import tempfile
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from budgetproxy.analysis.progress import Progress
+from budgetproxy.records import SCHEMA_VERSION
+
+LOG_SUFFIXES = (".jsonl", ".jsonl.gz", ".parquet")
+MAX_LINE_BYTES = 1 << 30  # a turn record can carry a whole file in a tool result
+
+# Episode fields as (name, SQL type once validated). Everything arrives as text first.
+EPISODE_FIELDS = (
+    "episode_id", "task_id", "group", "tags", "model", "budget", "max_turns", "tier",
+    "disclosure", "announced_budget", "turns_used", "outcome", "success_turn", "reward",
+    "exhausted", "end_reason", "started_at", "ended_at",
+)  # fmt: skip
+
+TURN_COLUMNS = {
+    "episode_id": "VARCHAR", "turn": "BIGINT", "attempt": "BIGINT", "ts": "VARCHAR",
+    "latency_s": "DOUBLE", "model": "VARCHAR", "route": "VARCHAR", "stream": "BOOLEAN",
+    "status": "VARCHAR", "http_status": "BIGINT", "request_messages": "JSON",
+    "messages_offset": "BIGINT", "response": "JSON", "finish_reason": "VARCHAR",
+    "usage": "JSON", "budget": "BIGINT", "remaining": "BIGINT", "charged": "BOOLEAN",
+    "disclosure": "JSON", "task_id": "VARCHAR", "group": "VARCHAR",
+}  # fmt: skip
+
+
+class InputError(Exception):
+    """Input that cannot be analysed at all; the message is one line for the user."""
+
+    def __init__(self, message: str, exit_code: int = 1) -> None:
+        super().__init__(message)
+        self.exit_code = exit_code
+
+
+@dataclass(frozen=True)
+class Inputs:
+    """The log files found under the paths given, in a stable order."""
+
+    jsonl: list[str]
+    parquet: list[str]
+    total_bytes: int
+
+    @property
+    def files(self) -> int:
+        return len(self.jsonl) + len(self.parquet)
+
+
+@dataclass
+class ScanSummary:
+    """What reading the logs found and what it skipped."""
+
+    files: int = 0
+    bytes: int = 0
+    turn_records: int = 0
+    episode_records: int = 0
+    episodes: int = 0
+    duplicates: int = 0
+    skipped: int = 0
+    # (reason, count, an example "file: first characters of the line"), most frequent first
+    reasons: list[tuple[str, int, str]] = field(default_factory=list)
+
+
+def discover(paths: Sequence[str]) -> Inputs:
+    """Files given directly, and *.jsonl, *.jsonl.gz, *.parquet found under folders."""
+    found: list[Path] = []
+    for raw in paths:
+        path = Path(raw)
+        if path.is_dir():
+            found.extend(
+                sorted(p for p in path.rglob("*") if p.is_file() and p.name.endswith(LOG_SUFFIXES))
+            )
+        elif path.is_file():
+            found.append(path)
+        else:
+            raise InputError(f"no such file or directory: {raw}", exit_code=2)
+    seen: set[Path] = set()
+    jsonl: list[str] = []
+    parquet: list[str] = []
+    total = 0
+    for path in found:
+        key = path.resolve()
+        if key in seen:
+            continue
+        seen.add(key)
+        total += path.stat().st_size
+        (parquet if path.name.endswith(".parquet") else jsonl).append(str(path))
+    return Inputs(jsonl=jsonl, parquet=parquet, total_bytes=total)
+
+
+@contextmanager
+def connect() -> Iterator[Any]:
+    """An in-memory DuckDB connection that spills to a private temp dir, removed afterwards."""
+    try:
+        import duckdb
+    except ImportError as exc:  # pragma: no cover - depends on the install
+        raise InputError(
+            "analyze needs DuckDB: pip install 'budgetproxy[analyze]'", exit_code=2
+        ) from exc
+    spill = tempfile.mkdtemp(prefix="budgetproxy-analyze-")
+    con = duckdb.connect(":memory:")
+    try:
+        con.execute(f"SET temp_directory = {sql_str(spill)}")
+        con.execute("SET TimeZone = 'UTC'")
+        con.execute("SET preserve_insertion_order = false")
+        con.execute("SET enable_progress_bar = true")  # feeds query_progress() ...
+        con.execute("SET enable_progress_bar_print = false")  # ... without DuckDB's own bar
+        yield con
+    finally:
+        con.close()
+        shutil.rmtree(spill, ignore_errors=True)
+
+
+def sql_str(value: str) -> str:
+    """A SQL string literal."""
+    return "'" + value.replace("'", "''") + "'"
+
+
+def sql_list(values: Sequence[str]) -> str:
+    return "[" + ", ".join(sql_str(v) for v in values) + "]"
+
+
+def _read_lines(files: Sequence[str]) -> str:
+    # Each line as one VARCHAR: \x01 never occurs unescaped in JSON text, and no quoting.
+    return (
+        f"read_csv({sql_list(files)}, columns = {{'line': 'VARCHAR'}}, header = false, "
+        f"delim = '\x01', quote = '', escape = '', filename = true, auto_detect = false, "
+        f"max_line_size = {MAX_LINE_BYTES}, strict_mode = false, null_padding = true)"
+    )
+
+
+# One pass over every line. Lines mentioning "episode" (as a whole JSON string) are kept for
+# parsing; turn lines are only checked (schema, type) and counted; everything else is grouped
+# by the reason it is skipped. Turn lines collapse into one row per file.
+SCAN_SQL = """
+CREATE TEMP TABLE scan AS
+WITH src AS (
+    SELECT filename AS file, line, contains(line, '"episode"') AS maybe_episode
+    FROM {lines}
+), head AS (
+    SELECT file, line, maybe_episode,
+           CASE WHEN line IS NOT NULL AND NOT maybe_episode
+                THEN try(json_extract_string(line, ['$.schema', '$.type'])) END AS h
+    FROM src
+), kinded AS (
+    -- CASE evaluates a branch only for the rows that reach it: trim() runs on bad lines only
+    SELECT file, line,
+        CASE WHEN line IS NULL THEN 'blank'
+             WHEN maybe_episode THEN 'episode'
+             WHEN h IS NULL THEN (CASE WHEN trim(line) = '' THEN 'blank' ELSE 'bad' END)
+             WHEN h[1] = '{schema}' AND h[2] = 'turn' THEN 'turn'
+             ELSE 'bad' END AS kind,
+        CASE WHEN line IS NULL OR maybe_episode OR (h[1] = '{schema}' AND h[2] = 'turn')
+                THEN NULL
+             WHEN h IS NULL THEN 'not valid JSON (truncated line?)'
+             WHEN h[1] IS NULL THEN 'no "schema" field'
+             WHEN h[1] <> '{schema}' THEN 'unknown schema version ' || h[1]
+             WHEN h[2] IS NULL THEN 'no "type" field'
+             ELSE 'unknown record type ' || h[2] END AS reason
+    FROM head
+)
+SELECT file, kind, reason, CASE WHEN kind = 'episode' THEN line END AS line,
+       count(*) AS n, min(CASE WHEN kind = 'bad' THEN left(line, 100) END) AS sample
+FROM kinded GROUP BY ALL
+"""
+
+RAW_EPISODES_SQL = """
+CREATE TEMP TABLE raw_episodes AS
+SELECT file, n, left(line, 100) AS sample, v IS NULL AS unparsable, {columns}
+FROM (SELECT file, n, line, try(json_extract_string(line, {paths})) AS v
+      FROM scan WHERE kind = 'episode')
+"""
+
+INT_MACRO = """
+CREATE OR REPLACE TEMP MACRO bp_int(s) AS
+    CASE WHEN TRY_CAST(s AS DOUBLE) = floor(TRY_CAST(s AS DOUBLE))
+          AND abs(TRY_CAST(s AS DOUBLE)) < 1e15
+         THEN TRY_CAST(TRY_CAST(s AS DOUBLE) AS BIGINT) END
+"""
+
+# Validation in one CASE: the first problem found is the reason the record is skipped.
+CHECKED_SQL = """
+CREATE TEMP TABLE checked AS
+SELECT *,
+    CASE WHEN unparsable THEN 'not valid JSON (truncated line?)'
+         WHEN schema IS NULL THEN 'no "schema" field'
+         WHEN TRY_CAST(schema AS DOUBLE) IS DISTINCT FROM {schema}
+            THEN 'unknown schema version ' || schema
+         WHEN type IS NULL THEN 'no "type" field'
+         WHEN type NOT IN ('turn', 'episode') THEN 'unknown record type ' || type
+         WHEN type = 'turn' THEN NULL
+         WHEN episode_id IS NULL THEN 'episode record without episode_id'
+         WHEN bp_int(budget) IS NULL OR bp_int(budget) < 1 THEN 'episode: missing or invalid budget'
+         WHEN disclosure IS NULL OR disclosure NOT IN ('hidden', 'disclosed')
+            THEN 'episode: missing or unknown disclosure arm'
+         WHEN end_reason IS NULL
+              OR end_reason NOT IN ('success', 'failure', 'exhausted', 'abandoned')
+            THEN 'episode: missing or unknown end_reason'
+         WHEN bp_int(turns_used) IS NULL OR bp_int(turns_used) < 0
+            THEN 'episode: missing or invalid turns_used'
+         WHEN max_turns IS NOT NULL AND coalesce(bp_int(max_turns), 0) < 1
+            THEN 'episode: invalid max_turns'
+         WHEN announced_budget IS NOT NULL AND coalesce(bp_int(announced_budget), 0) < 1
+            THEN 'episode: invalid announced_budget'
+         WHEN success_turn IS NOT NULL AND coalesce(bp_int(success_turn), 0) < 1
+            THEN 'episode: invalid success_turn'
+         WHEN outcome IS NOT NULL AND outcome NOT IN ('success', 'failure')
+            THEN 'episode: unknown outcome'
+    END AS problem
+FROM raw_episodes
+"""
+
+EPISODES_SQL = """
+CREATE TEMP TABLE episodes AS
+WITH typed AS (
+    SELECT file, episode_id, task_id, "group",
+        CASE WHEN json_valid(tags) AND json_type(tags) = 'OBJECT' THEN tags::JSON END AS tags,
+        model, bp_int(budget) AS budget, bp_int(max_turns) AS max_turns, tier, disclosure,
+        bp_int(announced_budget) AS announced_budget, bp_int(turns_used) AS turns_used,
+        outcome, bp_int(success_turn) AS recorded_success_turn,
+        TRY_CAST(reward AS DOUBLE) AS reward, TRY_CAST(exhausted AS BOOLEAN) AS exhausted,
+        end_reason, TRY_CAST(started_at AS TIMESTAMPTZ) AS started_at,
+        TRY_CAST(ended_at AS TIMESTAMPTZ) AS ended_at, sample,
+        outcome = 'success' OR end_reason = 'success' AS success
+    FROM checked WHERE problem IS NULL AND type = 'episode'
+)
+SELECT * EXCLUDE (sample, success),
+    coalesce(success, false) AS success,
+    -- success_turn defaults to the turns used, as the outcome endpoint does
+    CASE WHEN success THEN coalesce(recorded_success_turn, turns_used) END AS success_turn
+FROM typed
+QUALIFY row_number() OVER (
+    PARTITION BY episode_id ORDER BY ended_at DESC NULLS LAST, file DESC, sample DESC) = 1
+"""
+
+
+def load_episodes(con: Any, inputs: Inputs, progress: Progress) -> ScanSummary:
+    """Read every log file once; leave the temp table `episodes`; return the counts."""
+    con.execute(INT_MACRO)
+    paths = sql_list(["$." + name for name in ("schema", "type", *EPISODE_FIELDS)])
+    columns = ", ".join(
+        f'v[{i + 1}] AS "{name}"' for i, name in enumerate(("schema", "type", *EPISODE_FIELDS))
+    )
+    if inputs.jsonl:
+        sql = SCAN_SQL.format(lines=_read_lines(inputs.jsonl), schema=SCHEMA_VERSION)
+        progress.execute(con, sql, "reading logs")
+    else:
+        con.execute(
+            "CREATE TEMP TABLE scan (file VARCHAR, kind VARCHAR, reason VARCHAR, "
+            "line VARCHAR, n BIGINT, sample VARCHAR)"
+        )
+    con.execute(RAW_EPISODES_SQL.format(columns=columns, paths=paths))
+    parquet_turns = 0
+    for path in inputs.parquet:
+        kinds = _parquet_kinds(con, path)
+        if "episode" in kinds:
+            con.execute("INSERT INTO raw_episodes " + _parquet_episodes_sql(path, kinds))
+        if "turn" in kinds:
+            parquet_turns += con.execute(
+                f"SELECT count(*) FROM ({_parquet_turns_sql(path, kinds)})"
+            ).fetchone()[0]
+    con.execute(CHECKED_SQL.format(schema=SCHEMA_VERSION))
+    con.execute(EPISODES_SQL)
+    return _summarise(con, inputs, parquet_turns)
+
+
+def _summarise(con: Any, inputs: Inputs, parquet_turns: int) -> ScanSummary:
+    summary = ScanSummary(files=inputs.files, bytes=inputs.total_bytes)
+    (scan_turns,) = con.execute(
+        "SELECT coalesce(sum(n), 0) FROM scan WHERE kind = 'turn'"
+    ).fetchone()
+    reclassified, episode_records = con.execute(
+        "SELECT coalesce(sum(n) FILTER (WHERE type = 'turn' AND problem IS NULL), 0), "
+        "coalesce(sum(n) FILTER (WHERE type = 'episode' AND problem IS NULL), 0) FROM checked"
+    ).fetchone()
+    summary.turn_records = int(scan_turns) + int(reclassified) + parquet_turns
+    summary.episode_records = int(episode_records)
+    summary.episodes = int(con.execute("SELECT count(*) FROM episodes").fetchone()[0])
+    summary.duplicates = summary.episode_records - summary.episodes
+    rows = con.execute(
+        """
+        SELECT reason, sum(n)::BIGINT AS n, min(file || ': ' || sample) AS example FROM (
+            SELECT reason, n, file, sample FROM scan WHERE kind = 'bad'
+            UNION ALL
+            SELECT problem, n, file, sample FROM checked WHERE problem IS NOT NULL)
+        GROUP BY reason ORDER BY n DESC, reason
+        """
+    ).fetchall()
+    summary.reasons = [(str(r), int(n), str(ex)) for r, n, ex in rows]
+    summary.skipped = sum(n for _, n, _ in summary.reasons)
+    return summary
+
+
+def _parquet_columns(con: Any, path: str) -> dict[str, str]:
+    rows = con.execute(f"DESCRIBE SELECT * FROM read_parquet({sql_str(path)})").fetchall()
+    return {str(r[0]): str(r[1]) for r in rows}
+
+
+def _parquet_kinds(con: Any, path: str) -> dict[str, dict[str, str]]:
+    """Which record types a Parquet file holds: by its `type` column, else by its columns."""
+    try:
+        cols = _parquet_columns(con, path)
+    except Exception as exc:  # duckdb raises its own error classes
+        raise InputError(f"{path}: not a readable Parquet file ({exc})".splitlines()[0]) from exc
+    if "type" in cols:
+        types = {
+            str(r[0])
+            for r in con.execute(
+                f"SELECT DISTINCT type FROM read_parquet({sql_str(path)}) WHERE type IS NOT NULL"
+            ).fetchall()
+        }
+        return {t: cols for t in types & {"episode", "turn"}}
+    if "end_reason" in cols:
+        return {"episode": cols}
+    if "turn" in cols:
+        return {"turn": cols}
+    return {}
+
+
+def _as_text(name: str, sql_type: str) -> str:
+    col = f'"{name}"'
+    if sql_type in ("VARCHAR", "JSON"):
+        return f"CAST({col} AS VARCHAR)"
+    if sql_type.startswith(("STRUCT", "MAP")) or sql_type.endswith("[]"):
+        return f"CAST(to_json({col}) AS VARCHAR)"
+    return f"CAST({col} AS VARCHAR)"
+
+
+def _parquet_episodes_sql(path: str, kinds: dict[str, dict[str, str]]) -> str:
+    cols = kinds["episode"]
+    values = [_as_text(n, cols[n]) if n in cols else "NULL" for n in EPISODE_FIELDS]
+    schema = _as_text("schema", cols["schema"]) if "schema" in cols else f"'{SCHEMA_VERSION}'"
+    where = "WHERE type = 'episode'" if "type" in cols else ""
+    return (
+        f"SELECT {sql_str(path)}, 1, 'row ' || coalesce({values[0]}, '?'), false, {schema}, "
+        f"'episode', {', '.join(values)} FROM read_parquet({sql_str(path)}) {where}"
+    )
+
+
+def _parquet_turns_sql(path: str, kinds: dict[str, dict[str, str]]) -> str:
+    cols = kinds["turn"]
+    values = []
+    for name, sql_type in TURN_COLUMNS.items():
+        if name not in cols:
+            values.append(f'CAST(NULL AS {sql_type}) AS "{name}"')
+        elif sql_type == "JSON":
+            values.append(f'CAST({_as_text(name, cols[name])} AS JSON) AS "{name}"')
+        else:
+            values.append(f'TRY_CAST("{name}" AS {sql_type}) AS "{name}"')
+    where = "WHERE type = 'turn'" if "type" in cols else ""
+    return f"SELECT {', '.join(values)} FROM read_parquet({sql_str(path)}) {where}"
+
+
+def create_turns_view(con: Any, inputs: Inputs) -> None:
+    """The temp view `turns`: every valid turn record, re-read from the files on each use."""
+    parts = []
+    if inputs.jsonl:
+        columns = ", ".join(f"'{n}': '{t}'" for n, t in TURN_COLUMNS.items())
+        names = ", ".join(f'"{n}"' for n in TURN_COLUMNS)
+        parts.append(
+            f"SELECT {names} FROM read_json({sql_list(inputs.jsonl)}, "
+            f"format = 'newline_delimited', ignore_errors = true, "
+            f"maximum_object_size = {MAX_LINE_BYTES}, "
+            f"columns = {{'schema': 'VARCHAR', 'type': 'VARCHAR', {columns}}}) "
+            f"WHERE type = 'turn' AND TRY_CAST(schema AS DOUBLE) = {SCHEMA_VERSION} "
+            f"AND episode_id IS NOT NULL"
+        )
+    for path in inputs.parquet:
+        kinds = _parquet_kinds(con, path)
+        if "turn" in kinds:
+            parts.append(_parquet_turns_sql(path, kinds))
+    if not parts:
+        empty = ", ".join(f'CAST(NULL AS {t}) AS "{n}"' for n, t in TURN_COLUMNS.items())
+        parts.append(f"SELECT {empty} WHERE false")
+    con.execute("CREATE OR REPLACE TEMP VIEW turns AS " + " UNION ALL ".join(parts))

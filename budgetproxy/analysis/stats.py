@@ -1,0 +1,83 @@
+"""Statistics the analysis needs beyond the estimator: bootstrap CIs and a chi-square test."""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+
+__all__ = ["bootstrap_ci", "chi_square", "chi_square_sf"]
+
+# Resample matrices are built in slices of at most this many cells to bound memory.
+_MAX_CELLS = 4_000_000
+
+
+def bootstrap_ci(
+    values: Sequence[float], resamples: int = 1000, seed: int = 0, confidence: float = 0.95
+) -> tuple[float, float]:
+    """Percentile bootstrap CI of the mean of `values` (one value per task, resampled)."""
+    import numpy as np
+
+    data = np.asarray(values, dtype=np.float64)
+    m = len(data)
+    if m == 0:
+        raise ValueError("no values to resample")
+    if m == 1 or resamples < 1 or float(data.min()) == float(data.max()):
+        return float(data[0]), float(data[0])
+    rng = np.random.default_rng(seed)
+    means = np.empty(resamples, dtype=np.float64)
+    rows = max(1, _MAX_CELLS // m)
+    for start in range(0, resamples, rows):
+        stop = min(resamples, start + rows)
+        idx = rng.integers(0, m, size=(stop - start, m))
+        means[start:stop] = data[idx].mean(axis=1)
+    alpha = (1.0 - confidence) / 2
+    low, high = np.quantile(means, [alpha, 1.0 - alpha])
+    return float(low), float(high)
+
+
+def chi_square(observed: Sequence[float], expected: Sequence[float]) -> float:
+    """Pearson's statistic Σ (o − e)² / e."""
+    return sum((o - e) ** 2 / e for o, e in zip(observed, expected, strict=True))
+
+
+def chi_square_sf(x: float, dof: int) -> float:
+    """P(X ≥ x) for X ~ χ²(dof): the regularized upper incomplete gamma Q(dof/2, x/2)."""
+    if dof < 1:
+        raise ValueError(f"dof must be at least 1, got {dof}")
+    if x <= 0:
+        return 1.0
+    return _gamma_q(dof / 2, x / 2)
+
+
+def _gamma_q(a: float, x: float) -> float:
+    # Series for P when x < a + 1, Lentz's continued fraction for Q otherwise
+    # (Numerical Recipes §6.2); both converge fast in their regions.
+    log_prefix = a * math.log(x) - x - math.lgamma(a)
+    if x < a + 1:
+        term = total = 1.0 / a
+        denom = a
+        for _ in range(10_000):
+            denom += 1
+            term *= x / denom
+            total += term
+            if abs(term) < abs(total) * 1e-15:
+                break
+        return max(0.0, 1.0 - total * math.exp(log_prefix))
+    tiny = 1e-300
+    b = x + 1 - a
+    c = 1 / tiny
+    d = 1 / b
+    h = d
+    for i in range(1, 10_000):
+        an = -i * (i - a)
+        b += 2
+        d = an * d + b
+        d = tiny if abs(d) < tiny else d
+        c = b + an / c
+        c = tiny if abs(c) < tiny else c
+        d = 1 / d
+        delta = d * c
+        h *= delta
+        if abs(delta - 1) < 1e-15:
+            break
+    return min(1.0, math.exp(log_prefix) * h)

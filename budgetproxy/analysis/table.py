@@ -1,0 +1,226 @@
+"""Pass@(K,T) cells from the `episodes` table: eligibility, per-task estimates, bootstrap CIs."""
+
+from __future__ import annotations
+
+from collections import defaultdict
+from collections.abc import Sequence
+from dataclasses import dataclass
+from fractions import Fraction
+from typing import Any
+
+from budgetproxy.analysis.load import sql_str
+from budgetproxy.analysis.passk import pass_at_k, tier_to_turns
+from budgetproxy.analysis.stats import bootstrap_ci
+
+# Episode columns `--by` can name; any other name is looked up in the episode's tags.
+EPISODE_COLUMNS = (
+    "disclosure", "model", "group", "task_id", "tier", "max_turns", "budget",
+    "announced_budget", "end_reason",
+)  # fmt: skip
+
+
+@dataclass(frozen=True)
+class Budget:
+    """One T column: a tier (percent of each task's max_turns) or an absolute number of turns."""
+
+    kind: str  # "tier" | "turns"
+    value: Fraction
+
+    @property
+    def label(self) -> str:
+        if self.kind == "turns":
+            return str(int(self.value))
+        text = str(self.value) if self.value.denominator == 1 else f"{float(self.value):g}"
+        return f"{text}%"
+
+
+@dataclass(frozen=True)
+class Cell:
+    """Pass@(K,T) of one slice: the mean over tasks with at least K eligible episodes."""
+
+    k: int
+    budget: Budget
+    by: tuple[tuple[str, str | None], ...]
+    value: float | None
+    ci_low: float | None
+    ci_high: float | None
+    n_tasks: int
+    n_tasks_left_out: int
+    n_episodes: int
+    # tasks with ≥ 1 eligible episode at T and their eligible episodes, whatever K
+    tasks_eligible: int
+    episodes_eligible: int
+
+    def as_json(self) -> dict[str, Any]:
+        row: dict[str, Any] = {"k": self.k}
+        if self.budget.kind == "tier":
+            row["tier"] = self.budget.label
+        else:
+            row["turns"] = int(self.budget.value)
+        row.update(
+            value=self.value,
+            ci_low=self.ci_low,
+            ci_high=self.ci_high,
+            n_tasks=self.n_tasks,
+            n_tasks_left_out=self.n_tasks_left_out,
+            n_episodes=self.n_episodes,
+            by=dict(self.by),
+        )
+        return row
+
+
+def by_expression(field: str) -> str:
+    """SQL for the value of a `--by` field of an episode, as text."""
+    if field in EPISODE_COLUMNS:
+        return f'CAST("{field}" AS VARCHAR)'
+    path = '$."' + field.replace('"', '\\"') + '"'
+    return f"json_extract_string(tags, {sql_str(path)})"
+
+
+# Per slice, budget and task: eligible episodes n and those that succeeded within T, c.
+COUNTS_SQL = """
+SELECT {by_cols}, s.idx, e.task_id,
+    count(*) FILTER (WHERE {eligible}) AS n,
+    count(*) FILTER (WHERE {eligible} AND e.success AND e.success_turn <= s.t) AS c
+FROM episodes e JOIN budgets s ON s.max_turns IS NULL OR s.max_turns = e.max_turns
+WHERE e.task_id IS NOT NULL AND e.end_reason <> 'abandoned'
+GROUP BY ALL
+"""
+
+# The SQL form of passk.is_eligible.
+ELIGIBLE_SQL = (
+    "((e.disclosure = 'hidden' AND e.budget >= s.t) OR (e.disclosure = 'disclosed' "
+    "AND e.budget = s.t AND coalesce(e.announced_budget, s.t) = s.t))"
+)
+
+
+def compute_cells(
+    con: Any,
+    ks: Sequence[int],
+    budgets: Sequence[Budget],
+    by: Sequence[str] = (),
+    resamples: int = 1000,
+    seed: int = 0,
+) -> list[Cell]:
+    """Every (slice, T, K) cell, ordered by slice, then T as given, then K as given."""
+    _create_budgets(con, budgets)
+    by_cols = ", ".join(f"{by_expression(f)} AS by{i}" for i, f in enumerate(by)) or "NULL"
+    rows = con.execute(COUNTS_SQL.format(by_cols=by_cols, eligible=ELIGIBLE_SQL)).fetchall()
+    nb = max(1, len(by))
+    groups: dict[tuple[tuple[str | None, ...], int], list[tuple[int, int]]] = defaultdict(list)
+    for row in rows:
+        key = tuple(row[:nb]) if by else ()
+        groups[(key, int(row[nb]))].append((int(row[nb + 2]), int(row[nb + 3])))
+    slices = sorted({key for key, _ in groups}, key=lambda k: [(v is None, v or "") for v in k])
+    cells = []
+    for key in slices:
+        for idx, budget in enumerate(budgets):
+            tasks = groups.get((key, idx), [])
+            for k in ks:
+                cells.append(
+                    _cell(k, budget, tuple(zip(by, key, strict=True)), tasks, resamples, seed)
+                )
+    return cells
+
+
+def _cell(
+    k: int,
+    budget: Budget,
+    by: tuple[tuple[str, str | None], ...],
+    tasks: list[tuple[int, int]],
+    resamples: int,
+    seed: int,
+) -> Cell:
+    used = [(n, c) for n, c in tasks if n >= k]
+    values = [pass_at_k(n, c, k) for n, c in used]
+    value = ci_low = ci_high = None
+    if values:
+        value = sum(values) / len(values)
+        ci_low, ci_high = bootstrap_ci(values, resamples=resamples, seed=seed)
+    return Cell(
+        k=k,
+        budget=budget,
+        by=by,
+        value=value,
+        ci_low=ci_low,
+        ci_high=ci_high,
+        n_tasks=len(used),
+        n_tasks_left_out=len(tasks) - len(used),
+        n_episodes=sum(n for n, _ in used),
+        tasks_eligible=sum(1 for n, _ in tasks if n > 0),
+        episodes_eligible=sum(n for n, _ in tasks),
+    )
+
+
+def _create_budgets(con: Any, budgets: Sequence[Budget]) -> None:
+    """Temp table budgets(idx, max_turns, t): tiers resolved per max_turns, exactly."""
+    max_turns = [
+        int(r[0])
+        for r in con.execute(
+            "SELECT DISTINCT max_turns FROM episodes WHERE max_turns IS NOT NULL"
+        ).fetchall()
+    ]
+    rows: list[tuple[int, int | None, int]] = []
+    for idx, budget in enumerate(budgets):
+        if budget.kind == "turns":
+            rows.append((idx, None, int(budget.value)))
+        else:
+            rows.extend((idx, m, tier_to_turns(budget.value, m)) for m in max_turns)
+    con.execute("CREATE OR REPLACE TEMP TABLE budgets (idx INTEGER, max_turns BIGINT, t BIGINT)")
+    if rows:
+        con.executemany("INSERT INTO budgets VALUES (?, ?, ?)", rows)
+
+
+def format_cells(cells: Sequence[Cell], resamples: int, seed: int) -> str:
+    """A terminal table: one row per slice and T, one column per K, CIs in brackets."""
+    if not cells:
+        return "no Pass@(K,T) cells\n"
+    ks = list(dict.fromkeys(c.k for c in cells))
+    fields = [name for name, _ in cells[0].by]
+    rows: dict[tuple[Any, ...], dict[int, Cell]] = {}
+    for cell in cells:
+        rows.setdefault((cell.by, cell.budget), {})[cell.k] = cell
+    t_header = "T" if all(b.kind == "turns" for _, b in rows) else "tier/T"
+    header = [*fields, t_header, "tasks", "episodes", *(f"K={k}" for k in ks)]
+    body = []
+    left_out = False
+    for (by, budget), by_k in rows.items():
+        first = next(iter(by_k.values()))
+        line = [("-" if v is None else v) for _, v in by]
+        line += [budget.label, f"{first.tasks_eligible:,}", f"{first.episodes_eligible:,}"]
+        for k in ks:
+            found = by_k.get(k)
+            if found is None or found.value is None:
+                line.append("—")
+                continue
+            text = f"{100 * found.value:.1f} [{100 * (found.ci_low or 0):.1f}, "
+            text += f"{100 * (found.ci_high or 0):.1f}]"
+            if found.n_tasks < found.tasks_eligible:
+                text += f" ({found.n_tasks})"
+                left_out = True
+            line.append(text)
+        body.append(line)
+    left = len(fields) + 1
+    widths = [max(len(str(r[i])) for r in [header, *body]) for i in range(len(header))]
+
+    def fmt(row: list[str]) -> str:
+        parts = [
+            str(v).ljust(w) if i < left else str(v).rjust(w)
+            for i, (v, w) in enumerate(zip(row, widths, strict=True))
+        ]
+        return "  ".join(parts).rstrip()
+
+    out = [
+        f"Pass@(K,T) in % (mean over tasks) [95% CI: {resamples} bootstrap resamples over "
+        f"tasks, seed {seed}]",
+        "",
+        fmt(header),
+        *(fmt(r) for r in body),
+        "",
+        "tasks, episodes: tasks with an eligible episode at T, and their eligible episodes.",
+    ]
+    if left_out:
+        out.append(
+            "(n): the cell's tasks, where tasks with fewer than K eligible episodes were left out."
+        )
+    return "\n".join(out) + "\n"
