@@ -35,10 +35,12 @@ def count_in(selector: str, window: str) -> str:
     `increase()` extrapolates and never sees the first sample of a series, and prometheus_client
     creates a labelled series only when it is first incremented: a tier, arm or outcome whose
     first episodes finish inside the window would be undercounted by its first scrape (often all
-    of it, for small evaluation runs). Here a series that did not exist at the window's start,
-    or was reset since, counts from zero instead.
+    of it, for small evaluation runs). Here the growth is the highest value in the window minus
+    the value at its start; a series that did not exist at the start (or was reset below it)
+    counts from zero. `max_over_time` keeps a replica that went away inside the window counted.
     """
-    return f"(({selector} - {selector} offset {window}) >= 0 or {selector})"
+    peak = f"max_over_time({selector}[{window}])"
+    return f"(({peak} - {selector} offset {window}) >= 0 or {peak})"
 
 
 def finished(matchers: str, window: str, by: str = "tier, disclosure") -> str:

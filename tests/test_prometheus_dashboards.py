@@ -85,7 +85,7 @@ class Episode:
         return self.turns
 
 
-EPISODES = [
+FIRST = [
     Episode("h25-a", 5, 20, "hidden", 3, "success", 2),
     Episode("h25-b", 5, 20, "hidden", 5, "success", 5),
     Episode("h25-c", 5, 20, "hidden", 5, "failure", refused=True),
@@ -102,6 +102,15 @@ EPISODES = [
     Episode("d100-b", 20, 20, "disclosed", 3, "failure"),
     Episode("hna-a", 3, None, "hidden", 1, "success", 1),
 ]
+# Played after Prometheus has scraped the first batch: the time-range panels, with the range
+# starting between the two, must count these alone (new series and grown ones).
+SECOND = [
+    Episode("h25-f", 5, 20, "hidden", 2, "success", 1),
+    Episode("h25-g", 5, 20, "hidden", 3, "failure"),
+    Episode("d25-d", 5, 20, "disclosed", 5, "failure", refused=True),
+    Episode("h50-a", 10, 20, "hidden", 3, "success", 3),
+]
+EPISODES = FIRST + SECOND
 ARMS = sorted({(e.tier, e.arm) for e in EPISODES})
 FINISHED = [e for e in EPISODES if e.end_reason is not None]
 # Extra calls with no episode: (extra headers, expected HTTP status).
@@ -113,17 +122,21 @@ LOOSE_CALLS = [
 ]
 
 
-def judged(tier: str, arm: str) -> list[Episode]:
-    return [e for e in FINISHED if (e.tier, e.arm) == (tier, arm) and e.end_reason != "abandoned"]
+def judged(tier: str, arm: str, among: list[Episode] = EPISODES) -> list[Episode]:
+    return [
+        e
+        for e in among
+        if (e.tier, e.arm) == (tier, arm) and e.end_reason not in (None, "abandoned")
+    ]
 
 
-def success_within(tier: str, arm: str, t: int) -> float:
-    eps = judged(tier, arm)
+def success_within(tier: str, arm: str, t: int, among: list[Episode] = EPISODES) -> float:
+    eps = judged(tier, arm, among)
     return sum(e.end_reason == "success" and e.observed_turns <= t for e in eps) / len(eps)
 
 
-def share(tier: str, arm: str, reason: str) -> float:
-    eps = judged(tier, arm)
+def share(tier: str, arm: str, reason: str, among: list[Episode] = EPISODES) -> float:
+    eps = judged(tier, arm, among)
     return sum(e.end_reason == reason for e in eps) / len(eps)
 
 
@@ -133,6 +146,7 @@ class Run:
     proxy: Proxy
     tag: str = ""  # prefix of this run's episode ids
     at: float = 0.0  # evaluation time: after the last scrape of the final state
+    second_range: str = ""  # a range starting after FIRST was scraped, before SECOND began
     usage: Counter[str] = field(default_factory=Counter)
     chat_calls: int = 0
 
@@ -230,6 +244,21 @@ def _loose_calls(client: openai.OpenAI, run: Run) -> None:
             assert failed.value.status_code == status
 
 
+def _wait_for_scrape(prom: Prometheus, played: list[Episode], chat_calls: int) -> None:
+    """Until Prometheus has scraped the proxy after all of `played` and `chat_calls`."""
+    expected = (sum(e.end_reason is not None for e in played), chat_calls)
+    final = (
+        "sum(budgetproxy_episodes_finished_total)",
+        f'sum(budgetproxy_requests_total{{route="{CHAT}"}})',
+    )
+
+    def scraped() -> bool:
+        got = (sum(float(r["value"][1]) for r in prom.query(q)) for q in final)
+        return tuple(round(v) for v in got) == expected
+
+    wait_until(scraped, 30, f"Prometheus to scrape (finished, chat calls) = {expected}", 0.5)
+
+
 @pytest.fixture(scope="module")
 def run(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Run]:
     workdir: Path = tmp_path_factory.mktemp("prometheus-dashboards")
@@ -241,26 +270,22 @@ def run(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Run]:
             wait_until(prom.targets_up, 30, "Prometheus's first successful scrape of the proxy")
             result = Run(prom, proxy)
             client = openai.OpenAI(base_url=f"{proxy.url}/v1", api_key="test", max_retries=0)
+            result.tag = uuid.uuid4().hex[:8]
             with httpx.Client(base_url=proxy.url, timeout=30) as http:
-                result.tag = uuid.uuid4().hex[:8]
-                for ep in EPISODES:
+                for ep in FIRST:
+                    _play(client, http, ep, result, result.tag)
+                _wait_for_scrape(prom, FIRST, result.chat_calls)
+                between = time.time()
+                time.sleep(0.2)
+                for ep in SECOND:
                     _play(client, http, ep, result, result.tag)
                 _loose_calls(client, result)
             client.close()
-            expected = (len(FINISHED), result.chat_calls)
-            final = (
-                "sum(budgetproxy_episodes_finished_total)",
-                f'sum(budgetproxy_requests_total{{route="{CHAT}"}})',
-            )
-
-            def scraped() -> bool:
-                got = (sum(float(r["value"][1]) for r in prom.query(q)) for q in final)
-                return tuple(round(v) for v in got) == expected
-
-            wait_until(scraped, 30, f"Prometheus to scrape the final state {expected}", 0.5)
+            _wait_for_scrape(prom, EPISODES, result.chat_calls)
             # Two more scrapes so every rate() window holds the final samples.
             time.sleep(2.5)
             result.at = time.time()
+            result.second_range = f"{int((result.at - between) * 1000)}ms"
             yield result
         finally:
             if prom is not None:
@@ -404,6 +429,22 @@ def test_proxy_health_breakdowns(run: Run) -> None:
     # rate() cannot see a series' first increment, and each status appeared once here: the 5xx
     # share is only checked to evaluate to a number.
     assert 0 <= run.scalar("5xx share") <= 1
+
+
+def test_time_range_counts_only_what_happened_inside_it(run: Run) -> None:
+    window = {"__range": run.second_range}
+    arms = sorted({(e.tier, e.arm) for e in SECOND})
+    assert run.scalar("Episodes finished", **window) == len(SECOND)
+    assert run.scalar("Turns forwarded", **window) == sum(e.turns for e in SECOND)
+    assert run.scalar("Budget refusals", **window) == sum(e.refused for e in SECOND)
+    got = run.by("Success rate by tier and arm", "tier", "disclosure", **window)
+    assert got == pytest.approx({(t, a): share(t, a, "success", SECOND) for t, a in arms})
+    got = run.by("Success within T (chosen T)", "tier", "disclosure", "le", turns="1|3", **window)
+    assert {(t, a, float(le)): v for (t, a, le), v in got.items()} == pytest.approx(
+        {(t, a, float(x)): success_within(t, a, x, SECOND) for t, a in arms for x in (1, 3)}
+    )
+    outcomes = run.by("Outcomes over time", "outcome", __interval=run.second_range)
+    assert {k: v for k, v in outcomes.items() if v} == Counter((e.end_reason,) for e in SECOND)
 
 
 def test_exported_series_carry_the_contract_labels(run: Run) -> None:
