@@ -36,7 +36,7 @@ class AuditResult:
     chi2: float | None = None
     dof: int | None = None
     p_value: float | None = None
-    # per max_turns: [(budget, observed draws, expected draws)]
+    # per max_turns tested: [(budget, observed draws, expected draws)]
     uniformity: dict[int, list[tuple[int, int, float]]] = field(default_factory=dict)
 
     @property
@@ -46,7 +46,7 @@ class AuditResult:
     def as_json(self) -> dict[str, Any]:
         return {
             "ok": self.ok,
-            "step": str(self.step),
+            "step": float(self.step),
             "draws": self.draws,
             "problems": self.problems,
             "notes": self.notes,
@@ -129,12 +129,12 @@ def _uniformity(
         rows = [
             (b, observed[max_turns][b], draws * w / len(grid)) for b, w in sorted(weight.items())
         ]
-        result.uniformity[max_turns] = rows
         if len(rows) < 2:
             continue
         if min(e for _, _, e in rows) < MIN_EXPECTED:
             too_few.append(max_turns)
             continue
+        result.uniformity[max_turns] = rows
         stat += chi_square([o for _, o, _ in rows], [e for _, _, e in rows])
         dof += len(rows) - 1
     if too_few:
@@ -155,7 +155,7 @@ def _uniformity(
 def format_audit(result: AuditResult) -> str:
     """The audit as text: verdict, problems, notes, observed vs expected draws."""
     verdict = "OK" if result.ok else f"{len(result.problems)} problem(s)"
-    lines = [f"BudgetMix audit (step {result.step}, {result.draws:,} draws): {verdict}"]
+    lines = [f"BudgetMix audit (step {float(result.step):g}, {result.draws:,} draws): {verdict}"]
     lines += [f"  ✗ {p}" for p in result.problems]
     lines += [f"  · {n}" for n in result.notes]
     if result.p_value is not None:

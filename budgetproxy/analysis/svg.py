@@ -145,7 +145,7 @@ def line_chart(
             f.parts.append(
                 f'<polyline points="{path}" fill="none" stroke="{color}" stroke-width="2"/>'
             )
-        if len(points) <= 40:
+        if len(points) <= 12:
             f.parts += [
                 f'<circle cx="{x:.1f}" cy="{y:.1f}" r="3" fill="{color}"/>' for x, y in points
             ]

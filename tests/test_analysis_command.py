@@ -1,0 +1,278 @@
+"""`budgetproxy analyze` end to end: output shapes, report, audit, recovery, errors."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import re
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from budgetproxy.analysis import command
+from budgetproxy.analysis.passk import budgetmix_candidates
+
+
+def episode(eid: str, task: str, group: str, budget: int, **fields: Any) -> dict[str, Any]:
+    record: dict[str, Any] = {
+        "schema": 1, "type": "episode", "episode_id": eid, "task_id": task, "group": group,
+        "tags": {"policy": "rl"}, "model": "m", "budget": budget, "max_turns": 10,
+        "tier": f"{budget * 10}%", "disclosure": "hidden", "announced_budget": None,
+        "turns_used": budget, "outcome": "failure", "success_turn": None, "reward": 0.0,
+        "exhausted": True, "end_reason": "exhausted",
+        "started_at": "2026-11-30T10:00:00.000Z", "ended_at": "2026-11-30T10:01:00.000Z",
+    }  # fmt: skip
+    record.update(fields)
+    return record
+
+
+def budgetmix_log(path: Path, groups_per_task: int = 30, tasks: int = 4) -> Path:
+    """Every task draws each candidate budget equally often, 4 episodes per group."""
+    grid = budgetmix_candidates(10)
+    records = []
+    for t in range(tasks):
+        for g in range(groups_per_task):
+            budget = grid[g % len(grid)]
+            arm = "disclosed" if g % 2 else "hidden"
+            for e in range(4):
+                eid = f"t{t}-g{g}-e{e}"
+                if (t + g + e) % 3 == 0:
+                    turn = min(budget, 1 + (g + e) % 5)
+                    records.append(episode(
+                        eid, f"task{t}", f"g{g}", budget, disclosure=arm, outcome="success",
+                        end_reason="success", success_turn=turn, turns_used=turn,
+                        exhausted=False, reward=1.0,
+                    ))  # fmt: skip
+                else:
+                    records.append(episode(eid, f"task{t}", f"g{g}", budget, disclosure=arm))
+    path.write_text("".join(json.dumps(r) + "\n" for r in records))
+    return path
+
+
+def analyze(*argv: str) -> int:
+    parser = argparse.ArgumentParser(prog="budgetproxy")
+    command.register(parser.add_subparsers())
+    args = parser.parse_args(["analyze", *argv])
+    code: int = args.func(args)
+    return code
+
+
+def test_json_output_has_the_contract_shape(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    log = budgetmix_log(tmp_path / "log.jsonl")
+    assert analyze(str(log), "--json", "--k", "1,4", "--by", "disclosure") == 0
+    out = json.loads(capsys.readouterr().out)
+    rows = out["pass_at"]
+    assert len(rows) == 2 * 4 * 2  # arms × default tiers × K
+    keys = {"k", "tier", "value", "ci_low", "ci_high", "n_tasks", "n_tasks_left_out",
+            "n_episodes", "by"}  # fmt: skip
+    assert all(set(r) == keys for r in rows)
+    assert [r["tier"] for r in rows[:8:2]] == ["25%", "50%", "75%", "100%"]
+    assert {json.dumps(r["by"]) for r in rows} == {'{"disclosure": "disclosed"}',
+                                                    '{"disclosure": "hidden"}'}  # fmt: skip
+    for r in rows:
+        if r["value"] is not None:
+            assert 0 <= r["ci_low"] <= r["value"] <= r["ci_high"] <= 1
+    assert out["episodes"]["total"] == 4 * 30 * 4
+    assert out["inputs"]["skipped"] == 0
+
+
+def test_turns_instead_of_tiers_and_no_by(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    log = budgetmix_log(tmp_path / "log.jsonl")
+    assert analyze(str(log), "--json", "--turns", "2,4", "--k", "1") == 0
+    rows = json.loads(capsys.readouterr().out)["pass_at"]
+    assert [(r["turns"], r["by"]) for r in rows] == [(2, {}), (4, {})]
+    assert all("tier" not in r for r in rows)
+
+
+def test_terminal_table_is_aligned(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    log = budgetmix_log(tmp_path / "log.jsonl")
+    assert analyze(str(log), "--by", "disclosure,policy", "--k", "1,2") == 0
+    out = capsys.readouterr().out
+    table = [line for line in out.splitlines() if line.startswith(("disclosure", "hidden"))]
+    header, *body = table
+    assert header.split() == ["disclosure", "policy", "tier/T", "tasks", "episodes", "K=1", "K=2"]
+    assert len(body) == 4
+    # every K=2 column ends where its header ends
+    end = header.index("K=2") + len("K=2")
+    assert all(len(line) == end for line in body)
+    assert re.search(r"\d+\.\d \[\d+\.\d, \d+\.\d\]", body[0])
+
+
+def test_report_is_self_contained_html_with_svg(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    log = budgetmix_log(tmp_path / "log.jsonl")
+    report = tmp_path / "out" / "report.html"
+    assert analyze(str(log), "--report", str(report)) == 0
+    html = report.read_text()
+    assert html.startswith("<!doctype html>")
+    assert html.count("<svg") >= 7  # Pass@T per K (4), success, exhaustion, turns used
+    assert "Pass@(4,T)" in html and "Exhaustion by budget tier" in html
+    assert "<script" not in html and "<link" not in html
+    urls = set(re.findall(r"https?://[^\"' )]+", html))
+    assert urls <= {"http://www.w3.org/2000/svg"}
+
+
+def test_audit_passes_a_budgetmix_log(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    log = budgetmix_log(tmp_path / "log.jsonl", groups_per_task=50)
+    assert analyze(str(log), "--audit-budgetmix", "--json") == 0
+    audit = json.loads(capsys.readouterr().out)["audit"]
+    assert audit["ok"] and audit["problems"] == [] and audit["draws"] == 200
+    assert audit["p_value"] > 0.5  # perfectly even draws
+
+
+def test_audit_flags_off_grid_budget_and_split_group(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    log = budgetmix_log(tmp_path / "log.jsonl")
+    with log.open("a") as f:
+        f.write(json.dumps(episode("on", "task0", "g-on", 7, max_turns=12)) + "\n")  # 7.2 → 7
+        f.write(json.dumps(episode("off", "task0", "g-off", 7, max_turns=20)) + "\n")
+        f.write(json.dumps(episode("s1", "task1", "g-split", 4)) + "\n")
+        f.write(json.dumps(episode("s2", "task1", "g-split", 6)) + "\n")
+    assert analyze(str(log), "--audit-budgetmix") == 1
+    out = capsys.readouterr().out
+    assert "off the candidate grid" in out and "task task0 group g-off: budget 7" in out
+    assert "more than one budget" in out and "task task1 group g-split: budgets 4, 6" in out
+    assert "g-on" not in out
+
+
+def test_audit_flags_non_uniform_draws(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    records = [episode(f"e{i}", f"t{i % 5}", f"g{i}", 10 if i % 2 else 2) for i in range(400)]
+    log = tmp_path / "log.jsonl"
+    log.write_text("".join(json.dumps(r) + "\n" for r in records))
+    assert analyze(str(log), "--audit-budgetmix", "--json") == 1
+    audit = json.loads(capsys.readouterr().out)["audit"]
+    assert any("not uniform" in p for p in audit["problems"])
+    assert audit["p_value"] < 1e-6
+
+
+def turn(eid: str, n: int, tool: tuple[str, str] | None, call: tuple[str, str, str] | None,
+         **fields: Any) -> dict[str, Any]:  # fmt: skip
+    """A turn whose request carries the tool result `tool` = (call id, text) and whose
+    response makes the tool call `call` = (id, name, arguments)."""
+    messages = [{"role": "user", "content": "solve it"}] if tool is None else [
+        {"role": "tool", "tool_call_id": tool[0], "content": tool[1]}]  # fmt: skip
+    calls = (
+        None
+        if call is None
+        else [
+            {"id": call[0], "type": "function", "function": {"name": call[1], "arguments": call[2]}}
+        ]
+    )
+    record: dict[str, Any] = {
+        "schema": 1, "type": "turn", "episode_id": eid, "turn": n, "attempt": 1,
+        "status": "ok", "request_messages": messages, "messages_offset": n,
+        "response": {"content": None, "tool_calls": calls}, "budget": 10, "remaining": 10 - n,
+        "disclosure": {"arm": "hidden", "text": None},
+    }  # fmt: skip
+    record.update(fields)
+    return record
+
+
+def test_recovery_view(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    q1, q2 = '{"q": "SELECT a"}', '{"q": "SELECT b"}'
+    records = [
+        # r: error, then a different call; succeeds
+        turn("r", 1, None, ("c1", "sql", q1)),
+        turn("r", 2, ("c1", "Error: no column a"), ("c2", "sql", q2)),
+        turn("r", 3, ("c2", "ok: 3 rows"), None),
+        episode("r", "t1", "g", 10, outcome="success", end_reason="success", success_turn=3,
+                turns_used=3),
+        # s: error, then the same call again (whitespace differs), error again, then gives up
+        turn("s", 1, None, ("d1", "sql", q1)),
+        turn("s", 2, ("d1", "Error: no column a"), ("d2", "sql", '{"q":  "SELECT a"}')),
+        turn("s", 3, ("d2", "Error: no column a"), None),
+        episode("s", "t1", "g", 10, turns_used=3, end_reason="failure", exhausted=False),
+        # u: no error; succeeds
+        turn("u", 1, None, ("e1", "sql", q2)),
+        turn("u", 2, ("e1", "ok"), None),
+        episode("u", "t1", "g", 10, outcome="success", end_reason="success", success_turn=2,
+                turns_used=2),
+        # v: parts-style content, error at the last turn (no next response: not judged)
+        turn("v", 1, None, ("f1", "sql", q1)),
+        turn("v", 2, None, None, status="rejected", response=None,
+             request_messages=[{"role": "tool", "tool_call_id": "f1",
+                                "content": [{"type": "text", "text": "Error: boom"}]}]),
+        episode("v", "t1", "g", 10, turns_used=2, end_reason="exhausted"),
+    ]  # fmt: skip
+    log = tmp_path / "log.jsonl"
+    log.write_text("".join(json.dumps(r) + "\n" for r in records))
+    assert analyze(str(log), "--error-pattern", "^Error:", "--json", "--k", "1") == 0
+    (row,) = json.loads(capsys.readouterr().out)["recovery"]
+    assert row == {
+        "disclosure": "hidden", "model": "m", "episodes": 4, "episodes_with_error": 3,
+        "success_after_error": pytest.approx(1 / 3), "success_without_error": 1.0,
+        "errors": 4, "errors_with_next_action": 3, "changed_next_action": pytest.approx(2 / 3),
+    }  # fmt: skip
+    assert analyze(str(log), "--error-pattern", "^Error:", "--k", "1") == 0
+    assert "Recovery after tool errors" in capsys.readouterr().out
+
+
+def test_empty_input_says_so_and_fails(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    assert analyze(str(tmp_path)) == 1
+    assert "no trajectory logs" in capsys.readouterr().err
+    (tmp_path / "turns.jsonl").write_text(json.dumps(turn("a", 1, None, None)) + "\n")
+    assert analyze(str(tmp_path)) == 1
+    assert "no episode records" in capsys.readouterr().err
+
+
+def test_no_eligible_episodes_fails(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    log = tmp_path / "log.jsonl"
+    log.write_text(json.dumps(episode("a", "t", "g", 3, end_reason="abandoned")) + "\n")
+    assert analyze(str(log), "--json") == 1
+    captured = capsys.readouterr()
+    assert all(r["value"] is None for r in json.loads(captured.out)["pass_at"])
+    assert "no eligible episodes" in captured.err
+
+
+def test_bad_regex_is_a_usage_error(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    log = budgetmix_log(tmp_path / "log.jsonl", tasks=1)
+    assert analyze(str(log), "--error-pattern", "(unclosed") == 2
+    assert "not a valid RE2 regex" in capsys.readouterr().err
+
+
+def test_skipped_lines_are_reported_on_stderr(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    log = budgetmix_log(tmp_path / "log.jsonl", tasks=1)
+    with log.open("a") as f:
+        f.write('{"schema": 1, "type": "episo\nnot json\n')
+    assert analyze(str(log), "--json") == 0
+    captured = capsys.readouterr()
+    assert json.loads(captured.out)["inputs"]["skipped"] == 2
+    assert "skipped 2 record(s)" in captured.err and "not valid JSON" in captured.err
+
+
+def run_cli(*argv: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, "-m", "budgetproxy", "analyze", *argv],
+        capture_output=True, text=True, timeout=120,
+    )  # fmt: skip
+
+
+def test_cli_subprocess_end_to_end(tmp_path: Path) -> None:
+    log = budgetmix_log(tmp_path / "log.jsonl", tasks=2)
+    done = run_cli(str(log), "--json", "--k", "1,2", "--turns", "3")
+    assert done.returncode == 0, done.stderr
+    assert [r["k"] for r in json.loads(done.stdout)["pass_at"]] == [1, 2]
+    missing = run_cli(str(tmp_path / "missing.jsonl"))
+    assert missing.returncode == 2
+    assert missing.stderr.strip().count("\n") == 0 and "Traceback" not in missing.stderr
+    assert "no such file or directory" in missing.stderr
+
+
+def test_importing_the_command_is_cheap() -> None:
+    code = (
+        "import sys, budgetproxy.analysis.command; "
+        "print(sorted(m for m in ('duckdb', 'numpy') if m in sys.modules))"
+    )
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
+    assert done.stdout.strip() == "[]"

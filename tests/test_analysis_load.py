@@ -1,0 +1,159 @@
+"""Reading logs: bad lines skipped and counted, gzip, folders, Parquet round trip."""
+
+from __future__ import annotations
+
+import gzip
+import json
+from collections.abc import Iterator
+from fractions import Fraction
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from budgetproxy.analysis import load
+from budgetproxy.analysis.export import export_parquet
+from budgetproxy.analysis.progress import Progress
+from budgetproxy.analysis.table import Budget, compute_cells
+
+
+def episode(eid: str, task: str = "t1", **fields: Any) -> dict[str, Any]:
+    record: dict[str, Any] = {
+        "schema": 1, "type": "episode", "episode_id": eid, "task_id": task, "group": "g",
+        "tags": {"split": "test"}, "model": "m", "budget": 5, "max_turns": 10, "tier": "50%",
+        "disclosure": "hidden", "announced_budget": None, "turns_used": 2, "outcome": "success",
+        "success_turn": 2, "reward": 1.0, "exhausted": False, "end_reason": "success",
+        "started_at": "2026-11-30T10:00:00.000Z", "ended_at": "2026-11-30T10:01:00.000Z",
+    }  # fmt: skip
+    record.update(fields)
+    return record
+
+
+def turn(eid: str, n: int, **fields: Any) -> dict[str, Any]:
+    record: dict[str, Any] = {
+        "schema": 1, "type": "turn", "episode_id": eid, "turn": n, "attempt": 1,
+        "ts": "2026-11-30T10:00:01.000Z", "latency_s": 0.5, "model": "m", "status": "ok",
+        "http_status": 200, "request_messages": [{"role": "user", "content": "go"}],
+        "messages_offset": 0, "response": {"content": "ok", "tool_calls": None},
+        "finish_reason": "stop", "usage": {"prompt_tokens": 3, "completion_tokens": 1},
+        "budget": 5, "remaining": 5 - n, "disclosure": {"arm": "hidden", "text": None},
+    }  # fmt: skip
+    record.update(fields)
+    return record
+
+
+def lines(records: list[dict[str, Any]]) -> str:
+    return "".join(json.dumps(r) + "\n" for r in records)
+
+
+@pytest.fixture
+def con() -> Iterator[Any]:
+    with load.connect() as c:
+        yield c
+
+
+def read(con: Any, *paths: Path) -> load.ScanSummary:
+    return load.load_episodes(con, load.discover([str(p) for p in paths]), Progress(0))
+
+
+def test_bad_lines_are_skipped_and_counted_with_reasons(tmp_path: Path, con: Any) -> None:
+    good = lines([turn("a", 1), turn("a", 2), episode("a"), episode("b", task="t2")])
+    bad_episode = dict(episode("c"))
+    del bad_episode["budget"]
+    text = good + "\n".join([
+        '{"schema": 1, "type": "turn", "episode_id": "x", "tu',  # truncated
+        "this is not json",
+        json.dumps(turn("y", 1, schema=2)),
+        json.dumps(episode("z", schema=99)),
+        json.dumps({"schema": 1, "type": "heartbeat"}),
+        json.dumps(bad_episode),
+        json.dumps(episode("d", disclosure="maybe")),
+        '{"schema": 1, "type": "episode", "episode_id": "e", "budg',  # truncated episode
+        "[1, 2, 3]",
+        "",
+        "   ",
+    ]) + "\n"  # fmt: skip
+    path = tmp_path / "log.jsonl"
+    path.write_text(text)
+    summary = read(con, path)
+    assert (summary.turn_records, summary.episode_records, summary.episodes) == (2, 2, 2)
+    assert summary.skipped == 9
+    reasons = {reason: n for reason, n, _ in summary.reasons}
+    assert reasons["not valid JSON (truncated line?)"] == 3
+    assert reasons["unknown schema version 2"] == 1
+    assert reasons["unknown schema version 99"] == 1
+    assert reasons["unknown record type heartbeat"] == 1
+    assert reasons["episode: missing or invalid budget"] == 1
+    assert reasons["episode: missing or unknown disclosure arm"] == 1
+    assert reasons['no "schema" field'] == 1
+    example = next(ex for r, _, ex in summary.reasons if r.startswith("not valid"))
+    assert example.startswith(str(path))
+
+
+def test_gzip_and_plain_files_in_nested_folders(tmp_path: Path, con: Any) -> None:
+    (tmp_path / "a" / "b").mkdir(parents=True)
+    (tmp_path / "a" / "one.jsonl").write_text(lines([turn("e1", 1), episode("e1")]))
+    with gzip.open(tmp_path / "a" / "b" / "two.jsonl.gz", "wt") as f:
+        f.write(lines([turn("e2", 1), turn("e2", 2), episode("e2")]))
+    (tmp_path / "a" / "notes.txt").write_text("not a log")
+    inputs = load.discover([str(tmp_path)])
+    assert [Path(p).name for p in inputs.jsonl] == ["two.jsonl.gz", "one.jsonl"]
+    summary = read(con, tmp_path)
+    assert (summary.files, summary.turn_records, summary.episodes) == (2, 3, 2)
+
+
+def test_a_file_named_directly_is_read_whatever_its_suffix(tmp_path: Path, con: Any) -> None:
+    path = tmp_path / "log.txt"
+    path.write_text(lines([episode("e1")]))
+    assert read(con, path).episodes == 1
+
+
+def test_missing_path_is_an_input_error_with_exit_code_2(tmp_path: Path) -> None:
+    with pytest.raises(load.InputError) as err:
+        load.discover([str(tmp_path / "nope")])
+    assert err.value.exit_code == 2 and "nope" in str(err.value)
+
+
+def test_the_same_file_given_twice_is_read_once(tmp_path: Path) -> None:
+    path = tmp_path / "log.jsonl"
+    path.write_text(lines([episode("e1")]))
+    assert load.discover([str(path), str(tmp_path)]).jsonl == [str(path)]
+
+
+def test_parquet_round_trip(tmp_path: Path) -> None:
+    records = [turn("a", 1), turn("a", 2), episode("a", tags={"policy": "rl"}),
+               turn("b", 1), episode("b", outcome="failure", end_reason="exhausted",
+                                     success_turn=None, exhausted=True, turns_used=5),
+               episode("c", task="t2", disclosure="disclosed", announced_budget=5)]  # fmt: skip
+    log = tmp_path / "log.jsonl"
+    log.write_text(lines(records))
+    budgets = [Budget("tier", Fraction(50)), Budget("turns", Fraction(2))]
+    with load.connect() as con:
+        first = read(con, log)
+        cells = compute_cells(con, [1, 2], budgets, ["policy", "disclosure"], 100, 0)
+        load.create_turns_view(con, load.discover([str(log)]))
+        episodes_file, turns_file = export_parquet(con, tmp_path / "pq", Progress(0))
+        original = con.execute("SELECT * EXCLUDE (file) FROM episodes ORDER BY 1").fetchall()
+    assert episodes_file.exists() and turns_file.exists()
+    with load.connect() as con:
+        again = read(con, tmp_path / "pq")
+        cells_again = compute_cells(con, [1, 2], budgets, ["policy", "disclosure"], 100, 0)
+        reread = con.execute("SELECT * EXCLUDE (file) FROM episodes ORDER BY 1").fetchall()
+        load.create_turns_view(con, load.discover([str(tmp_path / "pq")]))
+        turn_rows = con.execute(
+            "SELECT episode_id, turn, response ->> 'content', disclosure ->> 'arm' FROM turns "
+            "ORDER BY 1, 2"
+        ).fetchall()
+        ts_type = con.execute(
+            f"SELECT typeof(ts) FROM read_parquet('{turns_file}') LIMIT 1"
+        ).fetchone()[0]
+    assert (again.episodes, again.turn_records, again.skipped) == (3, 3, 0)
+    assert first.turn_records == 3
+    assert reread == original
+    assert [c.as_json() for c in cells_again] == [c.as_json() for c in cells]
+    assert turn_rows == [
+        ("a", 1, "ok", "hidden"),
+        ("a", 2, "ok", "hidden"),
+        ("b", 1, "ok", "hidden"),
+    ]
+    assert ts_type.startswith("TIMESTAMP")
