@@ -1,0 +1,245 @@
+"""Load: wrk for request/response throughput and latency, an aiohttp client for SSE streams."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import statistics
+import subprocess
+import time
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+import aiohttp
+import orjson
+from targets import (
+    BENCH_DIR,
+    CLIENT_CORE,
+    EPISODE_BUDGET,
+    Target,
+    cpu_seconds,
+    pinned,
+    rss_bytes,
+)
+
+WRK_SCRIPT = BENCH_DIR / "wrk_chat.lua"
+
+
+@dataclass
+class WrkResult:
+    connections: int
+    requests: int
+    seconds: float
+    rps: float
+    errors: int
+    p50_ms: float
+    p90_ms: float
+    p99_ms: float
+    p999_ms: float
+    max_ms: float
+    # Server CPU time per request: robust to other load on the machine, unlike req/s.
+    cpu_us_per_req: float | None = None
+
+
+def run_wrk(target: Target, connections: int, seconds: float) -> WrkResult:
+    """One closed-loop wrk run (one thread) against the target's chat endpoint."""
+    argv = [
+        "wrk",
+        "-t1",
+        f"-c{connections}",
+        f"-d{max(1, round(seconds))}s",
+        "--latency",
+        "--timeout",
+        "10s",
+        "-s",
+        str(WRK_SCRIPT),
+        target.chat_url,
+        "--",
+        str(target.episodes),
+        str(EPISODE_BUDGET),
+    ]
+    env = {**os.environ, "BENCH_AUTH": target.auth}
+    cpu_before = cpu_seconds(target.pid) if target.pid else None
+    out = subprocess.run(
+        pinned(CLIENT_CORE, argv), capture_output=True, text=True, env=env, timeout=seconds + 60
+    )
+    line = next((ln for ln in out.stdout.splitlines() if ln.startswith("BENCH_JSON ")), None)
+    if line is None:
+        raise RuntimeError(f"wrk gave no summary: {out.stdout[-500:]} {out.stderr[-500:]}")
+    data: dict[str, Any] = json.loads(line.removeprefix("BENCH_JSON "))
+    cpu_us = None
+    if cpu_before is not None and target.pid and data["requests"]:
+        cpu_us = round((cpu_seconds(target.pid) - cpu_before) * 1e6 / data["requests"], 1)
+    secs = data["duration_us"] / 1e6
+    lat = data["latency_us"]
+    return WrkResult(
+        connections=connections,
+        requests=data["requests"],
+        seconds=round(secs, 3),
+        rps=round(data["requests"] / secs, 1) if secs else 0.0,
+        errors=sum(data["errors"].values()),
+        p50_ms=lat["p50"] / 1000,
+        p90_ms=lat["p90"] / 1000,
+        p99_ms=lat["p99"] / 1000,
+        p999_ms=lat["p999"] / 1000,
+        max_ms=lat["max"] / 1000,
+        cpu_us_per_req=cpu_us,
+    )
+
+
+# ---- streams -------------------------------------------------------------------------------
+
+# The fake upstream echoes the prompt split into N chunks: long enough for 64 non-empty ones.
+_FILLER = "a long answer in many small pieces, " * 12
+_STREAM_BODY = {
+    "model": "fake-model",
+    "stream": True,
+    "messages": [{"role": "user", "content": "stream please, many small chunks of text"}],
+}
+
+
+@dataclass
+class StreamStats:
+    streams: int
+    completed: int
+    ttft_ms: list[float] = field(default_factory=list)
+    gaps_ms: list[float] = field(default_factory=list)
+    errors: list[str] = field(default_factory=list)
+
+
+async def _one_stream(
+    session: aiohttp.ClientSession,
+    target: Target,
+    index: int,
+    headers: dict[str, str],
+    stats: StreamStats,
+    want_chunks: int,
+) -> None:
+    text = f"stream {index}: " + _FILLER
+    body = {**_STREAM_BODY, "messages": [{"role": "user", "content": text}]}
+    hdrs = {"Content-Type": "application/json", **headers}
+    if target.auth:
+        hdrs["Authorization"] = f"Bearer {target.auth}"
+    if target.episodes:
+        hdrs["X-Episode-Id"] = f"bench-stream-{index}"
+        hdrs["X-Episode-Budget"] = str(EPISODE_BUDGET)
+    start = time.perf_counter()
+    arrivals: list[float] = []
+    done = False
+    try:
+        async with session.post(target.chat_url, data=orjson.dumps(body), headers=hdrs) as resp:
+            if resp.status != 200:
+                stats.errors.append(f"HTTP {resp.status}")
+                return
+            async for raw in resp.content:
+                line = raw.strip()
+                if not line.startswith(b"data:"):
+                    continue
+                payload = line[5:].strip()
+                if payload == b"[DONE]":
+                    done = True
+                    break
+                chunk = orjson.loads(payload)
+                choices = chunk.get("choices") or []
+                if choices and (choices[0].get("delta") or {}).get("content"):
+                    arrivals.append(time.perf_counter())
+    except (TimeoutError, aiohttp.ClientError, ValueError) as exc:
+        stats.errors.append(type(exc).__name__)
+        return
+    if not done or len(arrivals) < want_chunks:
+        stats.errors.append(f"incomplete: {len(arrivals)}/{want_chunks} chunks, done={done}")
+        return
+    stats.completed += 1
+    stats.ttft_ms.append((arrivals[0] - start) * 1000)
+    stats.gaps_ms.extend((b - a) * 1000 for a, b in zip(arrivals, arrivals[1:], strict=False))
+
+
+async def _streams(
+    target: Target,
+    concurrency: int,
+    rounds: int,
+    headers: dict[str, str],
+    want_chunks: int,
+    stagger_s: float,
+    timeout_s: float,
+    on_tick: Any = None,
+) -> StreamStats:
+    stats = StreamStats(streams=concurrency * rounds, completed=0)
+    connector = aiohttp.TCPConnector(limit=0, force_close=False)
+    timeout = aiohttp.ClientTimeout(total=timeout_s)
+    async with aiohttp.ClientSession(connector=connector, timeout=timeout) as session:
+
+        async def launch(index: int, delay: float) -> None:
+            await asyncio.sleep(delay)
+            await _one_stream(session, target, index, headers, stats, want_chunks)
+
+        for r in range(rounds):
+            tasks = [
+                asyncio.create_task(launch(r * concurrency + i, stagger_s * i / concurrency))
+                for i in range(concurrency)
+            ]
+            if on_tick is not None:
+                ticker = asyncio.create_task(on_tick())
+            await asyncio.gather(*tasks)
+            if on_tick is not None:
+                ticker.cancel()
+    return stats
+
+
+def _pct(values: list[float], q: float) -> float | None:
+    if not values:
+        return None
+    ordered = sorted(values)
+    return round(ordered[min(len(ordered) - 1, int(q / 100 * len(ordered)))], 3)
+
+
+def stream_latency(target: Target, concurrency: int, rounds: int, chunks: int) -> dict[str, Any]:
+    """TTFT and inter-chunk gaps over ``rounds`` of ``concurrency`` simultaneous streams."""
+    # A discarded warm-up round: the first streams through a fresh server pay for lazy setup.
+    asyncio.run(_streams(target, concurrency, 1, {}, chunks, 0.0, 60.0))
+    stats = asyncio.run(_streams(target, concurrency, rounds, {}, chunks, 0.0, 60.0))
+    return {
+        "streams": stats.streams,
+        "completed": stats.completed,
+        "errors": stats.errors[:10],
+        "ttft_p50_ms": _pct(stats.ttft_ms, 50),
+        "ttft_p99_ms": _pct(stats.ttft_ms, 99),
+        "gap_p50_ms": _pct(stats.gaps_ms, 50),
+        "gap_p99_ms": _pct(stats.gaps_ms, 99),
+        "gap_mean_ms": round(statistics.fmean(stats.gaps_ms), 3) if stats.gaps_ms else None,
+    }
+
+
+def slow_streams(target: Target, count: int, chunks: int) -> dict[str, Any]:
+    """Hold ``count`` streams of one chunk a second; the server's peak RSS and dropped streams."""
+    pid = target.pid
+    baseline = rss_bytes(pid) if pid else 0
+    peak = [baseline]
+
+    async def sample() -> None:
+        while True:
+            if pid:
+                peak[0] = max(peak[0], rss_bytes(pid))
+            await asyncio.sleep(0.5)
+
+    headers = {"X-Fake-Chunks": str(chunks), "X-Fake-Chunk-Gap-Ms": "1000"}
+    started = time.monotonic()
+    stats = asyncio.run(
+        _streams(target, count, 1, headers, chunks, 1.0, chunks + 60.0, on_tick=sample)
+    )
+    mib = 1024 * 1024
+    return {
+        "streams": stats.streams,
+        "completed": stats.completed,
+        "dropped": stats.streams - stats.completed,
+        "errors": sorted(set(stats.errors))[:10],
+        "seconds": round(time.monotonic() - started, 1),
+        "rss_before_mib": round(baseline / mib, 1) if pid else None,
+        "rss_peak_mib": round(peak[0] / mib, 1) if pid else None,
+        "gap_p99_ms": _pct(stats.gaps_ms, 99),
+    }
+
+
+def as_dict(result: WrkResult) -> dict[str, Any]:
+    return asdict(result)

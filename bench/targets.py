@@ -1,0 +1,415 @@
+"""The systems under test: how each is configured, started, checked for readiness and stopped."""
+
+from __future__ import annotations
+
+import contextlib
+import importlib.util
+import os
+import secrets
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import time
+import urllib.error
+import urllib.request
+from dataclasses import dataclass, field
+from pathlib import Path
+
+BENCH_DIR = Path(__file__).resolve().parent
+REPO_DIR = BENCH_DIR.parent
+LITELLM_VENV = BENCH_DIR / ".litellm-venv"
+LITELLM_SPEC = "litellm[proxy]==1.106.12"
+# A budget no benchmark run can spend: episodes are counted but never refused.
+EPISODE_BUDGET = 1_000_000_000
+EPISODES = 64
+
+SERVER_CORE = "1"
+CLIENT_CORE = "0"
+
+
+@dataclass
+class Target:
+    """One row of the benchmark: a URL to load, and the process behind it (if any)."""
+
+    name: str
+    description: str
+    base_url: str = ""  # OpenAI base URL, ending in /v1
+    episodes: int = 0  # >0: each request carries one of this many X-Episode-Id values
+    auth: str = ""  # bearer token the load generator sends
+    forwards_headers: bool = True  # X-Fake-* steering headers reach the upstream
+    proc: subprocess.Popen[bytes] | None = None
+    log_path: Path | None = None
+    skip: str = ""  # why this row was not measured
+    notes: list[str] = field(default_factory=list)
+
+    @property
+    def chat_url(self) -> str:
+        return self.base_url + "/chat/completions"
+
+    @property
+    def pid(self) -> int | None:
+        return self.proc.pid if self.proc is not None else None
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def pinned(core: str, argv: list[str]) -> list[str]:
+    """Prefix ``argv`` with taskset when the machine has it and more than one core."""
+    if shutil.which("taskset") and (os.cpu_count() or 1) > 1:
+        return ["taskset", "-c", core, *argv]
+    return argv
+
+
+def spawn(
+    argv: list[str], log_path: Path, env: dict[str, str] | None = None, core: str = SERVER_CORE
+) -> subprocess.Popen[bytes]:
+    log = log_path.open("wb")
+    try:
+        return subprocess.Popen(
+            pinned(core, argv),
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            stdin=subprocess.DEVNULL,
+            env={**os.environ, **(env or {})},
+            start_new_session=True,
+        )
+    finally:
+        log.close()
+
+
+def stop(proc: subprocess.Popen[bytes] | None) -> None:
+    """SIGTERM the process (and its group, for servers with workers), then SIGKILL if stuck."""
+    if proc is None or proc.poll() is not None:
+        return
+    with contextlib.suppress(ProcessLookupError):
+        os.killpg(proc.pid, signal.SIGTERM)
+    try:
+        proc.wait(15)
+    except subprocess.TimeoutExpired:
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(proc.pid, signal.SIGKILL)
+        proc.wait(5)
+
+
+def _tail(path: Path | None, lines: int = 6) -> str:
+    if path is None or not path.exists():
+        return ""
+    text = path.read_text(errors="replace").strip().splitlines()
+    return " | ".join(text[-lines:])
+
+
+def wait_ready(target: Target, timeout: float = 60.0) -> bool:
+    """Poll with a real chat request until it answers 200; note why if it never does."""
+    body = b'{"model":"fake-model","messages":[{"role":"user","content":"ready?"}]}'
+    headers = {"Content-Type": "application/json"}
+    if target.auth:
+        headers["Authorization"] = f"Bearer {target.auth}"
+    if target.episodes:
+        headers["X-Episode-Id"] = "bench-ready"
+        headers["X-Episode-Budget"] = str(EPISODE_BUDGET)
+    deadline = time.monotonic() + timeout
+    last = ""
+    while time.monotonic() < deadline:
+        if target.proc is not None and target.proc.poll() is not None:
+            target.skip = f"exited with {target.proc.returncode}: {_tail(target.log_path)}"
+            return False
+        request = urllib.request.Request(target.chat_url, body, headers, method="POST")
+        try:
+            with urllib.request.urlopen(request, timeout=5) as resp:
+                if resp.status == 200:
+                    return True
+        except urllib.error.HTTPError as exc:
+            last = f"HTTP {exc.code}: {exc.read()[:200]!r}"
+        except (urllib.error.URLError, OSError) as exc:
+            last = str(exc)
+        time.sleep(0.2)
+    target.skip = f"not ready after {timeout:.0f} s ({last}) {_tail(target.log_path)}"
+    stop(target.proc)
+    return False
+
+
+# ---- the rows ------------------------------------------------------------------------------
+
+
+def start_upstream(workdir: Path, chunks: int, gap_ms: float) -> Target:
+    port = free_port()
+    log = workdir / "upstream.log"
+    argv = [
+        sys.executable,
+        "-m",
+        "budgetproxy.testing.fake_upstream",
+        "--port",
+        str(port),
+        "--chunks",
+        str(chunks),
+        "--chunk-gap-ms",
+        str(gap_ms),
+    ]
+    target = Target(
+        "direct", "the fake upstream itself (no proxy)", f"http://127.0.0.1:{port}/v1", log_path=log
+    )
+    target.proc = spawn(argv, log, core=CLIENT_CORE)
+    if not wait_ready(target, 20):
+        raise SystemExit(f"fake upstream did not start: {target.skip}")
+    return target
+
+
+def start_forwarder(workdir: Path, upstream: str) -> Target:
+    port = free_port()
+    log = workdir / "forwarder.log"
+    argv = [
+        sys.executable,
+        str(BENCH_DIR / "minimal_forwarder.py"),
+        "--upstream",
+        upstream,
+        "--port",
+        str(port),
+    ]
+    target = Target(
+        "forwarder",
+        "minimal Starlette + aiohttp forwarder (baseline)",
+        f"http://127.0.0.1:{port}/v1",
+        log_path=log,
+    )
+    target.proc = spawn(argv, log)
+    wait_ready(target)
+    return target
+
+
+def budgetproxy_missing() -> str:
+    """Why budgetproxy cannot be benchmarked yet, or "" when its command line exists."""
+    if importlib.util.find_spec("budgetproxy") is None:
+        return "budgetproxy is not importable (pip install -e .)"
+    if importlib.util.find_spec("budgetproxy.cli") is None:
+        return "budgetproxy has no cli module yet (`budgetproxy serve` not built)"
+    return ""
+
+
+# budgetproxy rows: name -> (description, requests carry episode ids, config YAML or None).
+# The first two are the default rows; the others are ablations, run when named in --targets,
+# to attribute the cost of episodes to its parts.
+BUDGETPROXY_VARIANTS: dict[str, tuple[str, bool, str | None]] = {
+    "budgetproxy": ("budgetproxy, forwarding only (no episode id)", False, None),
+    "budgetproxy+episodes": (
+        f"budgetproxy, {EPISODES} rotating episodes, disclosed arm",
+        True,
+        "disclosure: {mode: disclosed, placement: last_message, history: keep}\n",
+    ),
+    "bp+episodes-hidden": (
+        "ablation: episodes, hidden arm (no rewrite)",
+        True,
+        "disclosure: {mode: hidden}\n",
+    ),
+    "bp+episodes-nolog": (
+        "ablation: episodes, disclosed, trajectories off",
+        True,
+        "disclosure: {mode: disclosed}\ntrajectories: {enabled: false}\n",
+    ),
+    "bp+episodes-bare": (
+        "ablation: episodes, hidden, trajectories and metrics off",
+        True,
+        "disclosure: {mode: hidden}\ntrajectories: {enabled: false}\nmetrics: {enabled: false}\n",
+    ),
+    "bp-nometrics": (
+        "ablation: forwarding only, metrics off",
+        False,
+        "metrics: {enabled: false}\n",
+    ),
+}
+
+
+def start_budgetproxy(workdir: Path, upstream: str, name: str) -> Target:
+    description, episodes, extra = BUDGETPROXY_VARIANTS[name]
+    port = free_port()
+    target = Target(
+        name, description, f"http://127.0.0.1:{port}/v1", episodes=EPISODES if episodes else 0
+    )
+    missing = budgetproxy_missing()
+    if missing:
+        target.skip = missing
+        return target
+    slug = name.replace("+", "-")
+    target.log_path = workdir / f"{slug}.log"
+    log_dir = workdir / f"trajectories-{slug}"
+    argv = [sys.executable, "-m", "budgetproxy", "serve", "--port", str(port)]
+    if extra is not None:
+        config = workdir / f"{slug}.yaml"
+        # Written per CONTRACT.md's config schema; the upstream comes from --upstream.
+        config.write_text(f"# bench/run.py: {description}\nbudget: {{default_turns: 20}}\n{extra}")
+        argv += ["--config", str(config)]
+    # --log-dir merges into the config's trajectories section (it keeps `enabled: false`).
+    argv += ["--log-dir", str(log_dir), "--upstream", upstream]
+    target.proc = spawn(argv, target.log_path)
+    wait_ready(target)
+    return target
+
+
+_NGINX_CONF = """\
+daemon off;
+master_process off;
+worker_processes 1;
+pid {dir}/nginx.pid;
+error_log {dir}/nginx-error.log warn;
+events {{ worker_connections 8192; }}
+http {{
+    access_log off;
+    client_body_temp_path {dir}/client_body;
+    proxy_temp_path {dir}/proxy;
+    fastcgi_temp_path {dir}/fastcgi;
+    uwsgi_temp_path {dir}/uwsgi;
+    scgi_temp_path {dir}/scgi;
+    upstream fake {{ server 127.0.0.1:{port}; keepalive 512; }}
+    server {{
+        listen 127.0.0.1:{listen} backlog=4096;
+        location /v1/ {{
+            proxy_pass http://fake;
+            proxy_http_version 1.1;
+            proxy_set_header Connection "";
+            proxy_buffering off;
+            proxy_read_timeout 600s;
+        }}
+    }}
+}}
+"""
+
+
+def start_nginx(workdir: Path, upstream: str) -> Target:
+    port = free_port()
+    target = Target(
+        "nginx",
+        "nginx reverse proxy, one worker (the physical limit)",
+        f"http://127.0.0.1:{port}/v1",
+    )
+    nginx = shutil.which("nginx") or next(
+        (p for p in ("/usr/sbin/nginx", "/sbin/nginx") if os.access(p, os.X_OK)), None
+    )
+    if nginx is None:
+        target.skip = "nginx not installed (apt-get install nginx-light)"
+        return target
+    ngx_dir = workdir / "nginx"
+    ngx_dir.mkdir()
+    upstream_port = upstream.split(":")[-1].split("/")[0]
+    conf = ngx_dir / "nginx.conf"
+    conf.write_text(_NGINX_CONF.format(dir=ngx_dir, port=upstream_port, listen=port))
+    target.log_path = ngx_dir / "nginx-error.log"
+    # -e (nginx >= 1.19.5) keeps it from opening the system error log before reading ours.
+    argv = [nginx, "-p", str(ngx_dir), "-c", str(conf), "-e", str(target.log_path)]
+    target.proc = spawn(argv, workdir / "nginx.out")
+    wait_ready(target, 15)
+    return target
+
+
+def ensure_litellm_venv(create: bool) -> str:
+    """Path of the litellm executable, creating its venv when asked; "" when unavailable."""
+    exe = LITELLM_VENV / "bin" / "litellm"
+    if exe.exists():
+        return str(exe)
+    if not create:
+        return ""
+    print(f"creating {LITELLM_VENV} with {LITELLM_SPEC} (slow, once)...", flush=True)
+    subprocess.run([sys.executable, "-m", "venv", str(LITELLM_VENV)], check=True)
+    subprocess.run([str(LITELLM_VENV / "bin" / "pip"), "install", "-q", LITELLM_SPEC], check=True)
+    return str(exe) if exe.exists() else ""
+
+
+def start_litellm(workdir: Path, upstream: str, create: bool) -> Target:
+    port = free_port()
+    key = "sk-bench-" + secrets.token_urlsafe(32)
+    target = Target(
+        "litellm",
+        "LiteLLM proxy 1.106.12, one worker (the peer)",
+        f"http://127.0.0.1:{port}/v1",
+        auth=key,
+        forwards_headers=False,
+    )
+    exe = ensure_litellm_venv(create)
+    if not exe:
+        target.skip = "no LiteLLM venv (run once with --with-litellm to create it)"
+        return target
+    conf = workdir / "litellm.yaml"
+    conf.write_text(
+        "model_list:\n"
+        "  - model_name: fake-model\n"
+        "    litellm_params:\n"
+        "      model: openai/fake-model\n"
+        f"      api_base: {upstream}\n"
+        "      api_key: fake-key\n"
+        "litellm_settings:\n"
+        "  telemetry: false\n"
+        "  drop_params: true\n"
+    )
+    target.log_path = workdir / "litellm.log"
+    env = {
+        "LITELLM_MASTER_KEY": key,
+        "LITELLM_LOCAL_MODEL_COST_MAP": "True",
+        "LITELLM_LOG": "ERROR",
+        "DISABLE_SCHEMA_UPDATE": "True",
+    }
+    argv = [
+        exe,
+        "--config",
+        str(conf),
+        "--host",
+        "127.0.0.1",
+        "--port",
+        str(port),
+        "--num_workers",
+        "1",
+    ]
+    target.proc = spawn(argv, target.log_path, env=env)
+    wait_ready(target, 180)
+    return target
+
+
+def _process_tree(pid: int) -> list[int]:
+    """``pid`` and all its descendants (servers with worker processes)."""
+    children: dict[int, list[int]] = {}
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            stat = (entry / "stat").read_text()
+        except OSError:
+            continue
+        ppid = int(stat.rsplit(")", 1)[1].split()[1])
+        children.setdefault(ppid, []).append(int(entry.name))
+    tree, todo = [], [pid]
+    while todo:
+        current = todo.pop()
+        tree.append(current)
+        todo.extend(children.get(current, []))
+    return tree
+
+
+def rss_bytes(pid: int) -> int:
+    """Resident memory of ``pid`` and all its descendants."""
+    total = 0
+    for current in _process_tree(pid):
+        try:
+            for line in Path(f"/proc/{current}/status").read_text().splitlines():
+                if line.startswith("VmRSS:"):
+                    total += int(line.split()[1]) * 1024
+        except OSError:
+            continue
+    return total
+
+
+_TICKS = os.sysconf("SC_CLK_TCK") if hasattr(os, "sysconf") else 100
+
+
+def cpu_seconds(pid: int) -> float:
+    """User + system CPU time used so far by ``pid`` and all its descendants."""
+    total = 0
+    for current in _process_tree(pid):
+        try:
+            fields = Path(f"/proc/{current}/stat").read_text().rsplit(")", 1)[1].split()
+        except OSError:
+            continue
+        total += int(fields[11]) + int(fields[12])  # utime, stime
+    return total / _TICKS

@@ -1,0 +1,50 @@
+-- wrk script: POST chat completion requests, each body distinct (a turn counter in the last
+-- message, so a proxy never sees byte-identical resends), optionally tagged with one of N
+-- episode ids, and a machine-readable summary line at the end.
+--
+--   wrk -t1 -c32 -d5s --latency -s bench/wrk_chat.lua URL -- EPISODES [BUDGET]
+-- BENCH_AUTH in the environment adds "Authorization: Bearer $BENCH_AUTH".
+
+local episodes = 0
+local budget = "1000000000"
+local counter = 0
+local headers = {}
+local prefix = '{"model":"fake-model","temperature":0,"max_tokens":64,"messages":['
+  .. '{"role":"system","content":"You are a careful agent working on a grid puzzle. '
+  .. 'Think briefly, then answer with exactly one move: left, right, up or down."},'
+  .. '{"role":"user","content":"Observation: you stand on a frozen tile; the goal lies '
+  .. 'south-east; holes are marked H on the map SFFF FHFH FFFH HFFG. Step '
+local suffix = ': choose your next move."}]}'
+
+function init(args)
+  episodes = tonumber(args[1] or "0") or 0
+  budget = args[2] or budget
+  headers["Content-Type"] = "application/json"
+  local auth = os.getenv("BENCH_AUTH")
+  if auth and auth ~= "" then
+    headers["Authorization"] = "Bearer " .. auth
+  end
+  if episodes > 0 then
+    headers["X-Episode-Budget"] = budget
+  end
+end
+
+function request()
+  counter = counter + 1
+  if episodes > 0 then
+    headers["X-Episode-Id"] = "bench-" .. (counter % episodes)
+  end
+  return wrk.format("POST", nil, headers, prefix .. counter .. suffix)
+end
+
+function done(summary, latency, requests)
+  local e = summary.errors
+  io.write(string.format(
+    'BENCH_JSON {"requests":%d,"duration_us":%d,"bytes":%d,' ..
+    '"errors":{"connect":%d,"read":%d,"write":%d,"status":%d,"timeout":%d},' ..
+    '"latency_us":{"min":%d,"mean":%.1f,"max":%d,"p50":%d,"p90":%d,"p99":%d,"p999":%d}}\n',
+    summary.requests, summary.duration, summary.bytes,
+    e.connect, e.read, e.write, e.status, e.timeout,
+    latency.min, latency.mean, latency.max, latency:percentile(50), latency:percentile(90),
+    latency:percentile(99), latency:percentile(99.9)))
+end
