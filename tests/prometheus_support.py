@@ -267,9 +267,8 @@ class Prometheus:
         except ValueError:
             raise PromQueryError(f"{resp.status_code} {resp.text[:500]}") from None
         if body.get("status") != "success":
-            raise PromQueryError(
-                f"{body.get('errorType')}: {body.get('error')} (query: {params.get('query')})"
-            )
+            query = (params or {}).get("query")
+            raise PromQueryError(f"{body.get('errorType')}: {body.get('error')} (query: {query})")
         return body["data"]
 
     def query(self, expr: str, at: float | None = None) -> list[dict[str, Any]]:

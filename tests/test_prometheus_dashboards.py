@@ -218,17 +218,17 @@ def _play(client: openai.OpenAI, http: httpx.Client, ep: Episode, run: Run, tag:
         report: dict[str, Any] = {"success": ep.end == "success"}
         if ep.success_turn is not None:
             report["success_turn"] = ep.success_turn
-        resp = http.post(f"/v1/episodes/{eid}/outcome", json=report)
-        assert resp.status_code == 200, resp.text
+        answer = http.post(f"/v1/episodes/{eid}/outcome", json=report)
+        assert answer.status_code == 200, answer.text
     elif ep.end == "end":
-        resp = http.post(f"/v1/episodes/{eid}/end")
-        assert resp.status_code == 200, resp.text
+        answer = http.post(f"/v1/episodes/{eid}/end")
+        assert answer.status_code == 200, answer.text
 
 
 def _loose_calls(client: openai.OpenAI, run: Run) -> None:
     for i, (headers, status) in enumerate(LOOSE_CALLS):
         run.chat_calls += 1
-        messages = [{"role": "user", "content": f"no episode {i}"}]
+        messages: list[Any] = [{"role": "user", "content": f"no episode {i}"}]
         if status == 200:
             resp = client.chat.completions.create(
                 model=MODEL, messages=messages, extra_headers=headers
