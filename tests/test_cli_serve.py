@@ -1,0 +1,158 @@
+"""`budgetproxy serve` as a process: bad configs, flags over the file, SIGTERM under traffic."""
+
+from __future__ import annotations
+
+import json
+import queue
+import signal
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+from conftest import free_port, new_id, read_jsonl
+
+from budgetproxy.testing import FakeUpstream
+
+
+def serve(*args: str, cwd: Path) -> subprocess.Popen[str]:
+    return subprocess.Popen(
+        [sys.executable, "-m", "budgetproxy", "serve", *args],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        cwd=cwd,
+    )
+
+
+def first_line(proc: subprocess.Popen[str], timeout: float = 20.0) -> str:
+    lines: queue.Queue[str] = queue.Queue()
+    assert proc.stdout is not None
+    stdout = proc.stdout
+    threading.Thread(target=lambda: lines.put(stdout.readline()), daemon=True).start()
+    try:
+        return lines.get(timeout=timeout)
+    except queue.Empty:
+        proc.kill()
+        raise AssertionError("budgetproxy serve printed nothing") from None
+
+
+@pytest.mark.parametrize(
+    ("yaml_text", "key"),
+    [
+        ("budget: {on_exhausted: explode}\n", "budget.on_exhausted"),
+        ("episodes: {idle_timeout_s: -1}\n", "episodes.idle_timeout_s"),
+        ("upstreams: [{name: x, base_url: 'http://127.0.0.1:9/v1', timeout_s: soon}]\n",
+         "upstreams.0.timeout_s"),
+        ("disclosure: {bogus: true}\n", "disclosure.bogus"),
+    ],
+)
+def test_bad_config_exits_nonzero_with_one_line_naming_the_key(
+    tmp_path: Path, yaml_text: str, key: str
+) -> None:
+    bad = tmp_path / "bad.yaml"
+    bad.write_text(yaml_text)
+    proc = serve("--config", str(bad), "--port", "0", cwd=tmp_path)
+    try:
+        out, err = proc.communicate(timeout=30)
+    finally:
+        proc.kill()
+    assert proc.returncode != 0
+    lines = [ln for ln in err.splitlines() if ln.strip()]
+    assert len(lines) == 1, err
+    assert key in lines[0], err
+    assert "Traceback" not in err and out == ""
+
+
+def test_no_upstream_is_a_config_error(tmp_path: Path) -> None:
+    proc = serve("--port", "0", cwd=tmp_path)
+    try:
+        _, err = proc.communicate(timeout=30)
+    finally:
+        proc.kill()
+    assert proc.returncode != 0
+    lines = [ln for ln in err.splitlines() if ln.strip()]
+    assert len(lines) == 1 and "upstreams" in lines[0], err
+
+
+@pytest.fixture()
+def served(
+    upstream: FakeUpstream, tmp_path: Path
+) -> Iterator[tuple[subprocess.Popen[str], str, Path]]:
+    config = tmp_path / "config.yaml"
+    config.write_text("budget: {default_turns: 9}\nserver: {shutdown_timeout_s: 20}\n")
+    port = free_port()
+    log_dir = tmp_path / "logs"
+    proc = serve(
+        "--config", str(config), "--upstream", upstream.base_url, "--port", str(port),
+        "--log-dir", str(log_dir), "--default-budget", "5", cwd=tmp_path,
+    )
+    line = first_line(proc)
+    url = f"http://127.0.0.1:{port}"
+    assert url in line, line
+    yield proc, url, log_dir
+    if proc.poll() is None:
+        proc.kill()
+        proc.wait(10)
+
+
+@pytest.mark.slow
+def test_sigterm_during_traffic_finishes_calls_and_loses_no_record(
+    served: tuple[subprocess.Popen[str], str, Path], upstream: FakeUpstream
+) -> None:
+    proc, url, log_dir = served
+    tag = new_id("sigterm")
+    episodes = [new_id("term") for _ in range(6)]
+    answers: list[tuple[int, dict[str, str], dict[str, Any]]] = []
+    lock = threading.Lock()
+
+    def call(eid: str, text: str, delay_ms: int) -> None:
+        r = httpx.post(
+            f"{url}/v1/chat/completions",
+            json={"model": "m1", "messages": [{"role": "user", "content": text}]},
+            headers={"X-Episode-Id": eid, "X-Fake-Delay-Ms": str(delay_ms)},
+            timeout=30,
+        )
+        with lock:
+            answers.append((r.status_code, dict(r.headers), r.json()))
+
+    # A quick first turn on each episode, then a slow second one that is in flight at SIGTERM.
+    for eid in episodes:
+        call(eid, f"{tag} quick {eid}", 0)
+    threads = [
+        threading.Thread(target=call, args=(eid, f"{tag} slow {eid} {i}", 1500))
+        for i, eid in enumerate(episodes * 2)
+    ]
+    for t in threads:
+        t.start()
+    deadline = time.monotonic() + 10
+    while sum(1 for r in upstream.requests if f"{tag} slow" in r.body.decode()) < len(threads):
+        assert time.monotonic() < deadline, "slow calls never reached the upstream"
+        time.sleep(0.02)
+    proc.send_signal(signal.SIGTERM)
+    for t in threads:
+        t.join(30)
+    assert proc.wait(30) == 0, proc.stderr.read() if proc.stderr else ""
+
+    assert len(answers) == len(episodes) * 3
+    assert all(status == 200 for status, _, _ in answers), answers
+    assert {h["x-episode-budget"] for _, h, _ in answers} == {"5"}  # the flag beat the file
+
+    records = read_jsonl(log_dir)
+    assert all(r["schema"] == 1 for r in records)
+    turns = {(r["episode_id"], r["turn"]): r for r in records if r["type"] == "turn"}
+    for _, headers, body in answers:
+        key = (headers["x-episode-id"], int(headers["x-episode-turn"]))
+        assert key in turns, key
+        assert turns[key]["response"]["content"] == body["choices"][0]["message"]["content"]
+    assert len(turns) == len(answers)
+    ended = [r for r in records if r["type"] == "episode"]
+    assert sorted(r["episode_id"] for r in ended) == sorted(episodes)
+    assert {r["end_reason"] for r in ended} == {"abandoned"}
+    assert {r["turns_used"] for r in ended} == {3}
+    json.dumps(records)  # plain JSON all the way down

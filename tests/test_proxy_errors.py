@@ -1,0 +1,272 @@
+"""Errors: bad input, auth, size limits, upstream failures, disconnects; the proxy keeps serving."""
+
+from __future__ import annotations
+
+import time
+from typing import Any
+
+import httpx
+import openai
+import orjson
+import pytest
+from conftest import (
+    Proxy,
+    ProxyFactory,
+    WatchedUpstream,
+    assert_openai_error,
+    chat_body,
+    free_port,
+    new_id,
+)
+
+from budgetproxy.testing import FakeUpstream
+
+JSON = {"content-type": "application/json"}
+
+
+def still_serving(p: Proxy) -> None:
+    reply = p.client().chat.completions.create(
+        model="m1", messages=[{"role": "user", "content": "still there?"}], timeout=5)
+    assert reply.choices[0].message.content == "echo: still there?"
+
+
+@pytest.fixture(scope="module")
+def faulty(proxy: ProxyFactory, upstream: FakeUpstream) -> Proxy:
+    """`dead-*` goes to a closed port, `slow-*` to an upstream with a 0.5 s timeout."""
+    return proxy(
+        {
+            "server": {"max_body_bytes": 4096},
+            "upstreams": [
+                {"name": "dead", "base_url": f"http://127.0.0.1:{free_port()}/v1",
+                 "models": ["dead-*"], "connect_timeout_s": 2},
+                {"name": "slow", "base_url": upstream.base_url, "models": ["slow-*"],
+                 "timeout_s": 0.5},
+                {"name": "main", "base_url": upstream.base_url},
+            ],
+        }
+    )
+
+
+@pytest.mark.parametrize(
+    ("path", "body", "param"),
+    [
+        ("/v1/chat/completions", b'{"model": "m1", "messages": [', None),
+        ("/v1/chat/completions", b"", None),
+        ("/v1/chat/completions", b"[1, 2]", None),
+        ("/v1/chat/completions", b'"just a string"', None),
+        ("/v1/chat/completions", b'{"messages": [{"role": "user", "content": "x"}]}', "model"),
+        ("/v1/chat/completions", b'{"model": 7, "messages": [{"role": "user", "content": "x"}]}',
+         "model"),
+        ("/v1/chat/completions", b'{"model": "m1"}', "messages"),
+        ("/v1/chat/completions", b'{"model": "m1", "messages": "hi"}', "messages"),
+        ("/v1/chat/completions", b'{"model": "m1", "messages": ["hi"]}', "messages[0]"),
+        ("/v1/chat/completions",
+         b'{"model": "m1", "messages": [{"role": "user", "content": "x"}], "stream": "yes"}',
+         "stream"),
+        ("/v1/chat/completions",
+         b'{"model": "m1", "messages": [{"role": "user", "content": "x"}], "stream": 1}',
+         "stream"),
+        ("/v1/completions", b'{"model": "m1"}', "prompt"),
+        ("/v1/completions", b'{"model": "m1", "prompt": "x", "stream": "true"}', "stream"),
+    ],
+)
+@pytest.mark.parametrize("episode", [False, True])
+def test_bad_input_is_400_with_param(
+    faulty: Proxy, upstream: FakeUpstream, path: str, body: bytes, param: str | None,
+    episode: bool,
+) -> None:
+    before = len(upstream.requests)
+    headers = {**JSON, **({"X-Episode-Id": new_id()} if episode else {})}
+    with faulty.http() as http:
+        r = http.post(path, content=body, headers=headers)
+    assert_openai_error(r, 400, "invalid_request", param)
+    assert len(upstream.requests) == before
+    still_serving(faulty)
+
+
+def test_bad_input_through_the_sdk_is_a_bad_request_error(faulty: Proxy) -> None:
+    with pytest.raises(openai.BadRequestError) as info:
+        faulty.client().chat.completions.create(model="m1", messages=[])
+    assert info.value.status_code == 400
+    assert info.value.code == "invalid_request" and info.value.param == "messages"
+
+
+def test_body_over_max_body_bytes_is_413(faulty: Proxy, upstream: FakeUpstream) -> None:
+    big = orjson.dumps(chat_body("x" * 5000))
+    before = len(upstream.requests)
+    with faulty.http() as http:
+        r = http.post("/v1/chat/completions", content=big,
+                      headers={**JSON, "X-Episode-Id": new_id()})
+        assert_openai_error(r, 413, "request_too_large")
+
+        def chunked() -> Any:  # no content-length: the limit holds while reading
+            for i in range(0, len(big), 1000):
+                yield big[i : i + 1000]
+
+        r = http.post("/v1/chat/completions", content=chunked(), headers=JSON)
+        assert_openai_error(r, 413, "request_too_large")
+        r = http.post("/v1/embeddings", content=orjson.dumps({"model": "m1", "input": "x" * 5000}),
+                      headers=JSON)
+        assert_openai_error(r, 413, "request_too_large")
+    assert len(upstream.requests) == before
+    still_serving(faulty)
+
+
+@pytest.mark.parametrize("status", [400, 404, 422, 429, 500, 503])
+@pytest.mark.parametrize("stream", [False, True])
+def test_upstream_errors_pass_through_with_status_and_body(
+    faulty: Proxy, status: int, stream: bool
+) -> None:
+    eid = new_id()
+    body = chat_body("fail", stream=stream)
+    with faulty.http() as http:
+        r = http.post("/v1/chat/completions", json=body,
+                      headers={"X-Episode-Id": eid, "X-Fake-Status": str(status)})
+    assert r.status_code == status
+    assert r.json() == {"error": {"message": f"injected fault {status}",
+                                  "type": "server_error" if status >= 500
+                                  else "invalid_request_error",
+                                  "param": None,
+                                  "code": "rate_limit_exceeded" if status == 429
+                                  else "fake_fault"}}
+    assert r.headers["x-episode-id"] == eid and r.headers["x-episode-turn"] == "1"
+    still_serving(faulty)
+
+
+def test_upstream_errors_reach_the_sdk_as_its_own_errors(faulty: Proxy) -> None:
+    client = faulty.client()
+    with pytest.raises(openai.InternalServerError) as info:
+        client.chat.completions.create(model="m1", messages=[{"role": "user", "content": "x"}],
+                                       extra_headers={"X-Fake-Status": "500"})
+    assert info.value.status_code == 500
+    with pytest.raises(openai.RateLimitError):
+        client.chat.completions.create(model="m1", messages=[{"role": "user", "content": "x"}],
+                                       extra_headers={"X-Fake-Status": "429"})
+
+
+@pytest.mark.parametrize("stream", [False, True])
+@pytest.mark.parametrize("episode", [False, True])
+def test_unreachable_upstream_is_502(faulty: Proxy, stream: bool, episode: bool) -> None:
+    eid = new_id()
+    with faulty.http() as http:
+        r = http.post("/v1/chat/completions", json=chat_body("x", model="dead-1", stream=stream),
+                      headers={"X-Episode-Id": eid} if episode else {})
+    assert_openai_error(r, 502, "upstream_unreachable")
+    if episode:
+        assert r.headers["x-episode-id"] == eid
+    still_serving(faulty)
+
+
+def test_unreachable_upstream_on_pass_through_is_502(faulty: Proxy) -> None:
+    with faulty.http() as http:
+        r = http.post("/v1/embeddings", json={"model": "dead-1", "input": "x"})
+    assert_openai_error(r, 502, "upstream_unreachable")
+
+
+@pytest.mark.parametrize("stream", [False, True])
+def test_timed_out_upstream_is_504(faulty: Proxy, stream: bool) -> None:
+    t0 = time.monotonic()
+    with faulty.http() as http:
+        r = http.post("/v1/chat/completions", json=chat_body("x", model="slow-1", stream=stream),
+                      headers={"X-Episode-Id": new_id(), "X-Fake-Delay-Ms": "3000"})
+    assert_openai_error(r, 504, "upstream_timeout")
+    assert time.monotonic() - t0 < 2.5
+    still_serving(faulty)
+
+
+def test_timed_out_pass_through_is_504(faulty: Proxy) -> None:
+    with faulty.http() as http:
+        r = http.post("/v1/embeddings", json={"model": "slow-1", "input": "x"},
+                      headers={"X-Fake-Delay-Ms": "3000"})
+    assert_openai_error(r, 504, "upstream_timeout")
+
+
+def test_client_disconnect_mid_stream_cancels_the_upstream_call(
+    faulty: Proxy, upstream: WatchedUpstream
+) -> None:
+    eid = new_id()
+    before = len(upstream.stream_ends)
+    body = chat_body("a b c d e f g h i j k l m n o p q r s t u v w x y z " * 4, stream=True)
+    headers = {"X-Episode-Id": eid, "X-Fake-Chunks": "60", "X-Fake-Chunk-Gap-Ms": "100"}
+    with faulty.http() as http, http.stream("POST", "/v1/chat/completions", json=body,
+                                            headers=headers) as r:
+        assert r.status_code == 200
+        first = next(r.iter_bytes())
+        assert first.startswith(b"data: ")
+        t_closed = time.monotonic()
+    # The stream would run ~6 s; the upstream must see its connection closed right away.
+    deadline = time.monotonic() + 3
+    while len(upstream.stream_ends) == before and time.monotonic() < deadline:
+        time.sleep(0.02)
+    assert len(upstream.stream_ends) > before, "upstream stream kept running"
+    how, when = upstream.stream_ends[before]
+    assert how == "closed" and when - t_closed < 2.0
+    still_serving(faulty)
+    # The turn was charged (bytes had reached the client) and the episode still works.
+    assert faulty.episode(eid)["turns_used"] == 1
+    faulty.client().chat.completions.create(model="m1", messages=[{"role": "user", "content": "y"}],
+                                            extra_headers={"X-Episode-Id": eid})
+    assert faulty.episode(eid)["turns_used"] == 2
+
+
+def test_client_disconnect_while_waiting_for_upstream(faulty: Proxy) -> None:
+    with faulty.http(timeout=0.3) as http, pytest.raises(httpx.ReadTimeout):
+        http.post("/v1/chat/completions", json=chat_body("x"),
+                  headers={"X-Episode-Id": new_id(), "X-Fake-Delay-Ms": "1500"})
+    still_serving(faulty)
+
+
+@pytest.mark.parametrize(
+    ("method", "path"),
+    [("GET", "/v1/chat/completions"), ("POST", "/v1/nowhere"), ("GET", "/nothing"),
+     ("DELETE", "/v1/episodes/x"), ("POST", "/episodes/abc/v1/nowhere")],
+)
+def test_unknown_routes_are_never_a_500(faulty: Proxy, method: str, path: str) -> None:
+    with faulty.http() as http:
+        r = http.request(method, path)
+    assert 400 <= r.status_code < 500, (r.status_code, r.text)
+    still_serving(faulty)
+
+
+@pytest.fixture(scope="module")
+def guarded(proxy: ProxyFactory, upstream: FakeUpstream) -> Proxy:
+    return proxy({"auth": {"keys": ["proxy-key-1", "proxy-key-2"]},
+                  "upstreams": [{"name": "main", "base_url": upstream.base_url,
+                                 "api_key": "sk-upstream-A"}]})
+
+
+@pytest.mark.parametrize(
+    ("method", "path", "body"),
+    [
+        ("POST", "/v1/chat/completions", chat_body("x")),
+        ("POST", "/episodes/auth-ep/v1/chat/completions", chat_body("x")),
+        ("POST", "/v1/completions", {"model": "m1", "prompt": "x"}),
+        ("POST", "/v1/embeddings", {"model": "m1", "input": "x"}),
+        ("GET", "/v1/models", None),
+        ("POST", "/v1/episodes", {}),
+        ("GET", "/v1/episodes/auth-ep", None),
+    ],
+)
+@pytest.mark.parametrize("key", [None, "wrong-key"])
+def test_auth_keys_required(
+    guarded: Proxy, upstream: FakeUpstream, method: str, path: str, body: Any, key: str | None
+) -> None:
+    before = len(upstream.requests)
+    headers = {"Authorization": f"Bearer {key}"} if key else {}
+    with guarded.http() as http:
+        r = http.request(method, path, json=body, headers=headers)
+    assert_openai_error(r, 401, "invalid_api_key")
+    assert len(upstream.requests) == before
+
+
+def test_auth_key_accepted_and_never_forwarded(guarded: Proxy, upstream: FakeUpstream) -> None:
+    with pytest.raises(openai.AuthenticationError):
+        guarded.client(api_key="nope").chat.completions.create(
+            model="m1", messages=[{"role": "user", "content": "x"}])
+    for key in ("proxy-key-1", "proxy-key-2"):
+        reply = guarded.client(api_key=key).chat.completions.create(
+            model="m1", messages=[{"role": "user", "content": "authed"}],
+            extra_headers={"X-Episode-Id": new_id()})
+        assert reply.choices[0].message.content == "echo: authed"
+        assert upstream.requests[-1].headers["authorization"] == "Bearer sk-upstream-A"
+    assert [m.id for m in guarded.client(api_key="proxy-key-1").models.list().data]
