@@ -30,7 +30,10 @@ def _make_store(config: Config) -> EpisodeStore:
     if config.store.kind == "redis":
         from budgetproxy.store.redis import RedisStore
 
-        store: EpisodeStore = RedisStore(config.store.url, prefix=config.store.key_prefix)
+        ep = config.episodes
+        store: EpisodeStore = RedisStore(config.store.url, prefix=config.store.key_prefix,
+                                         idle_timeout_s=ep.idle_timeout_s,
+                                         retention_s=ep.retention_s)
         return store
     from budgetproxy.store.memory import MemoryStore
 
@@ -90,6 +93,9 @@ class BudgetProxy:
             tracer = self._provider.get_tracer("budgetproxy")
         self.tracing = Tracing(tracer, config.tracing.capture_content)
         self.pool = UpstreamPool(config.upstreams)
+        if self.metrics is not None:
+            for u in config.upstreams:
+                self.metrics.touch_upstream_labels(u.name)
         self.recorder = Recorder(self.sink, self.metrics, config.trajectories.content == "full")
         litellm_call = None
         if any(u.kind == "litellm" for u in config.upstreams):

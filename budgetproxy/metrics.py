@@ -114,6 +114,27 @@ class Metrics:
             registry=registry,
         )
         self._models: set[str] = set()
+        self._episode_labels: set[tuple[str, str]] = set()
+
+    OUTCOMES = ("success", "failure", "exhausted", "abandoned")
+    ERROR_CLASSES = ("connect", "timeout", "status_4xx", "status_429", "status_5xx",
+                     "stream_broken")
+
+    def touch_episode_labels(self, tier: str, arm: str) -> None:
+        """Create a (tier, arm)'s series at zero so rate() sees their first increment."""
+        if (tier, arm) in self._episode_labels:
+            return
+        self._episode_labels.add((tier, arm))
+        self.turns.labels(tier, arm)
+        self.budget_exhausted.labels(tier, arm)
+        for outcome in self.OUTCOMES:
+            self.episodes_finished.labels(tier, arm, outcome)
+            self.episode_turns.labels(tier, arm, outcome)
+
+    def touch_upstream_labels(self, upstream: str) -> None:
+        self.upstream_duration.labels(upstream)
+        for cls in self.ERROR_CLASSES:
+            self.upstream_errors.labels(upstream, cls)
 
     def model_label(self, model: str | None) -> str:
         """Bound the model label: the first MAX_MODEL_LABELS names, then "other"."""

@@ -44,7 +44,9 @@ class Recorder:
 
     async def episode_started(self, st: EpisodeState) -> None:
         if self.metrics is not None:
-            self.metrics.episodes_started.labels(*self.labels(st)).inc()
+            labels = self.labels(st)
+            self.metrics.touch_episode_labels(*labels)
+            self.metrics.episodes_started.labels(*labels).inc()
             self.metrics.active_episodes.inc()
 
     async def episode_ended(self, st: EpisodeState) -> None:
