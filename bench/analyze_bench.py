@@ -173,24 +173,26 @@ def main() -> int:
 
         runs: list[tuple[str, list[str]]] = [("pass@(K,T) table", [])]
         if args.recovery:
-            runs.append(("recovery view", ["--error-pattern", "^Error:"]))
+            runs.append(("table + recovery view", ["--error-pattern", "^Error:"]))
         if args.parquet:
-            runs.append(("parquet export", ["--to-parquet", str(workdir / "parquet")]))
+            runs.append(("table + parquet export", ["--to-parquet", str(workdir / "parquet")]))
         for label, extra in runs:
             parser_ = argparse.ArgumentParser()
             command.register(parser_.add_subparsers())
             ns = parser_.parse_args(["analyze", str(out), "--json", *extra])
-            t0 = time.perf_counter()
+            t0, cpu0 = time.perf_counter(), time.process_time()
             with open(os.devnull, "w") as sink:
                 stdout, sys.stdout = sys.stdout, sink
                 try:
                     rc = ns.func(ns)
                 finally:
                     sys.stdout = stdout
-            dt = time.perf_counter() - t0
+            dt, cpu = time.perf_counter() - t0, time.process_time() - cpu0
             print(
                 f"{label}: {records:,} records in {dt:.1f} s = {records / dt:,.0f} records/s "
-                f"({size / 1e6 / dt:,.0f} MB/s, exit {rc}, {os.cpu_count()} cores)"
+                f"({size / 1e6 / dt:,.0f} MB/s; {cpu:.1f} s CPU on {os.cpu_count()} cores; "
+                f"load average {os.getloadavg()[0]:.1f}; exit {rc})",
+                flush=True,
             )
     finally:
         if args.keep is None:

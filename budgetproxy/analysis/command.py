@@ -192,8 +192,7 @@ def _run(args: argparse.Namespace) -> int:
         if args.error_pattern is not None:
             from budgetproxy.analysis.recovery import compute_recovery, format_recovery
 
-            load.create_turns_view(con, inputs)
-            rows = compute_recovery(con, args.error_pattern, progress)
+            rows = compute_recovery(con, inputs, args.error_pattern, progress)
             out["recovery"] = [r.as_json() for r in rows]
             text.append(format_recovery(rows, args.error_pattern))
             extra.append(("Recovery after tool errors", text[-1]))

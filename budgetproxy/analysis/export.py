@@ -11,7 +11,8 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from budgetproxy.analysis.load import TURN_COLUMNS, InputError, sql_str
+from budgetproxy.analysis.db import InputError, sql_str
+from budgetproxy.analysis.load import TURN_COLUMNS
 from budgetproxy.analysis.progress import Progress
 from budgetproxy.records import SCHEMA_VERSION
 

@@ -8,16 +8,20 @@ objects.
 
 from __future__ import annotations
 
-import shutil
-import tempfile
-from collections.abc import Iterator, Sequence
-from contextlib import contextmanager
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from budgetproxy.analysis import parquet
+from budgetproxy.analysis.db import InputError, connect, sql_list, sql_str
 from budgetproxy.analysis.progress import Progress
 from budgetproxy.records import SCHEMA_VERSION
+
+__all__ = [
+    "EPISODE_FIELDS", "TURN_COLUMNS", "InputError", "Inputs", "ScanSummary", "connect",
+    "create_turns_view", "discover", "load_episodes", "sql_list", "sql_str",
+]  # fmt: skip
 
 LOG_SUFFIXES = (".jsonl", ".jsonl.gz", ".parquet")
 MAX_LINE_BYTES = 1 << 30  # a turn record can carry a whole file in a tool result
@@ -37,14 +41,6 @@ TURN_COLUMNS = {
     "usage": "JSON", "budget": "BIGINT", "remaining": "BIGINT", "charged": "BOOLEAN",
     "disclosure": "JSON", "task_id": "VARCHAR", "group": "VARCHAR",
 }  # fmt: skip
-
-
-class InputError(Exception):
-    """Input that cannot be analysed at all; the message is one line for the user."""
-
-    def __init__(self, message: str, exit_code: int = 1) -> None:
-        super().__init__(message)
-        self.exit_code = exit_code
 
 
 @dataclass(frozen=True)
@@ -100,38 +96,6 @@ def discover(paths: Sequence[str]) -> Inputs:
         total += path.stat().st_size
         (parquet if path.name.endswith(".parquet") else jsonl).append(str(path))
     return Inputs(jsonl=jsonl, parquet=parquet, total_bytes=total)
-
-
-@contextmanager
-def connect() -> Iterator[Any]:
-    """An in-memory DuckDB connection that spills to a private temp dir, removed afterwards."""
-    try:
-        import duckdb
-    except ImportError as exc:  # pragma: no cover - depends on the install
-        raise InputError(
-            "analyze needs DuckDB: pip install 'budgetproxy[analyze]'", exit_code=2
-        ) from exc
-    spill = tempfile.mkdtemp(prefix="budgetproxy-analyze-")
-    con = duckdb.connect(":memory:")
-    try:
-        con.execute(f"SET temp_directory = {sql_str(spill)}")
-        con.execute("SET TimeZone = 'UTC'")
-        con.execute("SET preserve_insertion_order = false")
-        con.execute("SET enable_progress_bar = true")  # feeds query_progress() ...
-        con.execute("SET enable_progress_bar_print = false")  # ... without DuckDB's own bar
-        yield con
-    finally:
-        con.close()
-        shutil.rmtree(spill, ignore_errors=True)
-
-
-def sql_str(value: str) -> str:
-    """A SQL string literal."""
-    return "'" + value.replace("'", "''") + "'"
-
-
-def sql_list(values: Sequence[str]) -> str:
-    return "[" + ", ".join(sql_str(v) for v in values) + "]"
 
 
 def _read_lines(files: Sequence[str]) -> str:
@@ -266,13 +230,13 @@ def load_episodes(con: Any, inputs: Inputs, progress: Progress) -> ScanSummary:
     con.execute(RAW_EPISODES_SQL.format(columns=columns, paths=paths))
     parquet_turns = 0
     for path in inputs.parquet:
-        kinds = _parquet_kinds(con, path)
+        kinds = parquet.record_kinds(con, path)
         if "episode" in kinds:
-            con.execute("INSERT INTO raw_episodes " + _parquet_episodes_sql(path, kinds))
+            sql = parquet.episodes_sql(path, kinds["episode"], EPISODE_FIELDS)
+            con.execute("INSERT INTO raw_episodes " + sql)
         if "turn" in kinds:
-            parquet_turns += con.execute(
-                f"SELECT count(*) FROM ({_parquet_turns_sql(path, kinds)})"
-            ).fetchone()[0]
+            sql = parquet.turns_sql(path, kinds["turn"], {"turn": "BIGINT"})
+            parquet_turns += con.execute(f"SELECT count(*) FROM ({sql})").fetchone()[0]
     con.execute(CHECKED_SQL.format(schema=SCHEMA_VERSION))
     con.execute(EPISODES_SQL)
     return _summarise(con, inputs, parquet_turns)
@@ -305,85 +269,28 @@ def _summarise(con: Any, inputs: Inputs, parquet_turns: int) -> ScanSummary:
     return summary
 
 
-def _parquet_columns(con: Any, path: str) -> dict[str, str]:
-    rows = con.execute(f"DESCRIBE SELECT * FROM read_parquet({sql_str(path)})").fetchall()
-    return {str(r[0]): str(r[1]) for r in rows}
-
-
-def _parquet_kinds(con: Any, path: str) -> dict[str, dict[str, str]]:
-    """Which record types a Parquet file holds: by its `type` column, else by its columns."""
-    try:
-        cols = _parquet_columns(con, path)
-    except Exception as exc:  # duckdb raises its own error classes
-        raise InputError(f"{path}: not a readable Parquet file ({exc})".splitlines()[0]) from exc
-    if "type" in cols:
-        types = {
-            str(r[0])
-            for r in con.execute(
-                f"SELECT DISTINCT type FROM read_parquet({sql_str(path)}) WHERE type IS NOT NULL"
-            ).fetchall()
-        }
-        return {t: cols for t in types & {"episode", "turn"}}
-    if "end_reason" in cols:
-        return {"episode": cols}
-    if "turn" in cols:
-        return {"turn": cols}
-    return {}
-
-
-def _as_text(name: str, sql_type: str) -> str:
-    col = f'"{name}"'
-    if sql_type in ("VARCHAR", "JSON"):
-        return f"CAST({col} AS VARCHAR)"
-    if sql_type.startswith(("STRUCT", "MAP")) or sql_type.endswith("[]"):
-        return f"CAST(to_json({col}) AS VARCHAR)"
-    return f"CAST({col} AS VARCHAR)"
-
-
-def _parquet_episodes_sql(path: str, kinds: dict[str, dict[str, str]]) -> str:
-    cols = kinds["episode"]
-    values = [_as_text(n, cols[n]) if n in cols else "NULL" for n in EPISODE_FIELDS]
-    schema = _as_text("schema", cols["schema"]) if "schema" in cols else f"'{SCHEMA_VERSION}'"
-    where = "WHERE type = 'episode'" if "type" in cols else ""
-    return (
-        f"SELECT {sql_str(path)}, 1, 'row ' || coalesce({values[0]}, '?'), false, {schema}, "
-        f"'episode', {', '.join(values)} FROM read_parquet({sql_str(path)}) {where}"
-    )
-
-
-def _parquet_turns_sql(path: str, kinds: dict[str, dict[str, str]]) -> str:
-    cols = kinds["turn"]
-    values = []
-    for name, sql_type in TURN_COLUMNS.items():
-        if name not in cols:
-            values.append(f'CAST(NULL AS {sql_type}) AS "{name}"')
-        elif sql_type == "JSON":
-            values.append(f'CAST({_as_text(name, cols[name])} AS JSON) AS "{name}"')
-        else:
-            values.append(f'TRY_CAST("{name}" AS {sql_type}) AS "{name}"')
-    where = "WHERE type = 'turn'" if "type" in cols else ""
-    return f"SELECT {', '.join(values)} FROM read_parquet({sql_str(path)}) {where}"
-
-
-def create_turns_view(con: Any, inputs: Inputs) -> None:
-    """The temp view `turns`: every valid turn record, re-read from the files on each use."""
+def create_turns_view(
+    con: Any, inputs: Inputs, name: str = "turns", columns: Mapping[str, str] = TURN_COLUMNS
+) -> None:
+    """A temp view of every valid turn record with these columns (name → DuckDB type, nested
+    types allowed), re-read from the files on each use."""
     parts = []
     if inputs.jsonl:
-        columns = ", ".join(f"'{n}': '{t}'" for n, t in TURN_COLUMNS.items())
-        names = ", ".join(f'"{n}"' for n in TURN_COLUMNS)
+        spec = ", ".join(f"{sql_str(n)}: {sql_str(t)}" for n, t in columns.items())
+        names = ", ".join(f'"{n}"' for n in columns)
         parts.append(
             f"SELECT {names} FROM read_json({sql_list(inputs.jsonl)}, "
             f"format = 'newline_delimited', ignore_errors = true, "
             f"maximum_object_size = {MAX_LINE_BYTES}, "
-            f"columns = {{'schema': 'VARCHAR', 'type': 'VARCHAR', {columns}}}) "
+            f"columns = {{'schema': 'VARCHAR', 'type': 'VARCHAR', {spec}}}) "
             f"WHERE type = 'turn' AND TRY_CAST(schema AS DOUBLE) = {SCHEMA_VERSION} "
             f"AND episode_id IS NOT NULL"
         )
     for path in inputs.parquet:
-        kinds = _parquet_kinds(con, path)
+        kinds = parquet.record_kinds(con, path)
         if "turn" in kinds:
-            parts.append(_parquet_turns_sql(path, kinds))
+            parts.append(parquet.turns_sql(path, kinds["turn"], columns))
     if not parts:
-        empty = ", ".join(f'CAST(NULL AS {t}) AS "{n}"' for n, t in TURN_COLUMNS.items())
+        empty = ", ".join(f'CAST(NULL AS {t}) AS "{n}"' for n, t in columns.items())
         parts.append(f"SELECT {empty} WHERE false")
-    con.execute("CREATE OR REPLACE TEMP VIEW turns AS " + " UNION ALL ".join(parts))
+    con.execute(f"CREATE OR REPLACE TEMP VIEW {name} AS " + " UNION ALL ".join(parts))

@@ -1,10 +1,10 @@
 """Recovery view: after a tool error, does the agent still succeed, and does it change course?
 
 An error is a tool-result message (`role: tool` in a turn's request_messages) whose text
-matches the pattern. The action that produced it is the assistant tool call with the message's
-tool_call_id (else the previous turn's calls); the next action is the response of the turn
-that carried the error back to the model. The action changed unless that response repeats the
-failed call (same tool name and arguments).
+matches the pattern. The action that produced it is the previous turn's tool call with the
+message's tool_call_id (without an id: all of the previous turn's calls); the next action is
+the response of the turn that carried the error back to the model. The action changed unless
+that response repeats the failed call (same tool name and arguments).
 """
 
 from __future__ import annotations
@@ -13,25 +13,30 @@ from collections.abc import Sequence
 from dataclasses import asdict, dataclass
 from typing import Any
 
-from budgetproxy.analysis.load import sql_str
+from budgetproxy.analysis.db import sql_str
+from budgetproxy.analysis.load import Inputs, create_turns_view
 from budgetproxy.analysis.progress import Progress
 
-# One pass over the turns: per episode, the turns seen and the (turn, tool_call_id) of errors.
+# The turn fields the view needs, typed so each line is parsed once. A message content that
+# is a list of parts arrives as its JSON text.
+COLUMNS = {
+    "episode_id": "VARCHAR", "turn": "BIGINT", "attempt": "BIGINT", "status": "VARCHAR",
+    "request_messages": "STRUCT(role VARCHAR, content VARCHAR, tool_call_id VARCHAR)[]",
+    "response": "STRUCT(content VARCHAR, tool_calls STRUCT(id VARCHAR, "
+                '"function" STRUCT(name VARCHAR, arguments VARCHAR))[])',
+}  # fmt: skip
+
+# Pass 1, over every turn: per episode, the (turn, tool_call_ids) of its tool errors.
 SCAN_SQL = """
 CREATE OR REPLACE TEMP TABLE recovery_scan AS
 WITH per_turn AS (
-    SELECT episode_id, turn,
-        CASE WHEN contains(CAST(request_messages AS VARCHAR), '"tool"') THEN
-            list_transform(
-                list_filter(json_extract(request_messages, '$[*]'), lambda m:
-                    m ->> 'role' = 'tool' AND regexp_matches(
-                        CASE WHEN json_type(m -> 'content') = 'ARRAY'
-                             THEN array_to_string(
-                                    json_extract_string(m, '$.content[*].text'), chr(10))
-                             ELSE coalesce(m ->> 'content', '') END, {pattern})),
-                lambda m: m ->> 'tool_call_id')
-        END AS error_ids
-    FROM turns
+    SELECT episode_id, turn, list_transform(list_filter(request_messages, lambda m:
+            m.role = 'tool' AND regexp_matches(
+                CASE WHEN starts_with(m.content, '[{{') AND json_valid(m.content)
+                     THEN array_to_string(json_extract_string(m.content, '$[*].text'), chr(10))
+                     ELSE coalesce(m.content, '') END, {pattern})),
+        lambda m: m.tool_call_id) AS error_ids
+    FROM recovery_turns
 )
 SELECT episode_id,
     list({{'turn': turn, 'ids': error_ids}}) FILTER (WHERE len(error_ids) > 0) AS errors
@@ -44,42 +49,45 @@ SELECT DISTINCT episode_id, e.turn, unnest(e.ids) AS call_id
 FROM (SELECT episode_id, unnest(errors) AS e FROM recovery_scan WHERE errors IS NOT NULL)
 """
 
-# The responses of episodes with an error (last ok attempt per turn), their tool calls and
-# each turn's whole action, then each error judged against the next response.
+# Pass 2, over the turns around errors only (the turn before: the failed call; the turn of
+# the error: the next action): each turn's tool calls as signatures name(arguments), with
+# arguments re-serialised so that whitespace does not count as a change.
+CALLS_SQL = """
+CREATE OR REPLACE TEMP TABLE recovery_calls AS
+WITH needed AS (
+    SELECT DISTINCT episode_id, turn FROM (
+        SELECT episode_id, turn FROM recovery_errors
+        UNION ALL SELECT episode_id, turn - 1 FROM recovery_errors)
+)
+SELECT t.episode_id, t.turn,
+    list_transform(coalesce(t.response.tool_calls, []), lambda c: {
+        'id': c.id,
+        'sig': coalesce(c."function".name, '') || '(' || CASE
+            WHEN json_valid(c."function".arguments)
+            THEN CAST(json(c."function".arguments) AS VARCHAR)
+            ELSE coalesce(c."function".arguments, '') END || ')'}) AS calls
+FROM recovery_turns t SEMI JOIN needed n ON n.episode_id = t.episode_id AND n.turn = t.turn
+WHERE coalesce(t.status, 'ok') = 'ok' AND t.response IS NOT NULL
+QUALIFY row_number() OVER (
+    PARTITION BY t.episode_id, t.turn ORDER BY t.attempt DESC NULLS LAST) = 1
+"""
+
 JUDGED_SQL = """
 CREATE OR REPLACE TEMP TABLE recovery_judged AS
-WITH responses AS (
-    SELECT episode_id, turn, response FROM turns
-    WHERE episode_id IN (SELECT episode_id FROM recovery_errors)
-      AND coalesce(status, 'ok') = 'ok' AND response IS NOT NULL
-    QUALIFY row_number() OVER (PARTITION BY episode_id, turn ORDER BY attempt DESC NULLS LAST) = 1
-), calls AS (
-    SELECT episode_id, turn, c ->> 'id' AS call_id,
-        coalesce(c -> 'function' ->> 'name', c ->> 'name', '') || '(' ||
-        CASE WHEN json_valid(a) THEN CAST(json(a) AS VARCHAR) ELSE coalesce(a, '') END
-        || ')' AS sig
-    FROM (SELECT episode_id, turn, c,
-                 coalesce(c -> 'function' ->> 'arguments', c ->> 'arguments') AS a
-          FROM (SELECT episode_id, turn,
-                       unnest(json_extract(response, '$.tool_calls[*]')) AS c FROM responses))
-), actions AS (
-    SELECT r.episode_id, r.turn, coalesce(string_agg(c.sig, chr(31) ORDER BY c.sig), '') AS act
-    FROM responses r LEFT JOIN calls c USING (episode_id, turn) GROUP BY ALL
-), produced AS (
-    SELECT e.episode_id, e.turn, e.call_id, arg_max(c.sig, c.turn) AS sig
-    FROM recovery_errors e JOIN calls c
-      ON c.episode_id = e.episode_id AND c.call_id = e.call_id AND c.turn < e.turn
-    GROUP BY ALL
-), repeats AS (SELECT DISTINCT episode_id, turn, sig FROM calls)
-SELECT e.episode_id, e.turn,
-    nxt.act IS NOT NULL AND (p.sig IS NOT NULL OR prev.act IS NOT NULL) AS judged,
-    CASE WHEN p.sig IS NOT NULL THEN rep.sig IS NOT NULL ELSE nxt.act = prev.act END AS repeated
-FROM recovery_errors e
-LEFT JOIN produced p
-  ON p.episode_id = e.episode_id AND p.turn = e.turn AND p.call_id = e.call_id
-LEFT JOIN actions nxt ON nxt.episode_id = e.episode_id AND nxt.turn = e.turn
-LEFT JOIN actions prev ON prev.episode_id = e.episode_id AND prev.turn = e.turn - 1
-LEFT JOIN repeats rep ON rep.episode_id = e.episode_id AND rep.turn = e.turn AND rep.sig = p.sig
+WITH paired AS (
+    SELECT e.episode_id, e.turn, prev.calls AS prev_calls, nxt.calls AS next_calls,
+        list_filter(prev.calls, lambda c: c.id = e.call_id)[1].sig AS failed
+    FROM recovery_errors e
+    LEFT JOIN recovery_calls prev ON prev.episode_id = e.episode_id AND prev.turn = e.turn - 1
+    LEFT JOIN recovery_calls nxt ON nxt.episode_id = e.episode_id AND nxt.turn = e.turn
+)
+SELECT episode_id, turn,
+    next_calls IS NOT NULL AND (failed IS NOT NULL OR prev_calls IS NOT NULL) AS judged,
+    CASE WHEN failed IS NOT NULL
+         THEN list_contains(list_transform(next_calls, lambda c: c.sig), failed)
+         ELSE list_sort(list_transform(next_calls, lambda c: c.sig))
+              = list_sort(list_transform(prev_calls, lambda c: c.sig)) END AS repeated
+FROM paired
 """
 
 SUMMARY_SQL = """
@@ -123,11 +131,15 @@ def _share(part: int, whole: int) -> float | None:
     return part / whole if whole else None
 
 
-def compute_recovery(con: Any, pattern: str, progress: Progress) -> list[RecoveryRow]:
-    """Needs the `episodes` table and the `turns` view. The pattern is an RE2 regex."""
+def compute_recovery(
+    con: Any, inputs: Inputs, pattern: str, progress: Progress
+) -> list[RecoveryRow]:
+    """Needs the `episodes` table. The pattern is an RE2 regex."""
+    create_turns_view(con, inputs, "recovery_turns", COLUMNS)
     progress.execute(con, SCAN_SQL.format(pattern=sql_str(pattern)), "scanning tool results")
     con.execute(ERRORS_SQL)
-    progress.execute(con, JUDGED_SQL, "reading responses after errors")
+    progress.execute(con, CALLS_SQL, "reading responses around errors")
+    con.execute(JUDGED_SQL)
     rows = con.execute(SUMMARY_SQL).fetchall()
     out = []
     for arm, model, eps, with_err, err_ok, no_err_ok, errors, judged, changed in rows:

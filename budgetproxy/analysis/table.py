@@ -8,7 +8,7 @@ from dataclasses import dataclass
 from fractions import Fraction
 from typing import Any
 
-from budgetproxy.analysis.load import sql_str
+from budgetproxy.analysis.db import sql_str
 from budgetproxy.analysis.passk import pass_at_k, tier_to_turns
 from budgetproxy.analysis.stats import bootstrap_ci
 
