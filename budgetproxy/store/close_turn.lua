@@ -1,0 +1,29 @@
+-- Close a forwarded turn: core settle. Returns nil for an unknown episode.
+-- KEYS: episode. ARGV: grant turn, grant charged (0|1), grant body hash,
+-- result (ok|refundable|broken), now, count_failed (0|1), active ttl ms.
+local ep = KEYS[1]
+local f = redis.call('HMGET', ep, 'status', 'inflight', 'turns_used', 'last_turn', 'last_hash',
+  'last_state')
+if not f[1] then
+  return false
+end
+local charged = ARGV[2] == '1'
+local used = tonumber(f[3])
+local state = f[6]
+local refund = ARGV[4] == 'refundable' and charged and ARGV[6] == '0'
+if refund then
+  used = math.max(0, used - 1)
+end
+if tonumber(ARGV[1]) == tonumber(f[4]) and ARGV[3] == f[5] then
+  if refund then
+    state = 'refunded'
+  elseif charged or state == 'inflight' then
+    state = 'charged'
+  end
+end
+redis.call('HSET', ep, 'inflight', math.max(0, tonumber(f[2]) - 1), 'last_activity', ARGV[5],
+  'turns_used', used, 'last_state', state)
+if f[1] == 'active' then
+  redis.call('PEXPIRE', ep, ARGV[7])
+end
+return cjson.encode({refund and 1 or 0, snapshot(ep)})

@@ -1,0 +1,22 @@
+-- Claim an idle episode: only the caller that ends it gets its snapshot back.
+-- KEYS: episode, remembered id. ARGV: now, idle timeout s, retention ms, remember ms.
+-- A turn still in flight holds the episode open, but only for twice the idle timeout:
+-- the replica serving it may have died without settling.
+local ep, gone = KEYS[1], KEYS[2]
+local f = redis.call('HMGET', ep, 'status', 'inflight', 'last_activity')
+if not f[1] then
+  return cjson.encode({'missing'})
+end
+if f[1] == 'finished' then
+  return cjson.encode({'ended'})
+end
+local idle = tonumber(ARGV[2])
+local idle_for = tonumber(ARGV[1]) - tonumber(f[3])
+if idle_for < idle then
+  return cjson.encode({'fresh', f[3]})
+end
+if tonumber(f[2]) > 0 and idle_for < 2 * idle then
+  return cjson.encode({'busy', f[3]})
+end
+return cjson.encode({'claimed',
+  end_episode(ep, gone, ARGV[1], tonumber(ARGV[3]), tonumber(ARGV[4]))})

@@ -1,0 +1,71 @@
+-- Open a turn: create the episode if absent (ARGV[7..] are its fields), then core reserve.
+-- KEYS: episode, remembered id. ARGV: body_hash, now, free_retries, message_count,
+-- disclosure_index ('' for none), active ttl ms, [field, value, ...].
+local ep, gone = KEYS[1], KEYS[2]
+local body_hash, now = ARGV[1], ARGV[2]
+local free_retries = tonumber(ARGV[3])
+local index = ARGV[5]
+local created = 0
+if redis.call('EXISTS', ep) == 0 then
+  if redis.call('EXISTS', gone) == 1 then
+    return cjson.encode({'gone'})
+  end
+  if #ARGV < 7 then
+    return cjson.encode({'absent'})
+  end
+  redis.call('HSET', ep, unpack(ARGV, 7))
+  created = 1
+end
+local f = redis.call('HMGET', ep, 'status', 'budget', 'turns_used', 'inflight', 'last_turn',
+  'last_attempt', 'last_hash', 'last_state', 'free_retries_used', 'disclosed_at',
+  'messages_seen')
+if f[1] == 'finished' then
+  return cjson.encode({'finished', created, snapshot(ep)})
+end
+local budget, used, inflight = tonumber(f[2]), tonumber(f[3]), tonumber(f[4])
+local last_turn, attempt, last_hash, last_state = tonumber(f[5]), tonumber(f[6]), f[7], f[8]
+local free_used, prior, seen = tonumber(f[9]), f[10], f[11]
+local is_retry = last_hash == body_hash and (last_state == 'charged' or last_state == 'refunded')
+local charged
+if is_retry and last_state == 'charged' and free_used < free_retries then
+  -- a free resend of a charged turn
+  free_used = free_used + 1
+  attempt = attempt + 1
+  charged = 0
+else
+  if used >= budget then
+    redis.call('HSET', ep, 'refused', '1')
+    return cjson.encode({'exhausted', created, snapshot(ep)})
+  end
+  used = used + 1
+  if is_retry and last_state == 'refunded' then
+    -- a resend of a refunded turn is charged as that turn
+    attempt = attempt + 1
+  else
+    last_turn = used
+    attempt = 1
+    free_used = 0
+    last_hash = body_hash
+  end
+  charged = 1
+end
+local fields = {'turns_used', used, 'last_turn', last_turn, 'last_attempt', attempt,
+  'free_retries_used', free_used, 'last_hash', last_hash, 'last_state', 'inflight',
+  'last_charged', charged, 'inflight', inflight + 1, 'last_activity', now,
+  'messages_seen', ARGV[4]}
+if index ~= '' then
+  local idx = tonumber(index)
+  local parts = {}
+  for _, p in ipairs(cjson.decode(prior)) do
+    if p[1] ~= idx then
+      parts[#parts + 1] = string.format('[%d,%d]', p[1], p[2])
+    end
+  end
+  parts[#parts + 1] = string.format('[%d,%d]', idx, last_turn)
+  fields[#fields + 1] = 'disclosed_at'
+  fields[#fields + 1] = '[' .. table.concat(parts, ',') .. ']'
+end
+redis.call('HSET', ep, unpack(fields))
+redis.call('PEXPIRE', ep, ARGV[6])
+return cjson.encode({'forward', created, snapshot(ep), last_turn, attempt, charged, prior,
+  seen})

@@ -1,0 +1,516 @@
+"""Redis episode store: replicas share budgets; every state change is one Lua script.
+
+Key layout (the id sits in braces, a Redis Cluster hash tag, so an episode's keys share a slot):
+
+- ``{prefix}:ep:{<id>}`` — the episode, a hash of strings (codec below). Active episodes expire
+  after 2 × idle timeout + retention without activity, a backstop for when no replica sweeps;
+  finished ones expire after retention.
+- ``{prefix}:gone:{<id>}`` — the remembered id of a finished episode, kept for retention +
+  ``remember_s``, so later calls get ``episode_finished`` and the id cannot be reused.
+- ``{prefix}:active`` — sorted set of active episode ids scored by a lower bound of their last
+  activity (the creation time, raised lazily by the sweep), so turns never write it.
+
+BudgetMix budgets and mixed arms are drawn from (seed, task_id, group) in `core.budget`, so
+replicas with the same config agree without storing them.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import math
+from collections.abc import Awaitable, Callable, Iterator, Sequence
+from contextlib import contextmanager
+from dataclasses import dataclass, fields
+from importlib import resources
+from typing import Any, TypeVar
+
+import orjson
+
+try:
+    import redis.asyncio as aioredis
+    from redis import exceptions as rexc
+    from redis.asyncio.retry import Retry
+    from redis.backoff import NoBackoff
+except ImportError as e:  # pragma: no cover - depends on the install
+    raise ImportError(
+        "the Redis episode store needs the redis package: pip install 'budgetproxy[redis]'"
+    ) from e
+
+from budgetproxy.core.episode import (
+    EpisodeState,
+    FinishStatus,
+    Grant,
+    GrantKind,
+    OutcomeReport,
+    SettleResult,
+    finish,
+)
+from budgetproxy.store.base import FinishOutcome, StoreUnavailable, TurnOpen
+
+__all__ = ["RedisStore", "decode_state", "encode_state"]
+
+T = TypeVar("T")
+
+# Errors that mean "Redis is not answering" (down, restarting, loading, failed over).
+_UNAVAILABLE: tuple[type[BaseException], ...] = (
+    rexc.ConnectionError,
+    rexc.TimeoutError,
+    rexc.ReadOnlyError,
+    rexc.TryAgainError,
+    OSError,
+    TimeoutError,
+)
+_SWEEP_BATCH = 256
+
+# How each EpisodeState field is kept in the hash. None is an absent field.
+_INT, _FLOAT, _BOOL, _STR, _JSON = "int", "float", "bool", "str", "json"
+_CODEC: dict[str, str] = {
+    "episode_id": _STR, "budget": _INT, "max_turns": _INT, "disclosure": _STR,
+    "task_id": _STR, "group": _STR, "announced_budget": _INT, "tags": _JSON,
+    "created_at": _FLOAT, "last_activity": _FLOAT, "model": _STR, "turns_used": _INT,
+    "inflight": _INT, "last_turn": _INT, "last_attempt": _INT, "last_hash": _STR,
+    "last_state": _STR, "last_charged": _BOOL, "free_retries_used": _INT, "refused": _BOOL,
+    "disclosed_at": _JSON, "messages_seen": _INT, "status": _STR, "outcome": _STR,
+    "success_turn": _INT, "reward": _JSON, "metadata": _JSON, "end_reason": _STR,
+    "ended_at": _FLOAT,
+}
+
+
+def _encode_value(kind: str, value: Any) -> str | bytes:
+    if kind == _INT:
+        return str(int(value))
+    if kind == _FLOAT:
+        return repr(float(value))  # repr round-trips a float exactly
+    if kind == _BOOL:
+        return "1" if value else "0"
+    if kind == _JSON:
+        return orjson.dumps(value)
+    return str(value)
+
+
+def encode_state(st: EpisodeState) -> list[str | bytes]:
+    """The episode as flat hash field/value pairs (None fields left out)."""
+    out: list[str | bytes] = []
+    for f in fields(st):
+        value = getattr(st, f.name)
+        if value is None:
+            continue
+        out.append(f.name)
+        out.append(_encode_value(_CODEC[f.name], value))
+    return out
+
+
+def _opt_int(raw: str | None) -> int | None:
+    return None if raw is None else int(raw)
+
+
+def decode_state(pairs: list[str]) -> EpisodeState:
+    """An episode from flat field/value pairs, as HGETALL (or a script's snapshot) gives them.
+
+    Written out field by field: it runs twice per turn.
+    """
+    d = dict(zip(pairs[::2], pairs[1::2], strict=True))
+    g = d.get
+    reward, ended_at = g("reward"), g("ended_at")
+    return EpisodeState(
+        episode_id=d["episode_id"],
+        budget=int(d["budget"]),
+        max_turns=_opt_int(g("max_turns")),
+        disclosure=d["disclosure"],  # type: ignore[arg-type]
+        task_id=g("task_id"),
+        group=g("group"),
+        announced_budget=_opt_int(g("announced_budget")),
+        tags=orjson.loads(d["tags"]),
+        created_at=float(d["created_at"]),
+        last_activity=float(d["last_activity"]),
+        model=g("model"),
+        turns_used=int(d["turns_used"]),
+        inflight=int(d["inflight"]),
+        last_turn=int(d["last_turn"]),
+        last_attempt=int(d["last_attempt"]),
+        last_hash=g("last_hash"),
+        last_state=d["last_state"],  # type: ignore[arg-type]
+        last_charged=d["last_charged"] == "1",
+        free_retries_used=int(d["free_retries_used"]),
+        refused=d["refused"] == "1",
+        disclosed_at=orjson.loads(d["disclosed_at"]),
+        messages_seen=int(d["messages_seen"]),
+        status=d["status"],  # type: ignore[arg-type]
+        outcome=g("outcome"),  # type: ignore[arg-type]
+        success_turn=_opt_int(g("success_turn")),
+        reward=None if reward is None else orjson.loads(reward),
+        metadata=orjson.loads(d["metadata"]),
+        end_reason=g("end_reason"),  # type: ignore[arg-type]
+        ended_at=None if ended_at is None else float(ended_at),
+    )
+
+
+@dataclass(frozen=True)
+class _Eval:
+    """One script call inside a pipeline."""
+
+    script: Any
+    keys: list[str]
+    args: list[Any]
+
+
+def _remembered_state(episode_id: str) -> EpisodeState:
+    """What is left of a finished episode past retention: its id."""
+    return EpisodeState(episode_id=episode_id, budget=0, max_turns=None, disclosure="hidden",
+                        status="finished")
+
+
+def _text(raw: bytes | str) -> str:
+    return raw.decode() if isinstance(raw, bytes) else raw
+
+
+@contextmanager
+def _store_errors() -> Iterator[None]:
+    try:
+        yield
+    except _UNAVAILABLE as e:
+        raise StoreUnavailable(f"Redis is unavailable: {e}") from e
+
+
+class RedisStore:
+    """Episode state in Redis, shared by every replica and worker pointing at the same URL.
+
+    Commands are never retried by the client: a state-changing script whose reply was lost may
+    have run, so the caller gets StoreUnavailable (503 or fail_open) instead of a double charge.
+    Pooled connections that died with a Redis restart are replaced when taken from the pool,
+    and scripts the restarted server lacks are loaded again on NOSCRIPT.
+    """
+
+    def __init__(
+        self,
+        url: str = "redis://127.0.0.1:6379/0",
+        *,
+        prefix: str = "budgetproxy",
+        idle_timeout_s: float = 3600.0,
+        retention_s: float = 86400.0,
+        remember_s: float = 30 * 86400.0,
+        socket_timeout_s: float = 5.0,
+        connect_timeout_s: float = 2.0,
+    ) -> None:
+        if not prefix or "{" in prefix or "}" in prefix:
+            raise ValueError("store.key_prefix: must be non-empty, without '{' or '}'")
+        self.prefix = prefix
+        self._active_key = f"{prefix}:active"
+        self._active_ttl_ms = _ms(2 * idle_timeout_s + retention_s)
+        self._retention_ms = _ms(retention_s)
+        self._remember_ms = _ms(remember_s)
+        self._redis: Any = aioredis.Redis.from_url(
+            url,
+            decode_responses=True,
+            socket_timeout=socket_timeout_s,
+            socket_connect_timeout=connect_timeout_s,
+            retry=Retry(NoBackoff(), 0),
+            # RESP2: under RESP3 redis-py skips its check for pooled connections that the
+            # server closed, and the first command after a Redis restart would fail.
+            protocol=2,
+        )
+        self._queue: list[tuple[_Eval, asyncio.Future[Any]]] = []
+        self._sending: set[asyncio.Future[None]] = set()
+        prelude = _lua("episode.lua")
+        self._open = self._redis.register_script(prelude + _lua("open_turn.lua"))
+        self._close = self._redis.register_script(prelude + _lua("close_turn.lua"))
+        self._create = self._redis.register_script(prelude + _lua("create.lua"))
+        self._finish = self._redis.register_script(prelude + _lua("finish.lua"))
+        self._expire = self._redis.register_script(prelude + _lua("expire.lua"))
+
+    # -- keys ----------------------------------------------------------------------------------
+    def episode_key(self, episode_id: str) -> str:
+        return f"{self.prefix}:ep:{{{episode_id}}}"
+
+    def remembered_key(self, episode_id: str) -> str:
+        return f"{self.prefix}:gone:{{{episode_id}}}"
+
+    def _keys(self, episode_id: str) -> list[str]:
+        return [self.episode_key(episode_id), self.remembered_key(episode_id)]
+
+    async def _call(self, op: Callable[[], Awaitable[T]]) -> T:
+        with _store_errors():
+            return await op()
+
+    async def _pipeline(self, ops: Sequence[_Eval | Callable[[Any], Any]]) -> list[Any]:
+        """Run commands in one round trip (not a transaction); raise the first error."""
+        results = await self._execute(ops)
+        for r in results:
+            if isinstance(r, Exception):
+                with _store_errors():
+                    raise r
+        return results
+
+    async def _execute(self, ops: Sequence[_Eval | Callable[[Any], Any]]) -> list[Any]:
+        """One pipeline; per-command errors come back in place. Scripts go by EVALSHA.
+
+        A script the server lacks (NOSCRIPT after a restart) is loaded and run again on its
+        own; a script that did run is never run twice.
+        """
+        with _store_errors():
+            pipe = self._redis.pipeline(transaction=False)
+            for op in ops:
+                if isinstance(op, _Eval):
+                    pipe.evalsha(op.script.sha, len(op.keys), *op.keys, *op.args)
+                else:
+                    op(pipe)
+            results: list[Any] = await pipe.execute(raise_on_error=False)
+            for i, (op, r) in enumerate(zip(ops, results, strict=True)):
+                if isinstance(op, _Eval) and isinstance(r, rexc.NoScriptError):
+                    try:
+                        results[i] = await op.script(keys=op.keys, args=op.args)
+                    except rexc.ResponseError as e:
+                        results[i] = e
+        return results
+
+    async def _eval(self, op: _Eval) -> Any:
+        """Run one script, sent with the others issued in the same event-loop iteration.
+
+        Batching the turns of concurrent requests into one pipeline saves the per-command
+        cost of the client (pool, write, timeouts), which dominates at high concurrency.
+        """
+        loop = asyncio.get_running_loop()
+        fut: asyncio.Future[Any] = loop.create_future()
+        self._queue.append((op, fut))
+        if len(self._queue) == 1:
+            loop.call_soon(self._flush)
+        result = await fut
+        if isinstance(result, Exception):
+            with _store_errors():
+                raise result
+        return result
+
+    def _flush(self) -> None:
+        batch, self._queue = self._queue, []
+        task = asyncio.ensure_future(self._send(batch))
+        self._sending.add(task)
+        task.add_done_callback(self._sending.discard)
+
+    async def _send(self, batch: list[tuple[_Eval, asyncio.Future[Any]]]) -> None:
+        try:
+            try:
+                if len(batch) == 1:
+                    op = batch[0][0]
+                    results: list[Any] = [await op.script(keys=op.keys, args=op.args)]
+                else:
+                    results = await self._execute([op for op, _ in batch])
+            except Exception as e:  # the whole batch failed (connection lost): all see it
+                results = [e] * len(batch)
+            for (_, fut), r in zip(batch, results, strict=True):
+                if not fut.done():
+                    fut.set_result(r)
+        finally:
+            for _, fut in batch:  # cancelled mid-batch (shutdown): nobody is left waiting
+                if not fut.done():
+                    fut.set_exception(StoreUnavailable("the Redis store was closed"))
+
+    # -- turns ---------------------------------------------------------------------------------
+    async def open_turn(
+        self,
+        episode_id: str,
+        fresh: Callable[[], EpisodeState],
+        body_hash: str,
+        now: float,
+        *,
+        free_retries: int,
+        message_count: int,
+        disclosure_index: int | None,
+    ) -> TurnOpen:
+        keys = self._keys(episode_id)
+        args: list[Any] = [
+            body_hash, repr(float(now)), free_retries, message_count,
+            "" if disclosure_index is None else disclosure_index, self._active_ttl_ms,
+        ]
+        reply = _json(await self._eval(_Eval(self._open, keys, args)))
+        if reply[0] == "absent":
+            st = fresh()  # may raise (bad headers): then nothing is stored
+            create = [*args, *encode_state(st)]
+            score = st.last_activity or now
+
+            reply = (await self._pipeline([
+                lambda pipe: pipe.zadd(self._active_key, {episode_id: score}, nx=True),
+                _Eval(self._open, keys, create),
+            ]))[1]
+            reply = _json(reply)
+        return _turn_open(episode_id, body_hash, reply)
+
+    async def close_turn(
+        self, episode_id: str, grant: Grant, result: SettleResult, now: float, *, count_failed: bool
+    ) -> tuple[bool, EpisodeState | None]:
+        args = [
+            grant.turn, 1 if grant.charged else 0, grant.body_hash, result.value,
+            repr(float(now)), 1 if count_failed else 0, self._active_ttl_ms,
+        ]
+        keys = [self.episode_key(episode_id)]
+        raw = await self._eval(_Eval(self._close, keys, args))
+        if raw is None:
+            return False, None
+        reply = _json(raw)
+        return bool(reply[0]), decode_state(reply[1])
+
+    # -- episodes ------------------------------------------------------------------------------
+    async def create(self, fresh: EpisodeState) -> bool:
+        eid = fresh.episode_id
+        keys = self._keys(eid)
+        args = [self._active_ttl_ms, *encode_state(fresh)]
+        score = fresh.last_activity or fresh.created_at
+
+        created = (await self._pipeline([
+            lambda pipe: pipe.zadd(self._active_key, {eid: score}, nx=True),
+            _Eval(self._create, keys, args),
+        ]))[1]
+        return bool(created)
+
+    async def get(self, episode_id: str) -> EpisodeState | None:
+        key = self.episode_key(episode_id)
+        raw: dict[str, str] = await self._call(lambda: self._redis.hgetall(key))
+        if not raw:
+            return None
+        return decode_state([x for kv in raw.items() for x in kv])
+
+    async def is_known(self, episode_id: str) -> bool:
+        keys = self._keys(episode_id)
+        n: int = await self._call(lambda: self._redis.exists(*keys))
+        return n > 0
+
+    async def finish(
+        self, episode_id: str, report: OutcomeReport | None, now: float
+    ) -> FinishOutcome:
+        keys = self._keys(episode_id)
+        if report is None:
+            args: list[Any] = [repr(float(now)), 0, 0, "", "", b"{}"]
+        else:
+            args = [
+                repr(float(now)), 1, 1 if report.success else 0,
+                b"" if report.reward is None else orjson.dumps(report.reward),
+                "" if report.success_turn is None else int(report.success_turn),
+                orjson.dumps(report.metadata),
+            ]
+        args += [self._retention_ms, self._remember_ms]
+
+        raw = (await self._pipeline([
+            _Eval(self._finish, keys, args),
+            lambda pipe: pipe.zrem(self._active_key, episode_id),
+        ]))[0]
+        if raw is None:
+            return FinishOutcome(None, None)
+        reply = _json(raw)
+        st = decode_state(reply[1])
+        if reply[0] == "finished":
+            return FinishOutcome(FinishStatus.FINISHED, st)
+        # Already ended: the core compares the report with the stored one, changing nothing.
+        return FinishOutcome(finish(st, report, now), st)
+
+    async def expire_idle(
+        self, now: float, idle_timeout_s: float, retention_s: float
+    ) -> list[EpisodeState]:
+        """End idle episodes. Each is claimed in one script, so one replica ends (and logs) it.
+
+        Finished episodes need no sweep: Redis expires them after retention.
+        """
+        cutoff = now - idle_timeout_s
+        args = [repr(float(now)), repr(float(idle_timeout_s)), _ms(retention_s),
+                self._remember_ms]
+        ended: list[EpisodeState] = []
+        while True:
+            ids: list[str] = await self._call(
+                lambda: self._redis.zrangebyscore(
+                    self._active_key, "-inf", cutoff, start=0, num=_SWEEP_BATCH
+                )
+            )
+            if not ids:
+                break
+
+            replies = await self._pipeline(
+                [_Eval(self._expire, self._keys(eid), args) for eid in ids]
+            )
+            drop: list[str] = []
+            rescore: dict[str, float] = {}
+            for eid, raw in zip(ids, replies, strict=True):
+                reply = _json(raw)
+                kind = reply[0]
+                if kind == "claimed":
+                    ended.append(decode_state(reply[1]))
+                    drop.append(eid)
+                elif kind in ("missing", "ended"):
+                    drop.append(eid)
+                elif kind == "fresh":
+                    rescore[eid] = float(reply[1])
+                else:  # busy: a turn in flight; look again when it can be claimed anyway
+                    rescore[eid] = float(reply[1]) + idle_timeout_s
+
+            await self._tidy_active(drop, rescore)
+            if len(ids) < _SWEEP_BATCH:
+                break
+        return ended
+
+    async def _tidy_active(self, drop: list[str], rescore: dict[str, float]) -> None:
+        """Drop ended episodes from the idle index; raise the scores of those still in use."""
+        ops: list[Callable[[Any], Any]] = []
+        if drop:
+            ops.append(lambda pipe: pipe.zrem(self._active_key, *drop))
+        if rescore:
+            # XX: an episode ended meanwhile by another replica is not put back.
+            ops.append(lambda pipe: pipe.zadd(self._active_key, rescore, xx=True))
+        if ops:
+            await self._pipeline(ops)
+
+    async def finish_all_active(self, now: float) -> list[EpisodeState]:
+        """Nothing: the active episodes are shared with the other replicas.
+
+        One replica stopping (a rolling deploy, a scale-in) must not end episodes the others
+        are serving; an episode nobody talks to any more ends by the idle sweep of whichever
+        replica claims it first, and is logged there as abandoned.
+        """
+        return []
+
+    async def active_count(self) -> int:
+        n: int = await self._call(lambda: self._redis.zcard(self._active_key))
+        return n
+
+    async def ping(self) -> bool:
+        try:
+            return bool(await self._redis.ping())
+        except (rexc.RedisError, OSError):
+            return False
+
+    async def close(self) -> None:
+        if self._sending:
+            await asyncio.gather(*self._sending, return_exceptions=True)
+        await self._redis.aclose()
+
+
+def _ms(seconds: float) -> int:
+    return max(1, math.ceil(seconds * 1000))
+
+
+def _lua(name: str) -> str:
+    return resources.files("budgetproxy.store").joinpath(name).read_text(encoding="utf-8")
+
+
+def _json(raw: str) -> list[Any]:
+    reply: list[Any] = orjson.loads(raw)
+    return reply
+
+
+def _turn_open(episode_id: str, body_hash: str, reply: list[Any]) -> TurnOpen:
+    kind = reply[0]
+    if kind == "gone":
+        return TurnOpen(Grant(GrantKind.FINISHED), _remembered_state(episode_id), False)
+    created = bool(reply[1])
+    st = decode_state(reply[2])
+    if kind == "finished":
+        return TurnOpen(Grant(GrantKind.FINISHED, turn=st.last_turn), st, created)
+    if kind == "exhausted":
+        return TurnOpen(Grant(GrantKind.EXHAUSTED, turn=st.turns_used), st, created)
+    prior: list[list[int]] = orjson.loads(reply[6])
+    grant = Grant(
+        GrantKind.FORWARD,
+        turn=int(reply[3]),
+        attempt=int(reply[4]),
+        charged=bool(reply[5]),
+        body_hash=body_hash,
+        disclosed_at=tuple((i, t) for i, t in prior),
+        messages_seen=int(reply[7]),
+    )
+    return TurnOpen(grant, st, created)

@@ -1,0 +1,268 @@
+"""Replicas on one Redis: real `budgetproxy serve` processes driven by the official client."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import subprocess
+import sys
+import time
+import uuid
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import httpx
+import openai
+import pytest
+from redis_support import (
+    REDIS_URL,
+    ProxyProcess,
+    drop_prefix,
+    metric_total,
+    new_prefix,
+    require_redis,
+    write_config,
+)
+
+from budgetproxy.testing.fake_upstream import FakeUpstream
+
+pytestmark = [pytest.mark.redis, pytest.mark.slow]
+
+
+@pytest.fixture(scope="module")
+def fake() -> Iterator[FakeUpstream]:
+    up = FakeUpstream().start()
+    yield up
+    up.stop()
+
+
+@pytest.fixture(scope="module")
+def prefix() -> Iterator[str]:
+    require_redis()
+    p = new_prefix()
+    yield p
+    drop_prefix(p)
+
+
+def replica_config(directory: Path, name: str, upstream: FakeUpstream, prefix: str,
+                   **sections: Any) -> Path:
+    episodes = {"sweep_interval_s": 0.5, **sections.pop("episodes", {})}
+    return write_config(
+        directory / f"{name}.yaml", upstream.base_url,
+        store={"kind": "redis", "url": REDIS_URL, "key_prefix": prefix},
+        trajectories={"dir": str(directory / f"traj-{name}")},
+        episodes=episodes, **sections,
+    )
+
+
+@pytest.fixture(scope="module")
+def replicas(
+    tmp_path_factory: pytest.TempPathFactory, fake: FakeUpstream, prefix: str
+) -> Iterator[list[ProxyProcess]]:
+    d = tmp_path_factory.mktemp("replicas")
+    procs = [ProxyProcess(replica_config(d, n, fake, prefix), d / f"{n}.log") for n in "ab"]
+    try:
+        for p in procs:
+            p.start()
+        yield procs
+    finally:
+        for p in procs:
+            p.stop()
+
+
+def reached(upstream: FakeUpstream, marker: str) -> int:
+    """Chat calls the upstream received whose body carries `marker`."""
+    with upstream._lock:
+        return sum(1 for r in upstream.requests if marker.encode() in r.body)
+
+
+def records(directory: Path, kind: str, episode_id: str) -> list[dict[str, Any]]:
+    out = []
+    for path in directory.glob("traj-*/*.jsonl"):
+        for line in path.read_text().splitlines():
+            rec = json.loads(line)
+            if rec.get("type") == kind and rec.get("episode_id") == episode_id:
+                out.append(rec)
+    return out
+
+
+async def race(urls: list[str], eid: str, calls: int, budget: int) -> list[int]:
+    """`calls` concurrent turns of one episode spread over the replicas; their statuses."""
+    clients = [openai.AsyncOpenAI(base_url=u, api_key="sk-test", max_retries=0, timeout=30)
+               for u in urls]
+
+    async def one(i: int) -> int:
+        client = clients[i % len(clients)]
+        try:
+            await client.chat.completions.create(
+                model="fake-model",
+                messages=[{"role": "user", "content": f"{eid} call {i}"}],
+                extra_headers={"X-Episode-Id": eid, "X-Episode-Budget": str(budget)},
+            )
+        except openai.PermissionDeniedError as e:
+            assert e.code == "turn_budget_exhausted", e
+            return 403
+        return 200
+
+    try:
+        return list(await asyncio.gather(*(one(i) for i in range(calls))))
+    finally:
+        for c in clients:
+            await c.close()
+
+
+@pytest.mark.parametrize("calls,budget,used", [(60, 25, 0), (20, 25, 0), (40, 25, 7)])
+def test_concurrent_turns_across_replicas_forward_exactly_what_remains(
+    replicas: list[ProxyProcess], fake: FakeUpstream, calls: int, budget: int, used: int
+) -> None:
+    eid = f"race-{uuid.uuid4().hex[:10]}"
+    urls = [p.base_url for p in replicas]
+    if used:
+        asyncio.run(race(urls[:1], eid, used, budget))
+    statuses = asyncio.run(race(urls, eid, calls, budget))
+    remaining = budget - used
+    assert statuses.count(200) == min(calls, remaining)
+    assert statuses.count(403) == calls - min(calls, remaining)
+    assert reached(fake, eid) == used + min(calls, remaining)
+    view = httpx.get(f"{replicas[1].url}/v1/episodes/{eid}").json()
+    assert view["turns_used"] == used + min(calls, remaining)
+
+
+def test_a_finished_episode_is_finished_on_every_replica(
+    replicas: list[ProxyProcess], fake: FakeUpstream
+) -> None:
+    a, b = replicas
+    eid = f"fin-{uuid.uuid4().hex[:10]}"
+    client = openai.OpenAI(base_url=a.base_url, api_key="sk-test", max_retries=0)
+    client.chat.completions.create(model="fake-model", messages=[{"role": "user", "content": "x"}],
+                                   extra_headers={"X-Episode-Id": eid})
+    r = httpx.post(f"{b.url}/v1/episodes/{eid}/outcome", json={"success": True, "reward": 1.0})
+    assert r.status_code == 200 and r.json()["end_reason"] == "success"
+    assert httpx.post(f"{a.url}/v1/episodes/{eid}/outcome",
+                      json={"success": True, "reward": 1.0}).status_code == 200
+    assert httpx.post(f"{a.url}/v1/episodes/{eid}/outcome",
+                      json={"success": False}).status_code == 409
+    with pytest.raises(openai.PermissionDeniedError) as err:
+        client.chat.completions.create(
+            model="fake-model", messages=[{"role": "user", "content": "y"}],
+            extra_headers={"X-Episode-Id": eid})
+    assert err.value.code == "episode_finished"
+    client.close()
+    # The episode record is written once, by the replica that ended it.
+    d = Path(a.config).parent
+    deadline = time.monotonic() + 5
+    while not records(d, "episode", eid) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    time.sleep(0.3)
+    assert len(records(d, "episode", eid)) == 1
+
+
+def test_a_restarted_replica_keeps_its_episodes(
+    replicas: list[ProxyProcess], fake: FakeUpstream
+) -> None:
+    a = replicas[0]
+    eid = f"keep-{uuid.uuid4().hex[:10]}"
+    asyncio.run(race([a.base_url], eid, 3, 10))
+    a.stop()  # SIGTERM: the episode is shared, so this replica does not end it
+    a.start()
+    view = httpx.get(f"{a.url}/v1/episodes/{eid}").json()
+    assert (view["status"], view["turns_used"], view["budget"]) == ("active", 3, 10)
+    r = httpx.post(f"{a.base_url}/chat/completions", headers={"X-Episode-Id": eid},
+                   json={"model": "fake-model", "messages": [{"role": "user", "content": "4"}]})
+    assert r.status_code == 200 and r.headers["x-episode-turn"] == "4"
+    assert records(Path(a.config).parent, "episode", eid) == []
+
+
+def test_idle_expiry_ends_an_episode_once_across_replicas(
+    tmp_path: Path, fake: FakeUpstream
+) -> None:
+    require_redis()
+    prefix = new_prefix()
+    idle = {"idle_timeout_s": 1.0, "sweep_interval_s": 0.2}
+    procs = [ProxyProcess(replica_config(tmp_path, n, fake, prefix, episodes=idle),
+                          tmp_path / f"{n}.log") for n in "ab"]
+    eids = [f"idle-{i}-{uuid.uuid4().hex[:8]}" for i in range(6)]
+    try:
+        for p in procs:
+            p.start()
+        for i, eid in enumerate(eids):
+            r = httpx.post(f"{procs[i % 2].base_url}/chat/completions",
+                           headers={"X-Episode-Id": eid},
+                           json={"model": "fake-model", "messages": [{"role": "user",
+                                                                      "content": "hi"}]})
+            assert r.status_code == 200
+        deadline = time.monotonic() + 20
+        while time.monotonic() < deadline:
+            if all(records(tmp_path, "episode", e) for e in eids):
+                break
+            time.sleep(0.2)
+        time.sleep(1.0)  # a second sweep on either replica must not log them again
+        for eid in eids:
+            recs = records(tmp_path, "episode", eid)
+            assert len(recs) == 1, (eid, recs)
+            assert recs[0]["end_reason"] == "abandoned"
+    finally:
+        for p in procs:
+            p.stop()
+        drop_prefix(prefix)
+
+
+def _children(pid: int) -> list[int]:
+    out: list[int] = []
+    for task in Path(f"/proc/{pid}/task").iterdir():
+        text = (task / "children").read_text().split()
+        out.extend(int(c) for c in text)
+    return out
+
+
+def test_workers_share_budgets_and_merge_metrics(tmp_path: Path, fake: FakeUpstream) -> None:
+    require_redis()
+    prefix = new_prefix()
+    prom = tmp_path / "prom"
+    prom.mkdir()
+    cfg = write_config(tmp_path / "w.yaml", fake.base_url,
+                       trajectories={"dir": str(tmp_path / "traj-w")},
+                       store={"key_prefix": prefix})
+    proc = ProxyProcess(cfg, tmp_path / "w.log",
+                        extra=["--workers", "2", "--store", REDIS_URL],
+                        env={"PROMETHEUS_MULTIPROC_DIR": str(prom)})
+    try:
+        proc.start()
+        assert proc.proc is not None
+        deadline = time.monotonic() + 30
+        while len(_children(proc.proc.pid)) < 2 and time.monotonic() < deadline:
+            time.sleep(0.1)
+        assert len(_children(proc.proc.pid)) >= 2
+        eid = f"workers-{uuid.uuid4().hex[:10]}"
+        # New connections per call, so the kernel spreads them over the workers.
+        statuses = asyncio.run(race([proc.base_url] * 8, eid, 48, 30))
+        assert statuses.count(200) == 30 and statuses.count(403) == 18
+        assert reached(fake, eid) == 30
+        served = {p.name.split("_")[-1] for p in prom.glob("counter_*.db")}
+        assert len(served) >= 2, served  # both workers answered calls
+        totals = set()
+        for _ in range(6):
+            text = httpx.get(f"{proc.url}/metrics", timeout=10).text
+            totals.add((
+                metric_total(text, "budgetproxy_turns_total"),
+                metric_total(text, "budgetproxy_budget_exhausted_total"),
+                metric_total(text, "budgetproxy_episodes_started_total"),
+            ))
+        assert totals == {(30.0, 18.0, 1.0)}
+    finally:
+        proc.stop()
+        drop_prefix(prefix)
+
+
+def test_workers_with_the_memory_store_are_refused(fake: FakeUpstream) -> None:
+    done = subprocess.run(
+        [sys.executable, "-m", "budgetproxy", "serve", "--workers", "2", "--upstream",
+         fake.base_url, "--port", "0"],
+        capture_output=True, text=True, timeout=60, env={**os.environ},
+    )
+    assert done.returncode != 0
+    lines = done.stderr.strip().splitlines()
+    assert len(lines) == 1, done.stderr
+    assert "workers" in lines[0] and "redis" in lines[0]

@@ -1,0 +1,419 @@
+"""The Redis store against a real Redis: the Lua scripts mirror the pure core, atomically."""
+
+from __future__ import annotations
+
+import asyncio
+import copy
+import time
+import uuid
+from collections.abc import AsyncIterator, Callable, Iterator
+from dataclasses import fields
+from typing import Any
+
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+from redis_support import REDIS_URL, drop_prefix, new_prefix, require_redis
+
+from budgetproxy.core.episode import (
+    EpisodeState,
+    FinishStatus,
+    Grant,
+    GrantKind,
+    OutcomeReport,
+    SettleResult,
+    finish,
+    reserve,
+    settle,
+)
+from budgetproxy.store.redis import _CODEC, RedisStore, decode_state, encode_state
+
+pytestmark = pytest.mark.redis
+
+T0 = 1_764_500_000.123456
+
+
+@pytest.fixture(scope="module")
+def prefix() -> Iterator[str]:
+    require_redis()
+    p = new_prefix()
+    yield p
+    drop_prefix(p)
+
+
+@pytest.fixture
+async def store(prefix: str) -> AsyncIterator[RedisStore]:
+    s = RedisStore(REDIS_URL, prefix=prefix)
+    yield s
+    await s.close()
+
+
+def episode(eid: str, budget: int = 3, **kw: Any) -> EpisodeState:
+    kw.setdefault("created_at", T0)
+    kw.setdefault("last_activity", kw["created_at"])
+    return EpisodeState(episode_id=eid, budget=budget, max_turns=kw.pop("max_turns", 10),
+                        disclosure=kw.pop("disclosure", "hidden"), **kw)
+
+
+def new_eid() -> str:
+    return f"ep-{uuid.uuid4().hex[:12]}"
+
+
+async def open_(s: RedisStore, eid: str, fresh: Callable[[], EpisodeState], body: str,
+                now: float, free_retries: int = 2) -> Any:
+    return await s.open_turn(eid, fresh, body, now, free_retries=free_retries, message_count=1,
+                             disclosure_index=None)
+
+
+# -- the codec -----------------------------------------------------------------------------------
+def test_every_episode_field_has_a_codec() -> None:
+    assert {f.name for f in fields(EpisodeState)} == set(_CODEC)
+
+
+def _states() -> st.SearchStrategy[EpisodeState]:
+    ints = st.integers(0, 10**9)
+    opt_text = st.none() | st.text(max_size=8)
+    floats = st.floats(allow_nan=False, allow_infinity=False)
+    json_value = st.none() | st.booleans() | st.integers(-5, 5) | st.text(max_size=5)
+    return st.builds(
+        EpisodeState,
+        episode_id=st.text(min_size=1, max_size=12),
+        budget=ints,
+        max_turns=st.none() | ints,
+        disclosure=st.sampled_from(["hidden", "disclosed"]),
+        task_id=opt_text,
+        group=opt_text,
+        announced_budget=st.none() | ints,
+        tags=st.dictionaries(st.text(max_size=4), json_value, max_size=3),
+        created_at=floats,
+        last_activity=floats,
+        model=opt_text,
+        turns_used=ints,
+        inflight=ints,
+        last_turn=ints,
+        last_attempt=ints,
+        last_hash=st.none() | st.text(min_size=1, max_size=32),
+        last_state=st.sampled_from(["none", "inflight", "charged", "refunded"]),
+        last_charged=st.booleans(),
+        free_retries_used=ints,
+        refused=st.booleans(),
+        disclosed_at=st.lists(st.lists(ints, min_size=2, max_size=2), max_size=3),
+        messages_seen=ints,
+        status=st.sampled_from(["active", "finished"]),
+        outcome=st.none() | st.sampled_from(["success", "failure"]),
+        success_turn=st.none() | ints,
+        reward=st.none() | floats | st.integers(-3, 3),
+        metadata=st.dictionaries(st.text(max_size=4), json_value, max_size=3),
+        end_reason=st.none() | st.sampled_from(["success", "failure", "exhausted", "abandoned"]),
+        ended_at=st.none() | floats,
+    )
+
+
+@given(_states())
+def test_codec_round_trips_every_state(state: EpisodeState) -> None:
+    flat = [v if isinstance(v, str) else v.decode() for v in encode_state(state)]
+    assert decode_state(flat) == state
+
+
+# -- the differential property test --------------------------------------------------------------
+_REPORTS = st.none() | st.builds(
+    OutcomeReport,
+    success=st.booleans(),
+    reward=st.none() | st.floats(allow_nan=False, allow_infinity=False) | st.integers(-2, 2),
+    success_turn=st.none() | st.integers(0, 6),
+    metadata=st.dictionaries(st.sampled_from(["a", "b"]), st.integers(0, 3), max_size=2),
+)
+_OPS = st.lists(
+    st.one_of(
+        st.tuples(st.just("reserve"), st.integers(0, 2), st.integers(0, 6),
+                  st.none() | st.integers(0, 3), st.integers(0, 2)),
+        st.tuples(st.just("settle"), st.integers(0, 9), st.sampled_from(list(SettleResult)),
+                  st.booleans()),
+        st.tuples(st.just("finish"), _REPORTS),
+    ),
+    max_size=30,
+)
+_EPISODES = st.builds(
+    lambda budget, max_turns, arm, tags, task: episode(
+        "", budget, max_turns=max_turns, disclosure=arm, tags=tags, task_id=task, model="m"),
+    st.integers(1, 6), st.none() | st.integers(6, 9), st.sampled_from(["hidden", "disclosed"]),
+    st.dictionaries(st.sampled_from(["x", "y"]), st.integers(-(2**63), 2**63 - 1), max_size=2),
+    st.none() | st.sampled_from(["t1", "t2"]),
+)
+
+
+@pytest.fixture(scope="module")
+def loop_store(prefix: str) -> Iterator[tuple[asyncio.AbstractEventLoop, RedisStore]]:
+    loop = asyncio.new_event_loop()
+    s = RedisStore(REDIS_URL, prefix=prefix)
+    yield loop, s
+    loop.run_until_complete(s.close())
+    loop.close()
+
+
+@settings(max_examples=200, deadline=None,
+          suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(initial=_EPISODES, ops=_OPS)
+def test_lua_scripts_match_the_core(
+    loop_store: tuple[asyncio.AbstractEventLoop, RedisStore],
+    initial: EpisodeState,
+    ops: list[tuple[Any, ...]],
+) -> None:
+    """Same inputs, same grants and states: reserve/settle/finish in Lua == core.episode."""
+    loop, store = loop_store
+    eid = new_eid()
+    initial.episode_id = eid
+    model: EpisodeState | None = None
+    open_grants: list[Grant] = []
+
+    def fresh() -> EpisodeState:
+        return copy.deepcopy(initial)
+
+    async def run() -> None:
+        nonlocal model
+        for step, op in enumerate(ops):
+            now = T0 + 0.37 * (step + 1)
+            if op[0] == "reserve":
+                _, h, count, index, free = op
+                body = f"body-{h}"
+                opened = await store.open_turn(eid, fresh, body, now, free_retries=free,
+                                               message_count=count, disclosure_index=index)
+                created = model is None
+                if model is None:
+                    model = fresh()
+                grant = reserve(model, body, now, free_retries=free, message_count=count,
+                                disclosure_index=index)
+                assert opened.grant == grant, (step, op)
+                assert opened.created == created
+                assert opened.state == model, (step, op)
+                if grant.kind is GrantKind.FORWARD:
+                    open_grants.append(grant)
+            elif op[0] == "settle":
+                if not open_grants:
+                    continue
+                _, pick, result, count_failed = op
+                grant = open_grants.pop(pick % len(open_grants))
+                refunded, snap = await store.close_turn(eid, grant, result, now,
+                                                        count_failed=count_failed)
+                assert model is not None
+                assert refunded == settle(model, grant, result, now, count_failed=count_failed)
+                assert snap == model, (step, op)
+            else:
+                report = op[1]
+                done = await store.finish(eid, report, now)
+                if model is None:
+                    assert done.status is None and done.state is None
+                    continue
+                assert done.status is finish(model, report, now), (step, op)
+                assert done.state == model, (step, op)
+            stored = await store.get(eid)
+            assert stored == model, (step, op)
+
+    loop.run_until_complete(run())
+
+
+# -- episodes ------------------------------------------------------------------------------------
+async def test_fresh_is_called_only_for_a_new_episode_and_may_raise(store: RedisStore) -> None:
+    eid = new_eid()
+
+    def bad() -> EpisodeState:
+        raise ValueError("bad header")
+
+    with pytest.raises(ValueError):
+        await open_(store, eid, bad, "b1", T0)
+    assert await store.get(eid) is None
+    assert not await store.is_known(eid)
+    first = await open_(store, eid, lambda: episode(eid), "b1", T0)
+    assert first.created and first.grant.kind is GrantKind.FORWARD
+    again = await open_(store, eid, bad, "b2", T0 + 1)  # exists: bad() is not called
+    assert not again.created and again.grant.turn == 2
+
+
+async def test_replicas_racing_to_create_agree(prefix: str) -> None:
+    stores = [RedisStore(REDIS_URL, prefix=prefix) for _ in range(4)]
+    eid = new_eid()
+    calls = 0
+
+    def fresh() -> EpisodeState:
+        nonlocal calls
+        calls += 1
+        return episode(eid, budget=50)
+
+    try:
+        opened = await asyncio.gather(
+            *(open_(stores[i % 4], eid, fresh, f"b{i}", T0) for i in range(24))
+        )
+    finally:
+        for s in stores:
+            await s.close()
+    assert sum(o.created for o in opened) == 1
+    assert sorted(o.grant.turn for o in opened) == list(range(1, 25))
+    assert calls >= 1
+
+
+async def test_create_get_and_duplicates(store: RedisStore) -> None:
+    eid = new_eid()
+    ep = episode(eid, budget=4, tags={"k": [1, 2]}, task_id="t", group="g", announced_budget=8)
+    assert await store.create(ep)
+    assert not await store.create(episode(eid))
+    assert await store.get(eid) == ep
+    assert await store.is_known(eid)
+    assert await store.get(new_eid()) is None
+
+
+async def test_finish_reports_and_conflicts(store: RedisStore) -> None:
+    eid = new_eid()
+    await store.create(episode(eid, budget=2))
+    opened = await open_(store, eid, lambda: episode(eid), "b", T0 + 1)
+    await store.close_turn(eid, opened.grant, SettleResult.OK, T0 + 2, count_failed=False)
+    done = await store.finish(eid, OutcomeReport(True, reward=0.5), T0 + 3)
+    assert done.status is FinishStatus.FINISHED
+    assert done.state is not None
+    assert (done.state.end_reason, done.state.success_turn, done.state.reward) == (
+        "success", 1, 0.5)
+    assert (await store.finish(eid, OutcomeReport(True, reward=0.5), T0 + 4)).status is (
+        FinishStatus.SAME)
+    assert (await store.finish(eid, OutcomeReport(False), T0 + 4)).status is (
+        FinishStatus.CONFLICT)
+    assert (await store.finish(eid, None, T0 + 4)).status is FinishStatus.SAME
+    late = await open_(store, eid, lambda: episode(eid), "c", T0 + 5)
+    assert late.grant.kind is GrantKind.FINISHED
+    assert (await store.finish(new_eid(), None, T0)).status is None
+
+
+async def test_finish_is_finished_exactly_once_across_replicas(prefix: str) -> None:
+    stores = [RedisStore(REDIS_URL, prefix=prefix) for _ in range(3)]
+    eids = [new_eid() for _ in range(10)]
+    try:
+        for eid in eids:
+            await stores[0].create(episode(eid))
+        results = await asyncio.gather(
+            *(stores[i % 3].finish(eid, None if i % 2 else OutcomeReport(True), T0)
+              for eid in eids for i in range(9))
+        )
+    finally:
+        for s in stores:
+            await s.close()
+    finished = [r for r in results if r.status is FinishStatus.FINISHED]
+    assert sorted(r.state.episode_id for r in finished if r.state) == sorted(eids)
+
+
+async def test_finished_episode_leaves_its_id_after_retention(prefix: str) -> None:
+    store = RedisStore(REDIS_URL, prefix=prefix, retention_s=0.2)
+    eid = new_eid()
+    try:
+        await open_(store, eid, lambda: episode(eid), "b", T0)
+        await store.finish(eid, None, T0 + 1)
+        assert (await store.get(eid)) is not None
+        await asyncio.sleep(0.4)
+        assert await store.get(eid) is None
+        assert await store.is_known(eid)
+        late = await open_(store, eid, lambda: episode(eid), "b2", T0 + 2)
+        assert late.grant.kind is GrantKind.FINISHED and not late.created
+        assert late.state.status == "finished"
+        assert not await store.create(episode(eid))
+        done = await store.finish(eid, None, T0 + 3)
+        assert done.status is None  # the API answers from is_known
+    finally:
+        await store.close()
+
+
+async def test_finish_all_active_leaves_shared_episodes_alone(store: RedisStore) -> None:
+    eid = new_eid()
+    await open_(store, eid, lambda: episode(eid), "b", T0)
+    assert await store.finish_all_active(T0 + 1) == []
+    got = await store.get(eid)
+    assert got is not None and got.status == "active"
+
+
+# -- idle expiry ---------------------------------------------------------------------------------
+async def test_idle_expiry_fires_once_across_replicas() -> None:
+    require_redis()
+    prefix = new_prefix()  # its own index: other tests' episodes are not swept here
+    stores = [RedisStore(REDIS_URL, prefix=prefix) for _ in range(3)]
+    try:
+        now = time.time()
+        idle = [new_eid() for _ in range(300)]
+        for eid in idle:
+            await stores[0].create(episode(eid, created_at=now - 100))
+        busy, recent = new_eid(), new_eid()
+        await stores[0].create(episode(busy, created_at=now - 100))
+        await stores[0].create(episode(recent, created_at=now - 100))
+        held = await open_(stores[1], busy, lambda: episode(busy), "b", now - 50)
+        used = await open_(stores[1], recent, lambda: episode(recent), "b", now - 1)
+        await stores[0].close_turn(recent, used.grant, SettleResult.OK, now - 1,
+                                   count_failed=False)
+        assert await stores[0].active_count() == 302
+
+        rounds = await asyncio.gather(*(s.expire_idle(now, 30, 60) for s in stores))
+        ended = [st.episode_id for r in rounds for st in r]
+        assert sorted(ended) == sorted(idle)  # each once, by whichever replica claimed it
+        assert all(st.end_reason == "abandoned" for r in rounds for st in r)
+        assert await stores[0].active_count() == 2
+        # the recent one was re-scored to its real last activity: not a candidate any more;
+        # a turn in flight holds its episode, but not past twice the idle timeout
+        assert await stores[0].expire_idle(now + 9, 30, 60) == []
+        late = await stores[2].expire_idle(now + 15, 30, 60)
+        assert [s.episode_id for s in late] == [busy]
+        await stores[1].close_turn(busy, held.grant, SettleResult.OK, now + 16,
+                                   count_failed=False)
+        got = await stores[0].get(busy)
+        assert got is not None and got.status == "finished"
+        done = await stores[0].expire_idle(now + 100, 30, 60)
+        assert [s.episode_id for s in done] == [recent]
+        assert await stores[0].active_count() == 0
+    finally:
+        for s in stores:
+            await s.close()
+        drop_prefix(prefix)
+
+
+# -- concurrency ---------------------------------------------------------------------------------
+@pytest.mark.parametrize("budget,calls", [(37, 200), (50, 20)])
+async def test_reserve_never_overspends(prefix: str, budget: int, calls: int) -> None:
+    """Many connections (replicas) reserving at once forward exactly min(calls, budget)."""
+    stores = [RedisStore(REDIS_URL, prefix=prefix) for _ in range(4)]
+    eid = new_eid()
+    try:
+        opened = await asyncio.gather(
+            *(open_(stores[i % 4], eid, lambda: episode(eid, budget=budget), f"b{i}", T0)
+              for i in range(calls))
+        )
+        st = await stores[0].get(eid)
+    finally:
+        for s in stores:
+            await s.close()
+    forwarded = [o for o in opened if o.grant.kind is GrantKind.FORWARD]
+    assert len(forwarded) == min(calls, budget)
+    assert sorted(o.grant.turn for o in forwarded) == list(range(1, len(forwarded) + 1))
+    assert st is not None and st.turns_used == min(calls, budget)
+    assert st.inflight == len(forwarded)
+
+
+async def test_reserve_and_refunds_under_concurrency_stay_within_budget(prefix: str) -> None:
+    """Interleaved reserves and refunding settles: charged turns never exceed the budget."""
+    stores = [RedisStore(REDIS_URL, prefix=prefix) for _ in range(4)]
+    eid, budget = new_eid(), 10
+    charged = 0
+
+    async def agent(i: int) -> None:
+        nonlocal charged
+        s = stores[i % 4]
+        for j in range(15):
+            o = await open_(s, eid, lambda: episode(eid, budget=budget), f"b{i}-{j}", T0)
+            if o.grant.kind is not GrantKind.FORWARD:
+                return
+            ok = (i + j) % 3 != 0
+            await s.close_turn(eid, o.grant, SettleResult.OK if ok else SettleResult.REFUNDABLE,
+                               T0, count_failed=False)
+            charged += ok
+
+    try:
+        await asyncio.gather(*(agent(i) for i in range(16)))
+        st = await stores[0].get(eid)
+    finally:
+        for s in stores:
+            await s.close()
+    assert st is not None
+    assert charged == st.turns_used == budget
+    assert st.inflight == 0 and st.refused
