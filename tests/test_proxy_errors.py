@@ -228,6 +228,19 @@ def test_unknown_routes_are_never_a_500(faulty: Proxy, method: str, path: str) -
     still_serving(faulty)
 
 
+@pytest.mark.parametrize(
+    ("method", "path", "status", "code"),
+    [("GET", "/nothing", 404, "not_found"), ("PUT", "/healthz", 405, "method_not_allowed"),
+     ("POST", "/readyz", 405, "method_not_allowed")],
+)
+def test_the_proxys_own_route_errors_are_openai_shaped(
+    faulty: Proxy, method: str, path: str, status: int, code: str
+) -> None:
+    with faulty.http() as http:
+        r = http.request(method, path)
+    assert_openai_error(r, status, code)
+
+
 @pytest.fixture(scope="module")
 def guarded(proxy: ProxyFactory, upstream: FakeUpstream) -> Proxy:
     return proxy({"auth": {"keys": ["proxy-key-1", "proxy-key-2"]},

@@ -334,3 +334,20 @@ def test_upstream_stream_ending_is_seen_by_the_fake(
     while len(upstream.stream_ends) == before and time.monotonic() < deadline:
         time.sleep(0.01)
     assert upstream.stream_ends[-1][0] == "done"
+
+
+def test_responses_calls_are_turns_and_count_tokens_passes_through(
+    default_proxy: Proxy, upstream: FakeUpstream
+) -> None:
+    eid = new_id()
+    client = default_proxy.client(default_headers={"X-Episode-Id": eid})
+    resp = client.responses.create(model="m1", input="hi there")
+    assert resp.output_text == "echo: hi there"
+    assert upstream.requests[-1].path == "/v1/responses"
+    assert default_proxy.episode(eid)["turns_used"] == 1
+    r = default_proxy.http().post("/v1/messages/count_tokens", headers={"X-Episode-Id": eid},
+                                  json={"model": "m1", "messages": [{"role": "user",
+                                                                     "content": "x"}]})
+    assert upstream.requests[-1].path == "/v1/messages/count_tokens"
+    assert r.status_code == 404  # the fake has no such route; its answer passes through
+    assert default_proxy.episode(eid)["turns_used"] == 1

@@ -1,0 +1,253 @@
+"""Disclosure on the wire: placements, history keep/drop, announced budgets, hidden untouched."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import httpx
+import orjson
+import pytest
+from conftest import Proxy, ProxyFactory, chat_body, new_id
+
+from budgetproxy.testing import FakeUpstream
+
+
+def text(turn: int, total: int) -> str:
+    return f"[Turn budget] Turn {turn} of {total}. {max(0, total - turn)} turns remain after this one."
+
+
+def disclosed(proxy: ProxyFactory, **disclosure: Any) -> Proxy:
+    return proxy({"disclosure": {"mode": "disclosed", **disclosure}})
+
+
+def send(p: Proxy, eid: str, body: dict[str, Any] | bytes, **headers: str) -> httpx.Response:
+    raw = body if isinstance(body, bytes) else orjson.dumps(body)
+    r = p.http().post("/v1/chat/completions", content=raw,
+                      headers={"content-type": "application/json", "X-Episode-Id": eid,
+                               **headers})
+    assert r.status_code == 200, r.text
+    return r
+
+
+def upstream_messages(up: FakeUpstream) -> list[Any]:
+    msgs: list[Any] = up.requests[-1].json["messages"]
+    return msgs
+
+
+# -- placements -----------------------------------------------------------------------------
+
+
+def test_last_message_string_content(proxy: ProxyFactory, upstream: FakeUpstream) -> None:
+    p = disclosed(proxy)
+    msgs = [{"role": "system", "content": "sys"}, {"role": "user", "content": "move left"}]
+    send(p, new_id(), {"model": "m1", "messages": msgs, "temperature": 0},
+         **{"X-Episode-Budget": "5"})
+    seen = upstream.requests[-1].json
+    assert seen["messages"] == [msgs[0], {"role": "user",
+                                          "content": "move left\n\n" + text(1, 5)}]
+    assert seen["temperature"] == 0 and seen["model"] == "m1"
+
+
+def test_last_message_list_of_parts(proxy: ProxyFactory, upstream: FakeUpstream) -> None:
+    p = disclosed(proxy)
+    parts = [{"type": "text", "text": "look"},
+             {"type": "image_url", "image_url": {"url": "data:image/png;base64,AA"}}]
+    send(p, new_id(), {"model": "m1", "messages": [{"role": "user", "content": parts}]},
+         **{"X-Episode-Budget": "4"})
+    assert upstream_messages(upstream) == [
+        {"role": "user", "content": [*parts, {"type": "text", "text": text(1, 4)}]}]
+
+
+def test_last_message_tool_result(proxy: ProxyFactory, upstream: FakeUpstream) -> None:
+    p = disclosed(proxy)
+    msgs = [
+        {"role": "user", "content": "go"},
+        {"role": "assistant", "content": None, "tool_calls": [
+            {"id": "call_0", "type": "function", "function": {"name": "move", "arguments": "{}"}}]},
+        {"role": "tool", "tool_call_id": "call_0", "content": "moved to (1, 2)"},
+    ]
+    send(p, new_id(), {"model": "m1", "messages": msgs}, **{"X-Episode-Budget": "3"})
+    assert upstream_messages(upstream) == [
+        *msgs[:2],
+        {"role": "tool", "tool_call_id": "call_0", "content": "moved to (1, 2)\n\n" + text(1, 3)},
+    ]
+
+
+def test_system_placement(proxy: ProxyFactory, upstream: FakeUpstream) -> None:
+    p = disclosed(proxy, placement="system")
+    eid = new_id()
+    msgs = [{"role": "user", "content": "a"}]
+    send(p, eid, {"model": "m1", "messages": msgs}, **{"X-Episode-Budget": "6"})
+    assert upstream_messages(upstream) == [{"role": "system", "content": text(1, 6)}, *msgs]
+    with_sys = [{"role": "system", "content": "You are an agent."},
+                {"role": "user", "content": "a"}, {"role": "assistant", "content": "b"},
+                {"role": "system", "content": "second system"}, {"role": "user", "content": "c"}]
+    send(p, eid, {"model": "m1", "messages": with_sys})
+    seen = upstream_messages(upstream)
+    assert seen[0] == {"role": "system", "content": "You are an agent.\n\n" + text(2, 6)}
+    assert seen[1:] == with_sys[1:]
+    assert sum(1 for m in seen if m["role"] == "system") == 2  # none added mid-way
+
+
+def test_new_message_placement(proxy: ProxyFactory, upstream: FakeUpstream) -> None:
+    p = disclosed(proxy, placement="new_message")
+    msgs = [{"role": "user", "content": "a"}]
+    send(p, new_id(), {"model": "m1", "messages": msgs}, **{"X-Episode-Budget": "2"})
+    assert upstream_messages(upstream) == [*msgs, {"role": "user", "content": text(1, 2)}]
+
+
+def test_streaming_calls_are_disclosed_too(proxy: ProxyFactory, upstream: FakeUpstream) -> None:
+    p = disclosed(proxy)
+    client = p.client(default_headers={"X-Episode-Id": new_id(), "X-Episode-Budget": "2"})
+    out = "".join(c.choices[0].delta.content or "" for c in client.chat.completions.create(
+        model="m1", messages=[{"role": "user", "content": "s"}], stream=True) if c.choices)
+    assert upstream_messages(upstream) == [{"role": "user", "content": "s\n\n" + text(1, 2)}]
+    assert out == "echo: s\n\n" + text(1, 2)
+
+
+# -- history --------------------------------------------------------------------------------
+
+
+def run_conversation(p: Proxy, up: FakeUpstream, eid: str, turns: int,
+                     budget: int) -> list[list[Any]]:
+    """An agent loop through the SDK: each turn resends the whole history plus a new message."""
+    client = p.client(default_headers={"X-Episode-Id": eid, "X-Episode-Budget": str(budget)})
+    history: list[Any] = [{"role": "system", "content": "You play FrozenLake."}]
+    seen: list[list[Any]] = []
+    for t in range(1, turns + 1):
+        if t % 2:
+            history.append({"role": "user", "content": f"observation {t}"})
+        else:  # every other turn ends in a tool result
+            history.append({"role": "assistant", "content": None, "tool_calls": [
+                {"id": f"c{t}", "type": "function",
+                 "function": {"name": "move", "arguments": '{"d": "L"}'}}]})
+            history.append({"role": "tool", "tool_call_id": f"c{t}", "content": f"state {t}"})
+        reply = client.chat.completions.create(model="m1", messages=history)
+        seen.append(upstream_messages(up))
+        assert reply.choices[0].message.content
+        # (The fake echoes the prompt, disclosure text included; a model would not.)
+        history.append({"role": "assistant", "content": f"reply {t}"})
+    return seen
+
+
+@pytest.mark.parametrize("placement", ["last_message", "new_message"])
+def test_history_keep_is_append_only(
+    proxy: ProxyFactory, upstream: FakeUpstream, placement: str
+) -> None:
+    p = disclosed(proxy, placement=placement, history="keep")
+    seen = run_conversation(p, upstream, new_id(), turns=5, budget=8)
+    for earlier, later in zip(seen, seen[1:], strict=False):
+        assert later[: len(earlier)] == earlier
+    final = orjson.dumps(seen[-1]).decode()
+    for t in range(1, 6):  # every turn's text is still where it was, with its own numbers
+        assert final.count(orjson.dumps(text(t, 8)).decode()[1:-1]) == 1
+
+
+def test_history_drop_sends_only_the_current_text(
+    proxy: ProxyFactory, upstream: FakeUpstream
+) -> None:
+    p = disclosed(proxy, history="drop")
+    seen = run_conversation(p, upstream, new_id(), turns=3, budget=8)
+    last = orjson.dumps(seen[-1]).decode()
+    assert "Turn 3 of 8" in last
+    assert "Turn 1 of 8" not in last and "Turn 2 of 8" not in last
+    assert seen[-1][-1]["content"].endswith("\n\n" + text(3, 8))
+
+
+def test_free_retry_keeps_its_turn_text(proxy: ProxyFactory, upstream: FakeUpstream) -> None:
+    p = disclosed(proxy)
+    eid = new_id()
+    body = orjson.dumps(chat_body("same"))
+    send(p, eid, body, **{"X-Episode-Budget": "4"})
+    first = upstream.requests[-1].body
+    send(p, eid, body)
+    assert upstream.requests[-1].body == first
+
+
+# -- texts ----------------------------------------------------------------------------------
+
+
+def test_announced_budget_changes_total_and_remaining(
+    proxy: ProxyFactory, upstream: FakeUpstream
+) -> None:
+    p = disclosed(proxy)
+    eid = new_id()
+    r = send(p, eid, chat_body("a"),
+             **{"X-Episode-Budget": "3", "X-Episode-Announced-Budget": "10"})
+    assert upstream_messages(upstream)[-1]["content"] == "a\n\n" + text(1, 10)
+    assert r.headers["x-episode-budget"] == "3"  # the enforced budget is unchanged
+    send(p, eid, chat_body("b"))
+    send(p, eid, chat_body("c"))
+    assert upstream_messages(upstream)[-1]["content"] == "c\n\n" + text(3, 10)
+    assert p.http().post("/v1/chat/completions", json=chat_body("d"),
+                         headers={"X-Episode-Id": eid}).status_code == 403
+
+
+def test_custom_template_fields_and_remaining_never_negative(
+    proxy: ProxyFactory, upstream: FakeUpstream
+) -> None:
+    p = disclosed(proxy, template="used={used} turn={turn} total={total} left={remaining}")
+    eid = new_id()
+    send(p, eid, chat_body("a"), **{"X-Episode-Budget": "4", "X-Episode-Announced-Budget": "2"})
+    assert upstream_messages(upstream)[-1]["content"] == "a\n\nused=0 turn=1 total=2 left=1"
+    for t in ("b", "c"):
+        send(p, eid, chat_body(t))
+    assert upstream_messages(upstream)[-1]["content"] == "c\n\nused=2 turn=3 total=2 left=0"
+
+
+def test_disclosure_is_logged(proxy: ProxyFactory) -> None:
+    p = disclosed(proxy)
+    eid = new_id()
+    send(p, eid, chat_body("a"), **{"X-Episode-Budget": "2"})
+    rec = p.wait_records(type="turn", episode_id=eid)
+    assert rec[0]["disclosure"] == {"arm": "disclosed", "text": text(1, 2)}
+    # The log keeps the client's own messages, not the rewritten ones.
+    assert rec[0]["request_messages"] == [{"role": "user", "content": "a"}]
+
+
+# -- what disclosure must not touch -----------------------------------------------------------
+
+
+def test_client_response_is_unchanged_by_disclosure(proxy: ProxyFactory) -> None:
+    p = disclosed(proxy)
+    tools = [{"type": "function", "function": {"name": "move", "parameters": {
+        "type": "object", "properties": {"d": {"type": "string"}}}}}]
+    replies = {}
+    for arm in ("hidden", "disclosed"):
+        r = send(p, new_id(), chat_body("go", tools=tools),
+                 **{"X-Episode-Disclosure": arm, "X-Fake-Parallel-Tools": "2"})
+        body = r.json()
+        for volatile in ("id", "created", "usage"):  # prompt tokens grew, nothing else
+            body.pop(volatile)
+        replies[arm] = (body, sorted(k for k in r.headers if not k.startswith("x-episode")
+                                     and k not in ("date",)))
+    assert replies["hidden"] == replies["disclosed"]
+
+
+def test_echoed_reply_reaches_the_client_verbatim(
+    proxy: ProxyFactory, upstream: FakeUpstream
+) -> None:
+    p = disclosed(proxy)
+    r = send(p, new_id(), chat_body("echo me"), **{"X-Fake-Echo-Request": "1"})
+    assert orjson.loads(r.json()["choices"][0]["message"]["content"]) == upstream_messages(upstream)
+
+
+def test_hidden_arm_forwards_body_bytes_untouched(
+    proxy: ProxyFactory, upstream: FakeUpstream
+) -> None:
+    p = disclosed(proxy)
+    eid = new_id()
+    raw = b'{"model":"m1",  "messages":[{"role":"user","content":"h\\u00e9"}],"top_p":1}'
+    for _ in range(2):
+        send(p, eid, raw + b" ", **{"X-Episode-Disclosure": "hidden"})
+        assert upstream.requests[-1].body == raw + b" "
+        raw = raw.replace(b'"top_p":1', b'"top_p":0.5')
+
+
+def test_non_chat_calls_are_forwarded_as_is(proxy: ProxyFactory, upstream: FakeUpstream) -> None:
+    p = disclosed(proxy)
+    raw = b'{"model": "m1", "prompt": "complete me"}'
+    r = p.http().post("/v1/completions", content=raw,
+                      headers={"content-type": "application/json", "X-Episode-Id": new_id()})
+    assert r.status_code == 200
+    assert upstream.requests[-1].body == raw
