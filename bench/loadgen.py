@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import itertools
 import json
 import os
 import statistics
@@ -92,6 +93,8 @@ def run_wrk(target: Target, connections: int, seconds: float) -> WrkResult:
 
 # The fake upstream echoes the prompt split into N chunks: long enough for 64 non-empty ones.
 _FILLER = "a long answer in many small pieces, " * 12
+# Every stream is a new episode with a distinct body (never a retry of an earlier turn).
+_stream_ids = itertools.count()
 _STREAM_BODY = {
     "model": "fake-model",
     "stream": True,
@@ -111,18 +114,18 @@ class StreamStats:
 async def _one_stream(
     session: aiohttp.ClientSession,
     target: Target,
-    index: int,
     headers: dict[str, str],
     stats: StreamStats,
     want_chunks: int,
 ) -> None:
-    text = f"stream {index}: " + _FILLER
+    serial = next(_stream_ids)
+    text = f"stream {serial}: " + _FILLER
     body = {**_STREAM_BODY, "messages": [{"role": "user", "content": text}]}
     hdrs = {"Content-Type": "application/json", **headers}
     if target.auth:
         hdrs["Authorization"] = f"Bearer {target.auth}"
     if target.episodes:
-        hdrs["X-Episode-Id"] = f"bench-stream-{index}"
+        hdrs["X-Episode-Id"] = f"bench-stream-{serial}"
         hdrs["X-Episode-Budget"] = str(EPISODE_BUDGET)
     start = time.perf_counter()
     arrivals: list[float] = []
@@ -170,14 +173,13 @@ async def _streams(
     timeout = aiohttp.ClientTimeout(total=timeout_s)
     async with aiohttp.ClientSession(connector=connector, timeout=timeout) as session:
 
-        async def launch(index: int, delay: float) -> None:
+        async def launch(delay: float) -> None:
             await asyncio.sleep(delay)
-            await _one_stream(session, target, index, headers, stats, want_chunks)
+            await _one_stream(session, target, headers, stats, want_chunks)
 
-        for r in range(rounds):
+        for _ in range(rounds):
             tasks = [
-                asyncio.create_task(launch(r * concurrency + i, stagger_s * i / concurrency))
-                for i in range(concurrency)
+                asyncio.create_task(launch(stagger_s * i / concurrency)) for i in range(concurrency)
             ]
             if on_tick is not None:
                 ticker = asyncio.create_task(on_tick())

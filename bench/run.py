@@ -193,7 +193,7 @@ def main(argv: list[str] | None = None) -> int:
             if t.name in names:
                 rows[t.name] = {"description": t.description, "skip": t.skip, "wrk": {}}
         for t in measured:  # warm-up: connection pools, caches, lazy imports
-            loadgen.run_wrk(t, 32, 1)
+            loadgen.run_wrk(t, 32, t.warmup_s)
         for c in levels:
             results: dict[str, list[loadgen.WrkResult]] = {t.name: [] for t in measured}
             for _ in range(repeat):

@@ -39,6 +39,7 @@ class Target:
     episodes: int = 0  # >0: each request carries one of this many X-Episode-Id values
     auth: str = ""  # bearer token the load generator sends
     forwards_headers: bool = True  # X-Fake-* steering headers reach the upstream
+    warmup_s: float = 1.0  # load before measuring: pools, caches, lazy imports
     proc: subprocess.Popen[bytes] | None = None
     log_path: Path | None = None
     skip: str = ""  # why this row was not measured
@@ -327,6 +328,7 @@ def start_litellm(workdir: Path, upstream: str, create: bool) -> Target:
         f"http://127.0.0.1:{port}/v1",
         auth=key,
         forwards_headers=False,
+        warmup_s=4.0,  # it keeps importing modules during its first requests
     )
     exe = ensure_litellm_venv(create)
     if not exe:
