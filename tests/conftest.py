@@ -16,10 +16,15 @@ from typing import Any
 import httpx
 import openai
 import pytest
+from hypothesis import settings
 
 from budgetproxy.config import load_config
 from budgetproxy.server import ProxyServer
 from budgetproxy.testing import FakeUpstream
+
+# Two shared cores: a per-example deadline would only measure the neighbours' load.
+settings.register_profile("shared-machine", deadline=None)
+settings.load_profile("shared-machine")
 
 
 class WatchedUpstream(FakeUpstream):

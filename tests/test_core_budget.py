@@ -93,7 +93,9 @@ def test_tier_label_table(budget: int, max_turns: int | None, label: str) -> Non
 
 
 @given(max_turns=st.integers(1, 500), data=st.data())
-def test_tier_label_is_budget_share_rounded_half_up_to_five(max_turns: int, data: st.DataObject) -> None:
+def test_tier_label_is_budget_share_rounded_half_up_to_five(
+    max_turns: int, data: st.DataObject
+) -> None:
     budget = data.draw(st.integers(1, max_turns))
     pct = Fraction(100 * budget, max_turns)
     expected = 5 * int(pct / 5 + Fraction(1, 2))

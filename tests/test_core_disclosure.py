@@ -129,3 +129,27 @@ def test_earlier_texts_go_back_where_they_were() -> None:
 )
 def test_placement_index(placement: disclosure.Placement, count: int, index: int | None) -> None:
     assert disclosure.placement_index(placement, count) == index
+
+
+@given(msgs=messages, text=texts, data=st.data())
+def test_keep_changes_only_the_remembered_places(
+    msgs: list[Any], text: str, data: st.DataObject
+) -> None:
+    n = len(msgs)
+    idx = data.draw(st.lists(st.integers(0, n + 3), max_size=4, unique=True))
+    earlier = [(i, f"T{i}") for i in idx]
+    before = copy.deepcopy(msgs)
+    out = disclosure.apply(msgs, "last_message", text, earlier)
+    assert msgs == before
+    assert len(out) == n
+    touched = {i for i in idx if i < n - 1}  # out-of-range places are skipped
+    for i in range(n - 1):
+        assert out[i] == (appended(msgs[i], f"T{i}") if i in touched else msgs[i])
+    assert out[-1] == appended(msgs[-1], text)
+    expected: list[Any] = []
+    for i in range(n):
+        if i in idx:  # an earlier turn's own user message goes back before message i
+            expected.append({"role": "user", "content": f"T{i}"})
+        expected.append(msgs[i])
+    expected.append({"role": "user", "content": text})
+    assert disclosure.apply(msgs, "new_message", text, earlier) == expected

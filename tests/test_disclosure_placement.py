@@ -13,7 +13,8 @@ from budgetproxy.testing import FakeUpstream
 
 
 def text(turn: int, total: int) -> str:
-    return f"[Turn budget] Turn {turn} of {total}. {max(0, total - turn)} turns remain after this one."
+    left = max(0, total - turn)
+    return f"[Turn budget] Turn {turn} of {total}. {left} turns remain after this one."
 
 
 def disclosed(proxy: ProxyFactory, **disclosure: Any) -> Proxy:

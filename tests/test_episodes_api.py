@@ -327,7 +327,7 @@ def test_end_reason_precedence(
 
 @pytest.fixture(scope="module")
 def idle(proxy: ProxyFactory) -> Proxy:
-    return proxy({"episodes": {"idle_timeout_s": 0.6, "sweep_interval_s": 0.1,
+    return proxy({"episodes": {"idle_timeout_s": 1.0, "sweep_interval_s": 0.1,
                                "retention_s": 1.0}})
 
 
@@ -344,7 +344,7 @@ def test_idle_episode_ends_abandoned(idle: Proxy, upstream: FakeUpstream) -> Non
     assert idle.episode(eid)["status"] == "active"
     t0 = time.monotonic()
     wait_for(lambda: idle.episode(eid)["status"] == "finished")
-    assert time.monotonic() - t0 >= 0.3
+    assert time.monotonic() - t0 >= 0.5
     ep = idle.episode(eid)
     assert ep["end_reason"] == "abandoned" and ep["outcome"] is None
     assert idle.wait_records(type="episode", episode_id=eid)[0]["end_reason"] == "abandoned"
@@ -355,9 +355,9 @@ def test_idle_episode_ends_abandoned(idle: Proxy, upstream: FakeUpstream) -> Non
 
 def test_activity_keeps_an_episode_alive(idle: Proxy) -> None:
     eid = new_id()
-    for i in range(5):
+    for i in range(6):
         assert call(idle, eid, f"keepalive {i}").status_code == 200
-        time.sleep(0.25)
+        time.sleep(0.3)
     assert idle.episode(eid)["status"] == "active"
 
 

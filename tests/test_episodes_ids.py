@@ -77,7 +77,9 @@ def test_same_id_in_header_and_path_is_fine(default_proxy: Proxy) -> None:
     assert r.status_code == 200 and r.headers["x-episode-id"] == eid
 
 
-def test_header_and_path_that_disagree_are_400(default_proxy: Proxy, upstream: FakeUpstream) -> None:
+def test_header_and_path_that_disagree_are_400(
+    default_proxy: Proxy, upstream: FakeUpstream
+) -> None:
     before = len(upstream.requests)
     with default_proxy.http() as http:
         r = http.post(f"/episodes/{new_id()}/v1/chat/completions", json=chat_body(),
