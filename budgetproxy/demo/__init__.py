@@ -1,0 +1,1 @@
+"""The end-to-end demonstration: FrozenLake agents and simulated policies behind the proxy."""

@@ -1,0 +1,233 @@
+"""A simulated OpenAI-compatible model: chat completions answered by the demo's policies.
+
+The request's model name picks the policy (``sim-careful``, ``sim-recovering``,
+``sim-budget-aware``); the reply is ``move`` tool calls, one per planned move. Each reply is
+a pure function of (server seed, the request's ``seed`` field, the messages), so a run is
+reproducible and two episodes that send different seeds sample differently, as a real model
+at a temperature would. Streaming (SSE) is served too, for SDKs that ask for it.
+
+Run it on its own with ``python -m budgetproxy.demo.model_server --port 8001``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import hashlib
+import random
+import threading
+import time
+from collections.abc import Mapping
+from typing import Any
+
+import orjson
+from aiohttp import web
+
+from budgetproxy.demo.policies import MODEL_PREFIX, POLICIES, decide, policy_for_model
+
+_JSON = {"Content-Type": "application/json"}
+
+
+def _error(status: int, message: str, param: str | None = None) -> web.Response:
+    body = {"error": {"message": message, "type": "invalid_request_error", "param": param,
+                      "code": "invalid_request"}}
+    return web.Response(status=status, body=orjson.dumps(body), headers=_JSON)
+
+
+def request_digest(seed: int, request_seed: Any, messages: Any) -> bytes:
+    """A hash of the server seed, the request's seed field and the messages."""
+    return hashlib.sha256(
+        orjson.dumps([seed, request_seed, messages], option=orjson.OPT_SORT_KEYS)
+    ).digest()
+
+
+def reply_rng(digest: bytes) -> random.Random:
+    """The policy's random source for one request."""
+    return random.Random(int.from_bytes(digest[:8], "big"))
+
+
+def _words(messages: Any) -> int:
+    return sum(len(str(m.get("content") or "").split()) for m in messages if isinstance(m, dict))
+
+
+def completion(seed: int, body: Mapping[str, Any]) -> dict[str, Any] | None:
+    """The chat.completion for a request body, or None when the model is not simulated here."""
+    model = str(body.get("model", ""))
+    params = policy_for_model(model)
+    if params is None:
+        return None
+    messages = body.get("messages") or []
+    raw = request_digest(seed, body.get("seed"), messages)
+    plan = decide(params, messages, reply_rng(raw))
+    digest = raw.hex()
+    tool_calls = [
+        {"id": f"call_{digest[:12]}_{i}", "type": "function",
+         "function": {"name": "move", "arguments": orjson.dumps({"direction": d}).decode()}}
+        for i, d in enumerate(plan)
+    ]
+    message: dict[str, Any] = {"role": "assistant", "content": None}
+    if tool_calls:
+        message["tool_calls"] = tool_calls
+    else:
+        message["content"] = "I cannot find a FrozenLake map in this conversation."
+    prompt_tokens = _words(messages)
+    completion_tokens = 8 * len(tool_calls) or 10
+    return {
+        "id": f"chatcmpl-{digest[:24]}",
+        "object": "chat.completion",
+        "created": int(time.time()),
+        "model": model,
+        "choices": [{"index": 0, "message": message,
+                     "finish_reason": "tool_calls" if tool_calls else "stop"}],
+        "usage": {"prompt_tokens": prompt_tokens, "completion_tokens": completion_tokens,
+                  "total_tokens": prompt_tokens + completion_tokens},
+    }
+
+
+def _sse_chunks(reply: dict[str, Any], include_usage: bool) -> list[bytes]:
+    """The reply as chat.completion.chunk events: role, one chunk per tool call, finish."""
+    base = {k: reply[k] for k in ("id", "created", "model")} | {"object": "chat.completion.chunk"}
+    message = reply["choices"][0]["message"]
+    deltas: list[dict[str, Any]] = [{"role": "assistant", "content": message["content"]}]
+    for i, call in enumerate(message.get("tool_calls") or []):
+        deltas.append({"tool_calls": [{"index": i, **call}]})
+    events = [base | {"choices": [{"index": 0, "delta": d, "finish_reason": None}]}
+              for d in deltas]
+    events.append(base | {"choices": [{"index": 0, "delta": {},
+                                       "finish_reason": reply["choices"][0]["finish_reason"]}]})
+    if include_usage:
+        events.append(base | {"choices": [], "usage": reply["usage"]})
+    return [b"data: " + orjson.dumps(e) + b"\n\n" for e in events] + [b"data: [DONE]\n\n"]
+
+
+class ModelServer:
+    """The simulated model on 127.0.0.1, in a daemon thread with its own event loop."""
+
+    def __init__(self, seed: int = 0, host: str = "127.0.0.1", port: int = 0) -> None:
+        self.seed = seed
+        self.host = host
+        self.port = port
+        self.requests = 0
+        self._runner: web.AppRunner | None = None
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._thread: threading.Thread | None = None
+
+    @property
+    def base_url(self) -> str:
+        """The OpenAI base URL, ending in /v1."""
+        return f"http://{self.host}:{self.port}/v1"
+
+    def build_app(self) -> web.Application:
+        app = web.Application(client_max_size=64 * 1024 * 1024)
+        app.router.add_post("/v1/chat/completions", self._chat)
+        app.router.add_get("/v1/models", self._models)
+        return app
+
+    async def _models(self, _: web.Request) -> web.Response:
+        data = [{"id": MODEL_PREFIX + name, "object": "model", "created": 0,
+                 "owned_by": "budgetproxy-demo"} for name in POLICIES]
+        return web.Response(body=orjson.dumps({"object": "list", "data": data}), headers=_JSON)
+
+    async def _chat(self, request: web.Request) -> web.StreamResponse:
+        try:
+            body = orjson.loads(await request.read())
+        except orjson.JSONDecodeError:
+            return _error(400, "Request body is not valid JSON")
+        if not isinstance(body, dict) or not isinstance(body.get("messages"), list):
+            return _error(400, "messages: expected a list", "messages")
+        self.requests += 1
+        reply = completion(self.seed, body)
+        if reply is None:
+            names = ", ".join(MODEL_PREFIX + n for n in POLICIES)
+            return _error(404, f"Unknown model {body.get('model')!r}; this server has {names}",
+                          "model")
+        if not body.get("stream"):
+            return web.Response(body=orjson.dumps(reply), headers=_JSON)
+        stream_options = body.get("stream_options") or {}
+        response = web.StreamResponse(
+            headers={"Content-Type": "text/event-stream", "Cache-Control": "no-cache"}
+        )
+        await response.prepare(request)
+        for chunk in _sse_chunks(reply, bool(stream_options.get("include_usage"))):
+            await response.write(chunk)
+        await response.write_eof()
+        return response
+
+    async def start_async(self) -> None:
+        """Start listening on the running event loop."""
+        self._runner = web.AppRunner(self.build_app(), access_log=None)
+        await self._runner.setup()
+        site = web.TCPSite(self._runner, self.host, self.port, backlog=4096)
+        await site.start()
+        self.port = int(self._runner.addresses[0][1])
+
+    async def stop_async(self) -> None:
+        if self._runner is not None:
+            await self._runner.cleanup()
+            self._runner = None
+
+    def start(self, timeout: float = 20.0) -> ModelServer:
+        """Run on a daemon thread; return once listening."""
+        ready = threading.Event()
+        failure: list[BaseException] = []
+
+        def run() -> None:
+            loop = asyncio.new_event_loop()
+            self._loop = loop
+            try:
+                loop.run_until_complete(self.start_async())
+            except BaseException as exc:  # noqa: B036 - handed to the starting thread
+                failure.append(exc)
+                ready.set()
+                loop.close()
+                return
+            ready.set()
+            try:
+                loop.run_forever()
+            finally:
+                loop.run_until_complete(self.stop_async())
+                loop.close()
+
+        self._thread = threading.Thread(target=run, name="sim-model", daemon=True)
+        self._thread.start()
+        if not ready.wait(timeout):
+            raise RuntimeError("the simulated model server did not start")
+        if failure:
+            raise RuntimeError(f"the simulated model server did not start: {failure[0]}")
+        return self
+
+    def stop(self, timeout: float = 10.0) -> None:
+        if self._loop is not None and self._thread is not None:
+            self._loop.call_soon_threadsafe(self._loop.stop)
+            self._thread.join(timeout)
+        self._thread = None
+        self._loop = None
+
+    def __enter__(self) -> ModelServer:
+        return self.start()
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Serve the simulated model in the foreground until interrupted."""
+    parser = argparse.ArgumentParser(prog="python -m budgetproxy.demo.model_server",
+                                     description=__doc__.splitlines()[0])
+    parser.add_argument("--host", default="127.0.0.1")
+    parser.add_argument("--port", type=int, default=8001)
+    parser.add_argument("--seed", type=int, default=0)
+    args = parser.parse_args(argv)
+    server = ModelServer(seed=args.seed, host=args.host, port=args.port)
+    print(f"simulated model on http://{args.host}:{args.port}/v1 "
+          f"(models: {', '.join(MODEL_PREFIX + n for n in POLICIES)})", flush=True)
+    try:
+        web.run_app(server.build_app(), host=args.host, port=args.port, print=None,
+                    access_log=None)
+    except KeyboardInterrupt:
+        pass
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,258 @@
+"""The demo run: start the model and the proxy, play every planned episode, analyse, report.
+
+Everything runs in this process: the simulated model (aiohttp, a thread), the real proxy
+(uvicorn, a thread, embedded defaults with a memory store and JSONL trajectories in
+OUT/trajectories), and the agents (asyncio, the official ``openai`` client). The results
+table and report come from ``budgetproxy analyze`` over the trajectories the proxy wrote.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextlib
+import hashlib
+import html
+import io
+import json
+import sys
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, TextIO
+
+from budgetproxy.demo.agents import EpisodePlan, EpisodeResult
+from budgetproxy.demo.frozenlake import QUICK_TASKS, TASKS, Task
+
+TIERS = (25, 50, 75, 100)
+ARMS: tuple[tuple[str, str], ...] = (
+    ("careful", "hidden"),
+    ("recovering", "hidden"),
+    ("budget-aware", "hidden"),
+    ("budget-aware", "disclosed"),
+)
+
+
+@dataclass(frozen=True)
+class DemoSettings:
+    """What to run; the defaults are the full demo."""
+
+    out: Path
+    seed: int = 0
+    k: int = 16  # episodes per task, tier and arm
+    tasks: tuple[Task, ...] = TASKS
+    arms: tuple[tuple[str, str], ...] = ARMS
+    budgetmix_groups: int = 4  # per task, of k_budgetmix episodes each
+    k_budgetmix: int = 8
+    concurrency: int = 16
+    analysis_k: tuple[int, ...] = (1, 2, 4, 8)
+
+    @classmethod
+    def quick(cls, out: Path, seed: int = 0) -> DemoSettings:
+        return cls(out=out, seed=seed, k=8, tasks=QUICK_TASKS, budgetmix_groups=2)
+
+
+@dataclass
+class DemoOutcome:
+    """What the run left behind."""
+
+    results: list[EpisodeResult] = field(default_factory=list)
+    pass_at: list[dict[str, Any]] = field(default_factory=list)
+    summary: list[str] = field(default_factory=list)
+    seconds: float = 0.0
+
+
+def tier_turns(percent: int, max_turns: int) -> int:
+    from budgetproxy.analysis.passk import tier_to_turns
+
+    return tier_to_turns(percent, max_turns)
+
+
+def episode_seed(seed: int, *parts: object) -> int:
+    """A stable 31-bit seed per episode; shared across policies so they meet the same ice."""
+    digest = hashlib.sha256(repr((seed, *parts)).encode()).digest()
+    return int.from_bytes(digest[:4], "big") >> 1
+
+
+def plan_episodes(s: DemoSettings) -> list[EpisodePlan]:
+    """Tier runs (every arm at every tier) and BudgetMix groups, interleaved for the bar."""
+    plans: list[EpisodePlan] = []
+    for task in s.tasks:
+        for tier in TIERS:
+            budget = tier_turns(tier, task.max_turns)
+            for i in range(s.k):
+                seed = episode_seed(s.seed, task.task_id, tier, i)
+                plans += [
+                    EpisodePlan(task, policy, budget, arm, seed, tier=tier)  # type: ignore[arg-type]
+                    for policy, arm in s.arms
+                ]
+        for g in range(s.budgetmix_groups):
+            for i in range(s.k_budgetmix):
+                seed = episode_seed(s.seed, task.task_id, "budgetmix", g, i)
+                plans.append(EpisodePlan(task, "budget-aware", None, "disclosed", seed,
+                                         run="budgetmix", group=f"budgetmix-{g}"))
+    return plans
+
+
+class ProgressBar:
+    """Episodes done, turns played and time, on stderr: redrawn on a terminal, else in steps."""
+
+    def __init__(self, total: int, stream: TextIO, width: int = 30) -> None:
+        self.total, self.stream, self.width = total, stream, width
+        self.done = self.turns = 0
+        self.started = time.monotonic()
+        self.tty = stream.isatty()
+        self._drawn = 0.0
+        self._step = 0
+
+    def advance(self, turns: int) -> None:
+        self.done += 1
+        self.turns += turns
+        now = time.monotonic()
+        if self.tty and (now - self._drawn > 0.1 or self.done == self.total):
+            self._drawn = now
+            self.stream.write("\r" + self._line())
+            self.stream.flush()
+        elif not self.tty and 10 * self.done // self.total > self._step:
+            self._step = 10 * self.done // self.total
+            self.stream.write(self._line() + "\n")
+            self.stream.flush()
+
+    def _line(self) -> str:
+        filled = self.width * self.done // max(1, self.total)
+        bar = "#" * filled + "." * (self.width - filled)
+        return (f"[{bar}] {self.done}/{self.total} episodes, {self.turns:,} turns, "
+                f"{time.monotonic() - self.started:.0f}s")
+
+    def close(self) -> None:
+        if self.tty:
+            self.stream.write("\n")
+            self.stream.flush()
+
+
+async def play_all(
+    proxy_url: str, plans: Sequence[EpisodePlan], concurrency: int, bar: ProgressBar | None
+) -> list[EpisodeResult]:
+    """Every plan, at most `concurrency` at a time, through one shared OpenAI client."""
+    import openai
+
+    from budgetproxy.client import AsyncBudgetClient
+    from budgetproxy.demo.agents import play
+
+    gate = asyncio.Semaphore(concurrency)
+    async with (
+        AsyncBudgetClient(proxy_url) as proxy,
+        openai.AsyncOpenAI(base_url=f"{proxy_url}/v1", api_key="demo", timeout=60) as llm,
+    ):
+
+        async def one(plan: EpisodePlan) -> EpisodeResult:
+            async with gate:
+                result = await play(proxy, llm, plan)
+            if bar is not None:
+                bar.advance(result.turns)
+            return result
+
+        return list(await asyncio.gather(*(one(p) for p in plans)))
+
+
+def proxy_config(s: DemoSettings, upstream: str) -> Any:
+    """Embedded defaults plus what the demo needs: its upstream, log dir, BudgetMix, seed."""
+    from budgetproxy.config import load_config
+
+    return load_config(None, {
+        "upstreams": [{"name": "simulated", "base_url": upstream}],
+        "trajectories": {"dir": str(s.out / "trajectories")},
+        "store": {"kind": "memory"},
+        "budget": {"sampler": "budgetmix", "seed": s.seed},
+        "disclosure": {"mode": "hidden"},
+    })
+
+
+def _analyze(argv: list[str]) -> tuple[int, str]:
+    """Run `budgetproxy analyze` in-process; returns its exit code and what it printed."""
+    from budgetproxy.analysis import command as analysis
+
+    parser = argparse.ArgumentParser(prog="budgetproxy")
+    analysis.register(parser.add_subparsers(dest="command"))
+    args = parser.parse_args(["analyze", *argv])
+    out = io.StringIO()
+    with contextlib.redirect_stdout(out):
+        code = int(args.func(args))
+    return code, out.getvalue()
+
+
+def add_summary_to_report(report: Path, summary: Sequence[str]) -> None:
+    """Put the demo's findings at the top of the analysis report."""
+    page = report.read_text(encoding="utf-8")
+    section = ("<h2>What this demo shows</h2><pre>" + html.escape("\n".join(summary))
+               + "</pre>")
+    at = page.find("<h2>")
+    page = page[:at] + section + page[at:] if at >= 0 else page.replace("</body>",
+                                                                         section + "</body>")
+    report.write_text(page, encoding="utf-8")
+
+
+def _clear_old_logs(folder: Path) -> int:
+    """Remove trajectory logs of an earlier demo in the same folder, so runs don't mix."""
+    removed = 0
+    for old in [*folder.glob("*.jsonl"), *folder.glob("*.jsonl.gz")]:
+        old.unlink()
+        removed += 1
+    return removed
+
+
+def run_demo(s: DemoSettings, out: TextIO = sys.stdout, err: TextIO = sys.stderr) -> DemoOutcome:
+    """The whole demo; raises on failure. Writes OUT/{trajectories/,metrics.txt,report.html,
+    pass_at.json,summary.txt}."""
+    from budgetproxy.client import BudgetClient
+    from budgetproxy.demo.model_server import ModelServer
+    from budgetproxy.demo.summary import BY, what_this_shows
+    from budgetproxy.server import ProxyServer
+
+    started = time.monotonic()
+    traj = s.out / "trajectories"
+    traj.mkdir(parents=True, exist_ok=True)
+    if removed := _clear_old_logs(traj):
+        print(f"removed {removed} trajectory file(s) of an earlier run in {traj}", file=err)
+    plans = plan_episodes(s)
+    outcome = DemoOutcome()
+    with ModelServer(seed=s.seed) as model:
+        with ProxyServer(proxy_config(s, model.base_url)) as proxy:
+            print(f"proxy on {proxy.url}, simulated model on {model.base_url}; "
+                  f"{len(plans)} episodes on {len(s.tasks)} FrozenLake maps", file=err)
+            bar = ProgressBar(len(plans), err)
+            try:
+                outcome.results = asyncio.run(play_all(proxy.url, plans, s.concurrency, bar))
+            finally:
+                bar.close()
+            with BudgetClient(proxy.url) as api:
+                metrics = api.metrics()
+        # The proxy has stopped: every trajectory record is on disk.
+    (s.out / "metrics.txt").write_text(metrics, encoding="utf-8")
+    ks = ",".join(map(str, s.analysis_k))
+    report = s.out / "report.html"
+    common = [str(traj), "--k", ks, "--by", ",".join(BY), "--seed", str(s.seed)]
+    code, table = _analyze([*common, "--report", str(report)])
+    if code not in (0, 1):
+        raise RuntimeError(f"budgetproxy analyze failed (exit {code})")
+    code, as_json = _analyze([*common, "--json"])
+    outcome.pass_at = list(json.loads(as_json).get("pass_at", []))
+    outcome.summary = what_this_shows(outcome.pass_at, outcome.results)
+    add_summary_to_report(report, outcome.summary)
+    (s.out / "pass_at.json").write_text(as_json, encoding="utf-8")
+    (s.out / "summary.txt").write_text("\n".join(outcome.summary) + "\n", encoding="utf-8")
+    outcome.seconds = time.monotonic() - started
+    print(table, file=out)
+    print("\n".join(outcome.summary), file=out)
+    turns = sum(r.turns for r in outcome.results)
+    print(f"\n{len(outcome.results)} episodes, {turns:,} turns in {outcome.seconds:.0f}s. "
+          f"Left in {s.out}:", file=out)
+    for name, what in (("report.html", "the HTML report"),
+                       ("trajectories/", "the proxy's JSONL trajectories"),
+                       ("metrics.txt", "a /metrics snapshot (Prometheus text)"),
+                       ("pass_at.json", "the Pass@(K,T) cells (analyze --json)"),
+                       ("summary.txt", "what this shows")):
+        print(f"  {s.out / name}  {what}", file=out)
+    print(f"Re-run the analysis: budgetproxy analyze {traj} --by {','.join(BY)}", file=out)
+    return outcome
