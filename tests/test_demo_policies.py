@@ -73,9 +73,10 @@ def test_same_request_same_reply_and_seeds_sample() -> None:
         first = completion(7, body(f"sim-{name}", messages, seed=3))
         assert first is not None
         assert completion(7, body(f"sim-{name}", messages, seed=3)) == first
-    plans = {tuple(moves_of(completion(0, body("sim-recovering", messages, s)))) for s in range(40)}
+    model = "sim-recovering"
+    plans = {tuple(moves_of(completion(0, body(model, messages, s)))) for s in range(40)}
     assert len(plans) > 1  # request seeds sample like a temperature would
-    served = {tuple(moves_of(completion(s, body("sim-recovering", messages, 1)))) for s in range(40)}
+    served = {tuple(moves_of(completion(s, body(model, messages, 1)))) for s in range(40)}
     assert len(served) > 1  # and so does the server's seed
 
 
