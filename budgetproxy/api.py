@@ -15,6 +15,7 @@ from fastapi.exceptions import RequestValidationError
 from fastapi.responses import Response
 from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_latest
 from pydantic import BaseModel, ConfigDict, Field, StrictBool
+from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from budgetproxy.config import Config
 from budgetproxy.core.budget import tier_label
@@ -116,6 +117,13 @@ def build_api(
         else:
             msg = f"{param or 'body'}: {first.get('msg', 'invalid value')}"
         return _error(ProxyError(400, "invalid_request", msg, param=param))
+
+    @app.exception_handler(StarletteHTTPException)
+    async def _http_error(_: Request, exc: StarletteHTTPException) -> Response:
+        # Unknown routes and methods are the proxy's own errors too: OpenAI-shaped.
+        code = {404: "not_found", 405: "method_not_allowed"}.get(exc.status_code, "http_error")
+        return _error(ProxyError(exc.status_code, code, str(exc.detail),
+                                 headers=dict(exc.headers or {})))
 
     @app.exception_handler(StoreUnavailable)
     async def _store_down(_: Request, exc: StoreUnavailable) -> Response:

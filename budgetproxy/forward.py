@@ -423,17 +423,25 @@ class ModelCalls:
                 out["x-api-key"] = key.decode("latin-1")
         return out
 
+    def _refunded(self, call: _Call) -> bool:
+        """Whether settling gives this call's turn back (core.episode.settle's rule)."""
+        return (
+            call.result is SettleResult.REFUNDABLE and call.grant is not None
+            and call.grant.charged and not self.budget_cfg.count_failed_turns
+        )
+
     def _episode_headers(self, call: _Call) -> list[tuple[bytes, bytes]]:
         st, grant = call.state, call.grant
         if st is None or call.episode_id is None:
             return []
+        # A refused call is reported as the turn it would have been, as in its log record.
         turn = grant.turn if grant is not None and grant.kind is GrantKind.FORWARD else (
-            st.turns_used)
+            st.turns_used + 1)
         out = [(b"x-episode-id", call.episode_id.encode()), (b"x-episode-turn", b"%d" % turn)]
         mode = self.cfg.episodes.budget_headers
         if mode == "always" or (mode == "disclosed_only" and st.disclosure == "disclosed"):
             remaining = st.remaining
-            if call.result is SettleResult.REFUNDABLE and grant is not None and grant.charged:
+            if self._refunded(call):
                 remaining = min(st.budget, remaining + 1)
             out.append((b"x-episode-budget", b"%d" % st.budget))
             out.append((b"x-episode-remaining", b"%d" % remaining))
@@ -690,7 +698,7 @@ class ModelCalls:
         grant, st = call.grant, call.state
         if grant is None or st is None:
             return reply
-        charged = grant.charged and call.result is not SettleResult.REFUNDABLE
+        charged = grant.charged and not self._refunded(call)
         if charged and m is not None:
             m.turns.labels(tier_label(st.budget, st.max_turns), st.disclosure).inc()
         await self._record_turn(call, call.conversation, reply, charged=grant.charged)
@@ -712,7 +720,7 @@ class ModelCalls:
         turn = grant.turn if grant is not None and grant.kind is GrantKind.FORWARD else (
             st.turns_used + 1)
         remaining = st.remaining
-        if call.result is SettleResult.REFUNDABLE and charged:
+        if charged and self._refunded(call):
             remaining = min(st.budget, remaining + 1)
         reply = reply or {}
         await self.recorder.turn(
@@ -736,7 +744,7 @@ class ModelCalls:
                 "usage": reply.get("usage"),
                 "budget": st.budget,
                 "remaining": remaining,
-                "charged": charged and call.result is not SettleResult.REFUNDABLE,
+                "charged": charged and not self._refunded(call),
                 "disclosure": {"arm": st.disclosure, "text": call.disclosure_text},
                 "task_id": st.task_id,
                 "group": st.group,

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import math
+import signal
 import threading
 from typing import Any
 
@@ -78,7 +79,13 @@ def run_foreground(config: Config) -> int:
     server = _AnnouncingServer(
         uvicorn_config(app, config, host=config.server.host, port=config.server.port), True
     )
-    server.run()
+    # uvicorn re-raises the signal it shut down on once it is done; a SIGTERM that ended in a
+    # clean, drained shutdown must exit 0, so that re-raise lands on a no-op handler.
+    previous = signal.signal(signal.SIGTERM, lambda *_: None)
+    try:
+        server.run()
+    finally:
+        signal.signal(signal.SIGTERM, previous)
     return 0 if server.started else 1
 
 

@@ -20,10 +20,16 @@ def tier_label(budget: int, max_turns: int | None) -> str:
 
 
 def budgetmix_candidates(max_turns: int, step: float) -> list[int]:
-    """Candidate budgets at step intervals of max_turns: i = 1..round(1/step)."""
+    """Candidate budgets at step intervals of max_turns: i = 1..round(1/step).
+
+    Capped at max_turns: a step that does not divide 1 (0.15, 0.4) would otherwise draw a
+    budget the proxy itself refuses as outside 1..max_turns.
+    """
     step_q = Fraction(str(step))
     n = max(1, round_half_up(1 / step_q))
-    return [max(1, round_half_up(i * step_q * max_turns)) for i in range(1, n + 1)]
+    return [
+        min(max_turns, max(1, round_half_up(i * step_q * max_turns))) for i in range(1, n + 1)
+    ]
 
 
 def _unit_draw(*parts: object) -> Fraction:
