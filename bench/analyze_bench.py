@@ -57,23 +57,20 @@ to_json({
     model: CASE WHEN task % 2 = 0 THEN 'qwen3-4b' ELSE 'qwen3-4b-grpo' END,
     route: '/v1/chat/completions', stream: false, status: 'ok', http_status: 200,
     request_messages: CASE WHEN r.turn = 1 THEN [
-            {role: 'system', tool_call_id: NULL,
-             content: 'You are a careful SQL agent. Use the tools to answer the question.'},
-            {role: 'user', tool_call_id: NULL,
-             content: 'Task ' || task || ': list the customers whose orders in 2025 exceeded '
-                      || 'the average order value of their region, ordered by total.'}]
-        ELSE [{role: 'tool', tool_call_id: 'call_' || i || '_' || (r.turn - 1),
-               content: CASE WHEN hash(i, r.turn, 'err') % 10 = 0
+            {role: 'system', content: 'You are a careful SQL agent. Use the tools to answer '
+                                      || 'the question.', tool_call_id: NULL, tool_calls: NULL},
+            {role: 'user', content: 'Task ' || task || ': list the customers whose orders in '
+                 || '2025 exceeded the average order value of their region, ordered by total.',
+             tool_call_id: NULL, tool_calls: NULL}]
+        ELSE [{role: 'assistant', content: NULL, tool_call_id: NULL,
+               tool_calls: [bp_call(i, r.turn - 1, r.prev_args)]},
+              {role: 'tool', content: CASE WHEN hash(i, r.turn, 'err') % 10 = 0
                    THEN 'Error: no such column: c' || (hash(i, r.turn) % 9) || '.total'
                    ELSE 'id | name | total' || chr(10) || '17 | Ada | 912.5' || chr(10)
-                        || '23 | Lin | 877.0' END}] END,
-    messages_offset: CASE WHEN r.turn = 1 THEN 0 ELSE r.turn END,
-    response: {content: NULL, tool_calls: [{
-        id: 'call_' || i || '_' || r.turn, type: 'function',
-        function: {name: CASE WHEN hash(i, r.args, 'tool') % 3 = 0 THEN 'describe'
-                              ELSE 'run_sql' END,
-                   arguments: '{"query": "SELECT name, total FROM orders WHERE id = '
-                              || hash(i, r.args) % 1000 || '"}'}}]},
+                        || '23 | Lin | 877.0' END,
+               tool_call_id: 'call_' || i || '_' || (r.turn - 1), tool_calls: NULL}] END,
+    messages_offset: CASE WHEN r.turn = 1 THEN 0 ELSE 2 * r.turn - 1 END,
+    response: {content: NULL, tool_calls: [bp_call(i, r.turn, r.args)]},
     finish_reason: 'tool_calls',
     usage: {prompt_tokens: 400 + 120 * r.turn, completion_tokens: 20 + hash(i, r.turn) % 80},
     budget: budget, remaining: budget - r.turn, charged: true,
@@ -82,6 +79,15 @@ to_json({
                  END},
     task_id: 'task-' || task, "group": 'g' || g
 })
+"""
+
+# The tool call made at turn t, with the arguments of turn a (a repeat when a < t).
+CALL_MACRO = """
+CREATE MACRO bp_call(i, t, a) AS {
+    id: 'call_' || i || '_' || t, type: 'function',
+    "function": {name: CASE WHEN hash(i, a, 'tool') % 3 = 0 THEN 'describe' ELSE 'run_sql' END,
+                 arguments: '{"query": "SELECT name, total FROM orders WHERE id = '
+                            || hash(i, a) % 1000 || '"}'}}
 """
 
 EPISODE_LINE = """
@@ -120,13 +126,17 @@ def generate(out: Path, turns: int, files: int, seed: int) -> tuple[int, int]:
     con.execute(sql)
     con.execute(f"DELETE FROM ep WHERE cum > {turns}")
     n_turns, n_episodes = con.execute("SELECT sum(turns_used), count(*) FROM ep").fetchone()
-    # Turns whose tool call errored repeat the failed call's arguments 40% of the time.
+    # After a tool error, the next call repeats the failed one 40% of the time.
+    con.execute(
+        "CREATE MACRO bp_args(i, t) AS CASE WHEN hash(i, t, 'err') % 10 = 0 "
+        "AND hash(i, t, 'repeat') % 10 < 4 THEN t - 1 ELSE t END"
+    )
+    con.execute(CALL_MACRO)
     lines = f"""
         SELECT i % {files} AS part, line FROM (
             SELECT i, {TURN_LINE} AS line
-            FROM ep, (SELECT r.turn, CASE WHEN hash(i, r.turn, 'err') % 10 = 0
-                                           AND hash(i, r.turn, 'repeat') % 10 < 4
-                                      THEN r.turn - 1 ELSE r.turn END AS args
+            FROM ep, (SELECT r.turn, bp_args(i, r.turn) AS args,
+                             bp_args(i, r.turn - 1) AS prev_args
                       FROM range(1, turns_used + 1) r(turn)) r
             UNION ALL
             SELECT i, {EPISODE_LINE} FROM ep)

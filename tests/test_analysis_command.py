@@ -154,24 +154,30 @@ def test_audit_flags_non_uniform_draws(tmp_path: Path, capsys: pytest.CaptureFix
     assert audit["p_value"] < 1e-6
 
 
-def turn(eid: str, n: int, tool: tuple[str, str] | None, call: tuple[str, str, str] | None,
-         **fields: Any) -> dict[str, Any]:  # fmt: skip
-    """A turn whose request carries the tool result `tool` = (call id, text) and whose
-    response makes the tool call `call` = (id, name, arguments)."""
-    messages = [{"role": "user", "content": "solve it"}] if tool is None else [
-        {"role": "tool", "tool_call_id": tool[0], "content": tool[1]}]  # fmt: skip
-    calls = (
-        None
-        if call is None
-        else [
-            {"id": call[0], "type": "function", "function": {"name": call[1], "arguments": call[2]}}
+Call = tuple[str, str, str]  # (id, name, arguments)
+
+
+def tool_calls(*calls: Call) -> list[dict[str, Any]]:
+    return [{"id": i, "type": "function", "function": {"name": n, "arguments": a}}
+            for i, n, a in calls]  # fmt: skip
+
+
+def turn(
+    eid: str, n: int, echoed: Call | None, result: str | None, call: Call | None, **fields: Any
+) -> dict[str, Any]:
+    """A turn as the proxy logs it: the request's new messages are the assistant message
+    echoing the previous call and that call's tool result; the response makes `call`."""
+    messages: list[dict[str, Any]] = [{"role": "user", "content": "solve it"}]
+    if echoed is not None:
+        messages = [
+            {"role": "assistant", "content": None, "tool_calls": tool_calls(echoed)},
+            {"role": "tool", "tool_call_id": echoed[0], "content": result},
         ]
-    )
     record: dict[str, Any] = {
         "schema": 1, "type": "turn", "episode_id": eid, "turn": n, "attempt": 1,
         "status": "ok", "request_messages": messages, "messages_offset": n,
-        "response": {"content": None, "tool_calls": calls}, "budget": 10, "remaining": 10 - n,
-        "disclosure": {"arm": "hidden", "text": None},
+        "response": {"content": None, "tool_calls": tool_calls(call) if call else None},
+        "budget": 10, "remaining": 10 - n, "disclosure": {"arm": "hidden", "text": None},
     }  # fmt: skip
     record.update(fields)
     return record
@@ -179,38 +185,48 @@ def turn(eid: str, n: int, tool: tuple[str, str] | None, call: tuple[str, str, s
 
 def test_recovery_view(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     q1, q2 = '{"q": "SELECT a"}', '{"q": "SELECT b"}'
+    c1, c2 = ("c1", "sql", q1), ("c2", "sql", q2)
+    d1, d2 = ("d1", "sql", q1), ("d2", "sql", '{"q":  "SELECT a"}')  # d2 repeats d1
+    won = {"outcome": "success", "end_reason": "success", "exhausted": False}
     records = [
         # r: error, then a different call; succeeds
-        turn("r", 1, None, ("c1", "sql", q1)),
-        turn("r", 2, ("c1", "Error: no column a"), ("c2", "sql", q2)),
-        turn("r", 3, ("c2", "ok: 3 rows"), None),
-        episode("r", "t1", "g", 10, outcome="success", end_reason="success", success_turn=3,
-                turns_used=3),
-        # s: error, then the same call again (whitespace differs), error again, then gives up
-        turn("s", 1, None, ("d1", "sql", q1)),
-        turn("s", 2, ("d1", "Error: no column a"), ("d2", "sql", '{"q":  "SELECT a"}')),
-        turn("s", 3, ("d2", "Error: no column a"), None),
+        turn("r", 1, None, None, c1),
+        turn("r", 2, c1, "Error: no column a", c2),
+        turn("r", 3, c2, "ok: 3 rows", None),
+        episode("r", "t1", "g", 10, success_turn=3, turns_used=3, **won),
+        # s: error, the same call again (whitespace differs), error again, a text answer
+        turn("s", 1, None, None, d1),
+        turn("s", 2, d1, "Error: no column a", d2),
+        turn("s", 3, d2, "Error: no column a", None),
         episode("s", "t1", "g", 10, turns_used=3, end_reason="failure", exhausted=False),
         # u: no error; succeeds
-        turn("u", 1, None, ("e1", "sql", q2)),
-        turn("u", 2, ("e1", "ok"), None),
-        episode("u", "t1", "g", 10, outcome="success", end_reason="success", success_turn=2,
-                turns_used=2),
-        # v: parts-style content, error at the last turn (no next response: not judged)
-        turn("v", 1, None, ("f1", "sql", q1)),
-        turn("v", 2, None, None, status="rejected", response=None,
-             request_messages=[{"role": "tool", "tool_call_id": "f1",
-                                "content": [{"type": "text", "text": "Error: boom"}]}]),
+        turn("u", 1, None, None, c2),
+        turn("u", 2, c2, "ok", None),
+        episode("u", "t1", "g", 10, success_turn=2, turns_used=2, **won),
+        # v: parts-style content; the turn was refused, so no next action to judge
+        turn("v", 1, None, None, c1),
+        turn("v", 2, c1, None, None, status="rejected", response=None),
         episode("v", "t1", "g", 10, turns_used=2, end_reason="exhausted"),
+        # w: a retried turn is judged once, by its answered attempt
+        turn("w", 1, None, None, c1),
+        turn("w", 2, c1, "Error: x", None, status="upstream_error", response=None),
+        turn("w", 2, c1, "Error: x", c2, attempt=2),
+        episode("w", "t1", "g", 10, success_turn=2, turns_used=2, **won),
+        # x: an error whose call was not echoed: counted, not judged
+        turn("x", 1, None, None, c1),
+        turn("x", 2, None, None, c2,
+             request_messages=[{"role": "tool", "tool_call_id": "c1", "content": "Error: y"}]),
+        episode("x", "t1", "g", 10, turns_used=2, end_reason="failure", exhausted=False),
     ]  # fmt: skip
+    records[12]["request_messages"][1]["content"] = [{"type": "text", "text": "Error: boom"}]
     log = tmp_path / "log.jsonl"
     log.write_text("".join(json.dumps(r) + "\n" for r in records))
     assert analyze(str(log), "--error-pattern", "^Error:", "--json", "--k", "1") == 0
     (row,) = json.loads(capsys.readouterr().out)["recovery"]
     assert row == {
-        "disclosure": "hidden", "model": "m", "episodes": 4, "episodes_with_error": 3,
-        "success_after_error": pytest.approx(1 / 3), "success_without_error": 1.0,
-        "errors": 4, "errors_with_next_action": 3, "changed_next_action": pytest.approx(2 / 3),
+        "disclosure": "hidden", "model": "m", "episodes": 6, "episodes_with_error": 5,
+        "success_after_error": pytest.approx(2 / 5), "success_without_error": 1.0,
+        "errors": 6, "errors_with_next_action": 4, "changed_next_action": pytest.approx(3 / 4),
     }  # fmt: skip
     assert analyze(str(log), "--error-pattern", "^Error:", "--k", "1") == 0
     assert "Recovery after tool errors" in capsys.readouterr().out
@@ -219,7 +235,7 @@ def test_recovery_view(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> No
 def test_empty_input_says_so_and_fails(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     assert analyze(str(tmp_path)) == 1
     assert "no trajectory logs" in capsys.readouterr().err
-    (tmp_path / "turns.jsonl").write_text(json.dumps(turn("a", 1, None, None)) + "\n")
+    (tmp_path / "turns.jsonl").write_text(json.dumps(turn("a", 1, None, None, None)) + "\n")
     assert analyze(str(tmp_path)) == 1
     assert "no episode records" in capsys.readouterr().err
 

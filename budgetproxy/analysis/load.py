@@ -1,9 +1,9 @@
 """Reading trajectory logs (JSONL, .jsonl.gz, Parquet) into DuckDB, counting what is skipped.
 
-Episode records become the temp table `episodes` (validated, typed, one row per episode_id:
-the last record wins). Turn records stay in the files: `create_turns_view` defines a view
-that re-reads them for the recovery view and the Parquet export, so they never become Python
-objects.
+Episode records become the temp table `episodes`: validated, typed, one row per episode_id
+(of several records the last wins: latest ended_at, then later file). Turn records stay in the
+files: `create_turns_view` defines views that re-read them for the recovery view and the
+Parquet export, so they never become Python objects.
 """
 
 from __future__ import annotations
@@ -26,7 +26,7 @@ __all__ = [
 LOG_SUFFIXES = (".jsonl", ".jsonl.gz", ".parquet")
 MAX_LINE_BYTES = 1 << 30  # a turn record can carry a whole file in a tool result
 
-# Episode fields as (name, SQL type once validated). Everything arrives as text first.
+# Episode fields read from each record; all arrive as text and are validated in SQL.
 EPISODE_FIELDS = (
     "episode_id", "task_id", "group", "tags", "model", "budget", "max_turns", "tier",
     "disclosure", "announced_budget", "turns_used", "outcome", "success_turn", "reward",
@@ -107,38 +107,35 @@ def _read_lines(files: Sequence[str]) -> str:
     )
 
 
-# One pass over every line. Lines mentioning "episode" (as a whole JSON string) are kept for
-# parsing; turn lines are only checked (schema, type) and counted; everything else is grouped
-# by the reason it is skipped. Turn lines collapse into one row per file.
+# One pass over every line, parsed once for its schema and type. Episode lines are kept for
+# the next step; turn lines only counted (one row per file); anything else grouped by the
+# reason it is skipped.
 SCAN_SQL = """
 CREATE TEMP TABLE scan AS
-WITH src AS (
-    SELECT filename AS file, line, contains(line, '"episode"') AS maybe_episode
+WITH head AS (
+    SELECT filename AS file, line,
+        CASE WHEN line IS NOT NULL
+             THEN try(json_extract_string(line, ['$.schema', '$.type'])) END AS h
     FROM {lines}
-), head AS (
-    SELECT file, line, maybe_episode,
-           CASE WHEN line IS NOT NULL AND NOT maybe_episode
-                THEN try(json_extract_string(line, ['$.schema', '$.type'])) END AS h
-    FROM src
 ), kinded AS (
     -- CASE evaluates a branch only for the rows that reach it: trim() runs on bad lines only
-    SELECT file, line,
+    SELECT file, line, h,
         CASE WHEN line IS NULL THEN 'blank'
-             WHEN maybe_episode THEN 'episode'
              WHEN h IS NULL THEN (CASE WHEN trim(line) = '' THEN 'blank' ELSE 'bad' END)
+             WHEN h[2] = 'episode' THEN 'episode'
              WHEN h[1] = '{schema}' AND h[2] = 'turn' THEN 'turn'
-             ELSE 'bad' END AS kind,
-        CASE WHEN line IS NULL OR maybe_episode OR (h[1] = '{schema}' AND h[2] = 'turn')
-                THEN NULL
-             WHEN h IS NULL THEN 'not valid JSON (truncated line?)'
-             WHEN h[1] IS NULL THEN 'no "schema" field'
-             WHEN h[1] <> '{schema}' THEN 'unknown schema version ' || h[1]
-             WHEN h[2] IS NULL THEN 'no "type" field'
-             ELSE 'unknown record type ' || h[2] END AS reason
+             ELSE 'bad' END AS kind
     FROM head
 )
-SELECT file, kind, reason, CASE WHEN kind = 'episode' THEN line END AS line,
-       count(*) AS n, min(CASE WHEN kind = 'bad' THEN left(line, 100) END) AS sample
+SELECT file, kind,
+    CASE WHEN kind <> 'bad' THEN NULL
+         WHEN h IS NULL THEN 'not valid JSON (truncated line?)'
+         WHEN h[1] IS NULL THEN 'no "schema" field'
+         WHEN h[1] <> '{schema}' THEN 'unknown schema version ' || h[1]
+         WHEN h[2] IS NULL THEN 'no "type" field'
+         ELSE 'unknown record type ' || h[2] END AS reason,
+    CASE WHEN kind = 'episode' THEN line END AS line,
+    count(*) AS n, min(CASE WHEN kind = 'bad' THEN left(line, 100) END) AS sample
 FROM kinded GROUP BY ALL
 """
 

@@ -1,10 +1,11 @@
 """Recovery view: after a tool error, does the agent still succeed, and does it change course?
 
 An error is a tool-result message (`role: tool` in a turn's request_messages) whose text
-matches the pattern. The action that produced it is the previous turn's tool call with the
-message's tool_call_id (without an id: all of the previous turn's calls); the next action is
-the response of the turn that carried the error back to the model. The action changed unless
-that response repeats the failed call (same tool name and arguments).
+matches the pattern. The failed action is the assistant tool call with that message's
+tool_call_id, which the agent echoes in the same request; the next action is the response of
+that turn. The action changed unless that response repeats the failed call (same tool name and
+arguments). Errors whose call cannot be found, or whose turn got no answer, are counted but
+not judged.
 """
 
 from __future__ import annotations
@@ -19,83 +20,69 @@ from budgetproxy.analysis.progress import Progress
 
 # The turn fields the view needs, typed so each line is parsed once. A message content that
 # is a list of parts arrives as its JSON text.
+CALL = 'STRUCT(id VARCHAR, "function" STRUCT(name VARCHAR, arguments VARCHAR))'
 COLUMNS = {
     "episode_id": "VARCHAR", "turn": "BIGINT", "attempt": "BIGINT", "status": "VARCHAR",
-    "request_messages": "STRUCT(role VARCHAR, content VARCHAR, tool_call_id VARCHAR)[]",
-    "response": "STRUCT(content VARCHAR, tool_calls STRUCT(id VARCHAR, "
-                '"function" STRUCT(name VARCHAR, arguments VARCHAR))[])',
+    "request_messages": "STRUCT(role VARCHAR, content VARCHAR, tool_call_id VARCHAR, "
+                        f"tool_calls {CALL}[])[]",
+    "response": f"STRUCT(content VARCHAR, tool_calls {CALL}[])",
 }  # fmt: skip
 
-# Pass 1, over every turn: per episode, the (turn, tool_call_ids) of its tool errors.
+# A tool call as name(arguments), arguments re-serialised so whitespace is not a change.
+SIG = """coalesce({c}."function".name, '') || '(' || CASE
+    WHEN json_valid({c}."function".arguments) THEN CAST(json({c}."function".arguments) AS VARCHAR)
+    ELSE coalesce({c}."function".arguments, '') END || ')'"""
+
+# One pass over the turns. A turn's request_messages hold what is new since the turn before:
+# the assistant message echoing the previous response (the failed call) and the tool results.
+# Per turn with an error: the failed call of each error (found by tool_call_id among the
+# echoed calls) and the calls of this turn's response (the next action).
 SCAN_SQL = """
 CREATE OR REPLACE TEMP TABLE recovery_scan AS
 WITH per_turn AS (
-    SELECT episode_id, turn, list_transform(list_filter(request_messages, lambda m:
+    SELECT episode_id, turn, attempt, status, request_messages AS msgs, response,
+        list_transform(list_filter(request_messages, lambda m:
             m.role = 'tool' AND regexp_matches(
                 CASE WHEN starts_with(m.content, '[{{') AND json_valid(m.content)
                      THEN array_to_string(json_extract_string(m.content, '$[*].text'), chr(10))
                      ELSE coalesce(m.content, '') END, {pattern})),
         lambda m: m.tool_call_id) AS error_ids
     FROM recovery_turns
+), with_errors AS (
+    SELECT episode_id, CASE WHEN len(error_ids) > 0 THEN {{
+        'turn': turn, 'attempt': coalesce(attempt, 1),
+        'answered': coalesce(status, 'ok') = 'ok' AND response IS NOT NULL,
+        'failed': list_transform(error_ids, lambda i: list_transform(list_filter(
+            flatten(list_transform(msgs, lambda m: coalesce(m.tool_calls, []))),
+            lambda c: c.id = i), lambda c: {sig_c})[1]),
+        'next': list_transform(coalesce(response.tool_calls, []), lambda c: {sig_c})
+    }} END AS error_turn
+    FROM per_turn
 )
-SELECT episode_id,
-    list({{'turn': turn, 'ids': error_ids}}) FILTER (WHERE len(error_ids) > 0) AS errors
-FROM per_turn GROUP BY episode_id
+SELECT episode_id, list(error_turn) FILTER (WHERE error_turn IS NOT NULL) AS error_turns
+FROM with_errors GROUP BY episode_id
 """
 
-ERRORS_SQL = """
-CREATE OR REPLACE TEMP TABLE recovery_errors AS
-SELECT DISTINCT episode_id, e.turn, unnest(e.ids) AS call_id
-FROM (SELECT episode_id, unnest(errors) AS e FROM recovery_scan WHERE errors IS NOT NULL)
-"""
-
-# Pass 2, over the turns around errors only (the turn before: the failed call; the turn of
-# the error: the next action): each turn's tool calls as signatures name(arguments), with
-# arguments re-serialised so that whitespace does not count as a change.
-CALLS_SQL = """
-CREATE OR REPLACE TEMP TABLE recovery_calls AS
-WITH needed AS (
-    SELECT DISTINCT episode_id, turn FROM (
-        SELECT episode_id, turn FROM recovery_errors
-        UNION ALL SELECT episode_id, turn - 1 FROM recovery_errors)
-)
-SELECT t.episode_id, t.turn,
-    list_transform(coalesce(t.response.tool_calls, []), lambda c: {
-        'id': c.id,
-        'sig': coalesce(c."function".name, '') || '(' || CASE
-            WHEN json_valid(c."function".arguments)
-            THEN CAST(json(c."function".arguments) AS VARCHAR)
-            ELSE coalesce(c."function".arguments, '') END || ')'}) AS calls
-FROM recovery_turns t SEMI JOIN needed n ON n.episode_id = t.episode_id AND n.turn = t.turn
-WHERE coalesce(t.status, 'ok') = 'ok' AND t.response IS NOT NULL
-QUALIFY row_number() OVER (
-    PARTITION BY t.episode_id, t.turn ORDER BY t.attempt DESC NULLS LAST) = 1
-"""
-
+# Retries repeat a turn's request: judge each turn once, by its last answered attempt.
 JUDGED_SQL = """
 CREATE OR REPLACE TEMP TABLE recovery_judged AS
-WITH paired AS (
-    SELECT e.episode_id, e.turn, prev.calls AS prev_calls, nxt.calls AS next_calls,
-        list_filter(prev.calls, lambda c: c.id = e.call_id)[1].sig AS failed
-    FROM recovery_errors e
-    LEFT JOIN recovery_calls prev ON prev.episode_id = e.episode_id AND prev.turn = e.turn - 1
-    LEFT JOIN recovery_calls nxt ON nxt.episode_id = e.episode_id AND nxt.turn = e.turn
+WITH turns AS (
+    SELECT episode_id, max_by(x, x.answered::INTEGER * 1000000 + x.attempt) AS x
+    FROM (SELECT episode_id, unnest(error_turns) AS x FROM recovery_scan
+          WHERE error_turns IS NOT NULL)
+    GROUP BY episode_id, x.turn
+), errors AS (
+    SELECT episode_id, x.answered AS answered, x.next AS next, unnest(x.failed) AS failed
+    FROM turns
 )
-SELECT episode_id, turn,
-    next_calls IS NOT NULL AND (failed IS NOT NULL OR prev_calls IS NOT NULL) AS judged,
-    CASE WHEN failed IS NOT NULL
-         THEN list_contains(list_transform(next_calls, lambda c: c.sig), failed)
-         ELSE list_sort(list_transform(next_calls, lambda c: c.sig))
-              = list_sort(list_transform(prev_calls, lambda c: c.sig)) END AS repeated
-FROM paired
+SELECT episode_id, count(*) AS errors,
+    count(*) FILTER (WHERE answered AND failed IS NOT NULL) AS judged,
+    count(*) FILTER (WHERE answered AND failed IS NOT NULL
+                     AND NOT list_contains(next, failed)) AS changed
+FROM errors GROUP BY episode_id
 """
 
 SUMMARY_SQL = """
-WITH per_episode AS (
-    SELECT episode_id, count(*) AS errors, count(*) FILTER (WHERE judged) AS judged,
-           count(*) FILTER (WHERE judged AND NOT repeated) AS changed
-    FROM recovery_judged GROUP BY episode_id
-)
 SELECT e.disclosure, e.model, count(*) AS episodes,
     count(p.episode_id) AS with_error,
     count(p.episode_id) FILTER (WHERE e.success) AS with_error_success,
@@ -103,7 +90,7 @@ SELECT e.disclosure, e.model, count(*) AS episodes,
     coalesce(sum(p.errors), 0), coalesce(sum(p.judged), 0), coalesce(sum(p.changed), 0)
 FROM episodes e
 JOIN recovery_scan s USING (episode_id)
-LEFT JOIN per_episode p USING (episode_id)
+LEFT JOIN recovery_judged p USING (episode_id)
 WHERE e.end_reason <> 'abandoned'
 GROUP BY ALL ORDER BY e.disclosure, e.model NULLS LAST
 """
@@ -136,9 +123,8 @@ def compute_recovery(
 ) -> list[RecoveryRow]:
     """Needs the `episodes` table. The pattern is an RE2 regex."""
     create_turns_view(con, inputs, "recovery_turns", COLUMNS)
-    progress.execute(con, SCAN_SQL.format(pattern=sql_str(pattern)), "scanning tool results")
-    con.execute(ERRORS_SQL)
-    progress.execute(con, CALLS_SQL, "reading responses around errors")
+    sql = SCAN_SQL.format(pattern=sql_str(pattern), sig_c=SIG.format(c="c"))
+    progress.execute(con, sql, "scanning tool results")
     con.execute(JUDGED_SQL)
     rows = con.execute(SUMMARY_SQL).fetchall()
     out = []
