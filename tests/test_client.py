@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import openai
 import pytest
+from conftest import Proxy, ProxyFactory, free_port, new_id
 
 from budgetproxy.client import AsyncBudgetClient, BudgetClient, BudgetProxyError
-from tests.conftest import Proxy, ProxyFactory, free_port, new_id
 
 MESSAGES = [{"role": "user", "content": "hello"}]
 

@@ -9,8 +9,7 @@ from collections import Counter
 from pathlib import Path
 
 import pytest
-
-from tests.conftest import read_jsonl
+from conftest import read_jsonl
 
 pytestmark = pytest.mark.slow
 

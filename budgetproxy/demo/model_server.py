@@ -1,7 +1,9 @@
 """A simulated OpenAI-compatible model: chat completions answered by the demo's policies.
 
 The request's model name picks the policy (``sim-careful``, ``sim-recovering``,
-``sim-budget-aware``); the reply is ``move`` tool calls, one per planned move. Each reply is
+``sim-budget-aware``); the reply is ``move`` tool calls, one per planned move (only the first
+when the request sets ``parallel_tool_calls: false``), or a short closing text once the last
+message says the game is over. Each reply is
 a pure function of (server seed, the request's ``seed`` field, the messages), so a run is
 reproducible and two episodes that send different seeds sample differently, as a real model
 at a temperature would. Streaming (SSE) is served too, for SDKs that ask for it.
@@ -23,7 +25,13 @@ from typing import Any
 import orjson
 from aiohttp import web
 
-from budgetproxy.demo.policies import MODEL_PREFIX, POLICIES, decide, policy_for_model
+from budgetproxy.demo.policies import (
+    MODEL_PREFIX,
+    POLICIES,
+    decide,
+    game_over,
+    policy_for_model,
+)
 
 _JSON = {"Content-Type": "application/json"}
 
@@ -58,7 +66,10 @@ def completion(seed: int, body: Mapping[str, Any]) -> dict[str, Any] | None:
         return None
     messages = body.get("messages") or []
     raw = request_digest(seed, body.get("seed"), messages)
-    plan = decide(params, messages, reply_rng(raw))
+    closing = game_over(messages)
+    plan = [] if closing else decide(params, messages, reply_rng(raw))
+    if body.get("parallel_tool_calls") is False:
+        plan = plan[:1]
     digest = raw.hex()
     tool_calls = [
         {"id": f"call_{digest[:12]}_{i}", "type": "function",
@@ -69,7 +80,7 @@ def completion(seed: int, body: Mapping[str, Any]) -> dict[str, Any] | None:
     if tool_calls:
         message["tool_calls"] = tool_calls
     else:
-        message["content"] = "I cannot find a FrozenLake map in this conversation."
+        message["content"] = closing or "I cannot find a FrozenLake map in this conversation."
     prompt_tokens = _words(messages)
     completion_tokens = 8 * len(tool_calls) or 10
     return {

@@ -111,6 +111,7 @@ _AT = re.compile(r"You are at \((\d+),(\d+)\)")
 _GOAL = re.compile(r"goal is at \((\d+),(\d+)\)")
 _MOVE = re.compile(r"^- move (left|down|right|up) from \((\d+),(\d+)\): (moved|slid)", re.M)
 _SLIDE = re.compile(r"(\d+)% of moves slide")
+_OVER = re.compile(r"reached the goal|fell into a hole|the game is over")
 _TURN_OF = re.compile(r"Turn (\d+) of (\d+)")
 _REMAIN = re.compile(r"(\d+) turns? remain")
 
@@ -253,6 +254,16 @@ def pace_for(params: PolicyParams, obs: Observation, budget: BudgetLine | None) 
     turns_left = budget.remaining + 1  # this turn included
     need = distances(obs.rows, obs.goal).get(obs.position, 0) * params.margin
     return max(params.pace, min(params.max_pace, math.ceil(need / turns_left)))
+
+
+def game_over(messages: Iterable[Mapping[str, Any]]) -> str | None:
+    """A closing sentence when the latest user or tool message says the game has ended."""
+    last = next((m for m in reversed(list(messages)) if m.get("role") in ("user", "tool")), None)
+    text = message_text(last) if last is not None else ""
+    if parse_observation(text) is not None or not _OVER.search(text):
+        return None
+    won = "reached the goal" in text
+    return "I reached the goal." if won else "The game is over."
 
 
 def decide(
