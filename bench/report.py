@@ -100,6 +100,11 @@ def table(
         ]
         for c in [c for c in levels if c != 1]:
             r = wrk.get(f"c{c}", {})
+            if r.get("requests") == 0:
+                line += [f"none in {r['seconds']:.0f}s", "-", "-"]
+                if c == 32:
+                    line += ["-", "-"]
+                continue
             line += [
                 _fmt(r.get("rps"), ".0f"),
                 _fmt(s.get(f"rps_vs_forwarder_c{c}"), ".2f", "x"),

@@ -199,7 +199,8 @@ def main(argv: list[str] | None = None) -> int:
             for _ in range(repeat):
                 for t in measured:
                     print(f"wrk c={c} {t.name}...", flush=True)
-                    results[t.name].append(loadgen.run_wrk(t, c, duration))
+                    seconds = max(duration, t.min_run_s_c256) if c >= 256 else duration
+                    results[t.name].append(loadgen.run_wrk(t, c, seconds))
             for name, rs in results.items():
                 rows[name]["wrk"][f"c{c}"] = median_result(rs)
         if not args.no_stream_latency:
