@@ -136,8 +136,11 @@ def what_this_shows(
     lines += ["- Disclosure changes behaviour. " + disc_lines[0]]
     if gap is not None:
         lines.append(
-            f"  The largest hidden-vs-disclosed gap is {gap:+.2f}: the budget-aware policy "
-            "speeds up only when the proxy tells it the turns are short."
+            f"  The largest hidden-vs-disclosed gap is {gap:+.2f}: the policy paces itself by "
+            "the budget line the proxy appends, so telling it changes what it does."
+            if gap >= 0.1 else
+            f"  The largest hidden-vs-disclosed gap is only {gap:+.2f}: no clear effect of "
+            "disclosure in this run."
         )
     for control in ("careful", "recovering"):
         control_lines, _ = disclosure_effect(values, control, tiers, k=1)
