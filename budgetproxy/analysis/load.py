@@ -1,9 +1,10 @@
 """Reading trajectory logs (JSONL, .jsonl.gz, Parquet) into DuckDB, counting what is skipped.
 
 Episode records become the temp table `episodes`: validated, typed, one row per episode_id
-(of several records the last wins: latest ended_at, then later file). Turn records stay in the
-files: `create_turns_view` defines views that re-read them for the recovery view and the
-Parquet export, so they never become Python objects.
+(of several records the last wins: latest ended_at, then later file); `turn_episodes` counts
+turn records per episode. Turn records themselves stay in the files: `create_turns_view`
+defines views that re-read them for the recovery view and the Parquet export, so they never
+become Python objects.
 """
 
 from __future__ import annotations
@@ -107,15 +108,16 @@ def _read_lines(files: Sequence[str]) -> str:
     )
 
 
-# One pass over every line, parsed once for its schema and type. Episode lines are kept for
-# the next step; turn lines only counted (one row per file); anything else grouped by the
-# reason it is skipped.
+# One pass over every line, parsed once for its schema, type and episode_id. Episode lines are
+# kept for the next step; turn lines only counted, per file and episode; anything else grouped
+# by the reason it is skipped.
 SCAN_SQL = """
 CREATE TEMP TABLE scan AS
 WITH head AS (
     SELECT filename AS file, line,
         CASE WHEN line IS NOT NULL
-             THEN try(json_extract_string(line, ['$.schema', '$.type'])) END AS h
+             THEN try(json_extract_string(line, ['$.schema', '$.type', '$.episode_id'])) END
+            AS h
     FROM {lines}
 ), kinded AS (
     -- CASE evaluates a branch only for the rows that reach it: trim() runs on bad lines only
@@ -123,7 +125,7 @@ WITH head AS (
         CASE WHEN line IS NULL THEN 'blank'
              WHEN h IS NULL THEN (CASE WHEN trim(line) = '' THEN 'blank' ELSE 'bad' END)
              WHEN h[2] = 'episode' THEN 'episode'
-             WHEN h[1] = '{schema}' AND h[2] = 'turn' THEN 'turn'
+             WHEN h[1] = '{schema}' AND h[2] = 'turn' AND h[3] IS NOT NULL THEN 'turn'
              ELSE 'bad' END AS kind
     FROM head
 )
@@ -133,8 +135,10 @@ SELECT file, kind,
          WHEN h[1] IS NULL THEN 'no "schema" field'
          WHEN h[1] <> '{schema}' THEN 'unknown schema version ' || h[1]
          WHEN h[2] IS NULL THEN 'no "type" field'
+         WHEN h[2] = 'turn' THEN 'turn record without episode_id'
          ELSE 'unknown record type ' || h[2] END AS reason,
     CASE WHEN kind = 'episode' THEN line END AS line,
+    CASE WHEN kind = 'turn' THEN h[3] END AS episode_id,
     count(*) AS n, min(CASE WHEN kind = 'bad' THEN left(line, 100) END) AS sample
 FROM kinded GROUP BY ALL
 """
@@ -162,8 +166,7 @@ SELECT *,
          WHEN TRY_CAST(schema AS DOUBLE) IS DISTINCT FROM {schema}
             THEN 'unknown schema version ' || schema
          WHEN type IS NULL THEN 'no "type" field'
-         WHEN type NOT IN ('turn', 'episode') THEN 'unknown record type ' || type
-         WHEN type = 'turn' THEN NULL
+         WHEN type <> 'episode' THEN 'unknown record type ' || type
          WHEN episode_id IS NULL THEN 'episode record without episode_id'
          WHEN bp_int(budget) IS NULL OR bp_int(budget) < 1 THEN 'episode: missing or invalid budget'
          WHEN disclosure IS NULL OR disclosure NOT IN ('hidden', 'disclosed')
@@ -197,7 +200,7 @@ WITH typed AS (
         end_reason, TRY_CAST(started_at AS TIMESTAMPTZ) AS started_at,
         TRY_CAST(ended_at AS TIMESTAMPTZ) AS ended_at, sample,
         outcome = 'success' OR end_reason = 'success' AS success
-    FROM checked WHERE problem IS NULL AND type = 'episode'
+    FROM checked WHERE problem IS NULL
 )
 SELECT * EXCLUDE (sample, success),
     coalesce(success, false) AS success,
@@ -222,33 +225,38 @@ def load_episodes(con: Any, inputs: Inputs, progress: Progress) -> ScanSummary:
     else:
         con.execute(
             "CREATE TEMP TABLE scan (file VARCHAR, kind VARCHAR, reason VARCHAR, "
-            "line VARCHAR, n BIGINT, sample VARCHAR)"
+            "line VARCHAR, episode_id VARCHAR, n BIGINT, sample VARCHAR)"
         )
     con.execute(RAW_EPISODES_SQL.format(columns=columns, paths=paths))
-    parquet_turns = 0
+    con.execute(
+        "CREATE TEMP TABLE turn_episodes AS SELECT episode_id, sum(n)::BIGINT AS turn_records "
+        "FROM scan WHERE kind = 'turn' GROUP BY episode_id"
+    )
     for path in inputs.parquet:
         kinds = parquet.record_kinds(con, path)
         if "episode" in kinds:
             sql = parquet.episodes_sql(path, kinds["episode"], EPISODE_FIELDS)
             con.execute("INSERT INTO raw_episodes " + sql)
         if "turn" in kinds:
-            sql = parquet.turns_sql(path, kinds["turn"], {"turn": "BIGINT"})
-            parquet_turns += con.execute(f"SELECT count(*) FROM ({sql})").fetchone()[0]
+            sql = parquet.turns_sql(path, kinds["turn"], {"episode_id": "VARCHAR"})
+            con.execute(
+                f"INSERT INTO turn_episodes SELECT episode_id, count(*) FROM ({sql}) "
+                f"WHERE episode_id IS NOT NULL GROUP BY episode_id"
+            )
     con.execute(CHECKED_SQL.format(schema=SCHEMA_VERSION))
     con.execute(EPISODES_SQL)
-    return _summarise(con, inputs, parquet_turns)
+    return _summarise(con, inputs)
 
 
-def _summarise(con: Any, inputs: Inputs, parquet_turns: int) -> ScanSummary:
+def _summarise(con: Any, inputs: Inputs) -> ScanSummary:
     summary = ScanSummary(files=inputs.files, bytes=inputs.total_bytes)
-    (scan_turns,) = con.execute(
-        "SELECT coalesce(sum(n), 0) FROM scan WHERE kind = 'turn'"
+    (turn_records,) = con.execute(
+        "SELECT coalesce(sum(turn_records), 0) FROM turn_episodes"
     ).fetchone()
-    reclassified, episode_records = con.execute(
-        "SELECT coalesce(sum(n) FILTER (WHERE type = 'turn' AND problem IS NULL), 0), "
-        "coalesce(sum(n) FILTER (WHERE type = 'episode' AND problem IS NULL), 0) FROM checked"
+    (episode_records,) = con.execute(
+        "SELECT coalesce(sum(n), 0) FROM checked WHERE problem IS NULL"
     ).fetchone()
-    summary.turn_records = int(scan_turns) + int(reclassified) + parquet_turns
+    summary.turn_records = int(turn_records)
     summary.episode_records = int(episode_records)
     summary.episodes = int(con.execute("SELECT count(*) FROM episodes").fetchone()[0])
     summary.duplicates = summary.episode_records - summary.episodes

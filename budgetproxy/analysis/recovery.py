@@ -38,7 +38,7 @@ SIG = """coalesce({c}."function".name, '') || '(' || CASE
 # Per turn with an error: the failed call of each error (found by tool_call_id among the
 # echoed calls) and the calls of this turn's response (the next action).
 SCAN_SQL = """
-CREATE OR REPLACE TEMP TABLE recovery_scan AS
+CREATE OR REPLACE TEMP TABLE recovery_errors AS
 WITH per_turn AS (
     SELECT episode_id, turn, attempt, status, request_messages AS msgs, response,
         list_transform(list_filter(request_messages, lambda m:
@@ -48,29 +48,23 @@ WITH per_turn AS (
                      ELSE coalesce(m.content, '') END, {pattern})),
         lambda m: m.tool_call_id) AS error_ids
     FROM recovery_turns
-), with_errors AS (
-    SELECT episode_id, CASE WHEN len(error_ids) > 0 THEN {{
-        'turn': turn, 'attempt': coalesce(attempt, 1),
-        'answered': coalesce(status, 'ok') = 'ok' AND response IS NOT NULL,
-        'failed': list_transform(error_ids, lambda i: list_transform(list_filter(
-            flatten(list_transform(msgs, lambda m: coalesce(m.tool_calls, []))),
-            lambda c: c.id = i), lambda c: {sig_c})[1]),
-        'next': list_transform(coalesce(response.tool_calls, []), lambda c: {sig_c})
-    }} END AS error_turn
-    FROM per_turn
 )
-SELECT episode_id, list(error_turn) FILTER (WHERE error_turn IS NOT NULL) AS error_turns
-FROM with_errors GROUP BY episode_id
+SELECT episode_id, turn, coalesce(attempt, 1) AS attempt,
+    coalesce(status, 'ok') = 'ok' AND response IS NOT NULL AS answered,
+    list_transform(error_ids, lambda i: list_transform(list_filter(
+        flatten(list_transform(msgs, lambda m: coalesce(m.tool_calls, []))),
+        lambda c: c.id = i), lambda c: {sig_c})[1]) AS failed,
+    list_transform(coalesce(response.tool_calls, []), lambda c: {sig_c}) AS next
+FROM per_turn WHERE len(error_ids) > 0
 """
 
 # Retries repeat a turn's request: judge each turn once, by its last answered attempt.
 JUDGED_SQL = """
 CREATE OR REPLACE TEMP TABLE recovery_judged AS
 WITH turns AS (
-    SELECT episode_id, max_by(x, x.answered::INTEGER * 1000000 + x.attempt) AS x
-    FROM (SELECT episode_id, unnest(error_turns) AS x FROM recovery_scan
-          WHERE error_turns IS NOT NULL)
-    GROUP BY episode_id, x.turn
+    SELECT episode_id, turn,
+        max_by(struct_pack(answered, failed, next), answered::INTEGER * 1000000 + attempt) AS x
+    FROM recovery_errors GROUP BY episode_id, turn
 ), errors AS (
     SELECT episode_id, x.answered AS answered, x.next AS next, unnest(x.failed) AS failed
     FROM turns
@@ -89,7 +83,7 @@ SELECT e.disclosure, e.model, count(*) AS episodes,
     count(*) FILTER (WHERE p.episode_id IS NULL AND e.success) AS without_error_success,
     coalesce(sum(p.errors), 0), coalesce(sum(p.judged), 0), coalesce(sum(p.changed), 0)
 FROM episodes e
-JOIN recovery_scan s USING (episode_id)
+JOIN turn_episodes USING (episode_id)
 LEFT JOIN recovery_judged p USING (episode_id)
 WHERE e.end_reason <> 'abandoned'
 GROUP BY ALL ORDER BY e.disclosure, e.model NULLS LAST
@@ -121,7 +115,7 @@ def _share(part: int, whole: int) -> float | None:
 def compute_recovery(
     con: Any, inputs: Inputs, pattern: str, progress: Progress
 ) -> list[RecoveryRow]:
-    """Needs the `episodes` table. The pattern is an RE2 regex."""
+    """Needs the tables `episodes` and `turn_episodes`. The pattern is an RE2 regex."""
     create_turns_view(con, inputs, "recovery_turns", COLUMNS)
     sql = SCAN_SQL.format(pattern=sql_str(pattern), sig_c=SIG.format(c="c"))
     progress.execute(con, sql, "scanning tool results")
