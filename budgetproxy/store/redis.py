@@ -160,10 +160,6 @@ def _remembered_state(episode_id: str) -> EpisodeState:
                         status="finished")
 
 
-def _text(raw: bytes | str) -> str:
-    return raw.decode() if isinstance(raw, bytes) else raw
-
-
 @contextmanager
 def _store_errors() -> Iterator[None]:
     try:
@@ -177,8 +173,8 @@ class RedisStore:
 
     Commands are never retried by the client: a state-changing script whose reply was lost may
     have run, so the caller gets StoreUnavailable (503 or fail_open) instead of a double charge.
-    Pooled connections that died with a Redis restart are replaced when taken from the pool,
-    and scripts the restarted server lacks are loaded again on NOSCRIPT.
+    Connections that died with a Redis restart are replaced before their next use, and scripts
+    the restarted server lacks are loaded again on NOSCRIPT: the proxy recovers by itself.
     """
 
     def __init__(
@@ -211,6 +207,8 @@ class RedisStore:
         )
         self._queue: list[tuple[_Eval, asyncio.Future[Any]]] = []
         self._sending: set[asyncio.Future[None]] = set()
+        self._idle: list[Any] = []  # hot-path connections, outside redis-py's pool
+        self._conns: list[Any] = []
         prelude = _lua("episode.lua")
         self._open = self._redis.register_script(prelude + _lua("open_turn.lua"))
         self._close = self._redis.register_script(prelude + _lua("close_turn.lua"))
@@ -266,8 +264,8 @@ class RedisStore:
     async def _eval(self, op: _Eval) -> Any:
         """Run one script, sent with the others issued in the same event-loop iteration.
 
-        Batching the turns of concurrent requests into one pipeline saves the per-command
-        cost of the client (pool, write, timeouts), which dominates at high concurrency.
+        Each script stays its own atomic step; batching the turns of concurrent requests into
+        one write saves the client's per-command cost, which dominates at high concurrency.
         """
         loop = asyncio.get_running_loop()
         fut: asyncio.Future[Any] = loop.create_future()
@@ -289,11 +287,7 @@ class RedisStore:
     async def _send(self, batch: list[tuple[_Eval, asyncio.Future[Any]]]) -> None:
         try:
             try:
-                if len(batch) == 1:
-                    op = batch[0][0]
-                    results: list[Any] = [await op.script(keys=op.keys, args=op.args)]
-                else:
-                    results = await self._execute([op for op, _ in batch])
+                results = await self._evalsha_batch([op for op, _ in batch])
             except Exception as e:  # the whole batch failed (connection lost): all see it
                 results = [e] * len(batch)
             for (_, fut), r in zip(batch, results, strict=True):
@@ -303,6 +297,40 @@ class RedisStore:
             for _, fut in batch:  # cancelled mid-batch (shutdown): nobody is left waiting
                 if not fut.done():
                     fut.set_exception(StoreUnavailable("the Redis store was closed"))
+
+    async def _evalsha_batch(self, ops: list[_Eval]) -> list[Any]:
+        """EVALSHA each op on one connection, written at once; replies or errors in order.
+
+        The hot path, so it packs commands and keeps its connections itself: redis-py's
+        pipeline and pool bookkeeping cost more CPU per turn than the rest of the store.
+        """
+        conn = self._idle.pop() if self._idle else self._new_connection()
+        results: list[Any] = []
+        try:
+            await self._redis.connection_pool.ensure_connection(conn)  # replaced if stale
+            await conn.send_packed_command(b"".join(map(_pack_evalsha, ops)), check_health=False)
+            for _ in ops:
+                try:
+                    results.append(await conn.read_response(disable_decoding=True))
+                except rexc.ResponseError as e:  # this op's error; the next reply follows
+                    results.append(e)
+        except BaseException:
+            await conn.disconnect()  # replies may be left unread: never reuse it as it is
+            raise
+        finally:
+            self._idle.append(conn)
+        for i, (op, r) in enumerate(zip(ops, results, strict=True)):
+            if isinstance(r, rexc.NoScriptError):  # a restarted or flushed Redis
+                try:
+                    results[i] = await op.script(keys=op.keys, args=op.args)
+                except rexc.ResponseError as e:
+                    results[i] = e
+        return results
+
+    def _new_connection(self) -> Any:
+        conn = self._redis.connection_pool.make_connection()
+        self._conns.append(conn)
+        return conn
 
     # -- turns ---------------------------------------------------------------------------------
     async def open_turn(
@@ -477,6 +505,8 @@ class RedisStore:
     async def close(self) -> None:
         if self._sending:
             await asyncio.gather(*self._sending, return_exceptions=True)
+        for conn in self._conns:
+            await conn.disconnect()
         await self._redis.aclose()
 
 
@@ -488,7 +518,22 @@ def _lua(name: str) -> str:
     return resources.files("budgetproxy.store").joinpath(name).read_text(encoding="utf-8")
 
 
-def _json(raw: str) -> list[Any]:
+def _arg(value: Any) -> bytes:
+    if isinstance(value, bytes):
+        return value
+    if isinstance(value, str):
+        return value.encode()
+    return str(value).encode()  # int
+
+
+def _pack_evalsha(op: _Eval) -> bytes:
+    """EVALSHA sha numkeys keys... args... in the Redis protocol (RESP)."""
+    parts = [b"EVALSHA", op.script.sha.encode(), b"%d" % len(op.keys),
+             *map(_arg, op.keys), *map(_arg, op.args)]
+    return b"*%d\r\n" % len(parts) + b"".join(b"$%d\r\n%s\r\n" % (len(a), a) for a in parts)
+
+
+def _json(raw: str | bytes) -> list[Any]:
     reply: list[Any] = orjson.loads(raw)
     return reply
 
