@@ -111,6 +111,7 @@ class RedisServer:
     def stop(self) -> None:
         if self.proc is None:
             return
+        self.proc.send_signal(signal.SIGCONT)
         self.proc.send_signal(signal.SIGTERM)
         try:
             self.proc.wait(10)
@@ -118,6 +119,15 @@ class RedisServer:
             self.proc.kill()
             self.proc.wait(5)
         self.proc = None
+
+    def pause(self) -> None:
+        """Freeze the server (SIGSTOP): connections stay open, nothing answers."""
+        assert self.proc is not None
+        self.proc.send_signal(signal.SIGSTOP)
+
+    def resume(self) -> None:
+        assert self.proc is not None
+        self.proc.send_signal(signal.SIGCONT)
 
     def __enter__(self) -> RedisServer:
         return self.start()

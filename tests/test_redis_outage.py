@@ -84,6 +84,33 @@ async def test_store_reports_outage_and_recovers_with_its_data(server: RedisServ
         await store.close()
 
 
+async def test_a_hung_redis_times_out_into_store_unavailable(server: RedisServer) -> None:
+    store = RedisStore(server.url, prefix="hung", socket_timeout_s=0.5)
+    eid = "ep-hung"
+    try:
+        await store.open_turn(eid, lambda: fresh(eid), "a", time.time(), free_retries=0,
+                              message_count=1, disclosure_index=None)
+        server.pause()
+        t0 = time.monotonic()
+        with pytest.raises(StoreUnavailable):
+            await store.open_turn(eid, lambda: fresh(eid), "b", time.time(), free_retries=0,
+                                  message_count=1, disclosure_index=None)
+        with pytest.raises(StoreUnavailable):
+            await store.get(eid)
+        assert not await store.ping()
+        assert time.monotonic() - t0 < 5
+        server.resume()
+        again = await store.open_turn(eid, lambda: fresh(eid), "c", time.time(),
+                                      free_retries=0, message_count=1, disclosure_index=None)
+        assert again.grant.kind is GrantKind.FORWARD
+        # The timed-out turn may or may not have run when the server woke up: it is never
+        # retried, so it counts at most once.
+        assert again.grant.turn in (2, 3)
+    finally:
+        server.resume()
+        await store.close()
+
+
 async def test_scripts_flushed_while_running_are_loaded_again(server: RedisServer) -> None:
     store = RedisStore(server.url, prefix="flush")
     admin = redis.Redis(port=server.port)

@@ -195,6 +195,7 @@ class RedisStore:
         self._active_ttl_ms = _ms(2 * idle_timeout_s + retention_s)
         self._retention_ms = _ms(retention_s)
         self._remember_ms = _ms(remember_s)
+        self._socket_timeout_s = socket_timeout_s
         self._redis: Any = aioredis.Redis.from_url(
             url,
             decode_responses=True,
@@ -307,13 +308,15 @@ class RedisStore:
         conn = self._idle.pop() if self._idle else self._new_connection()
         results: list[Any] = []
         try:
-            await self._redis.connection_pool.ensure_connection(conn)  # replaced if stale
-            await conn.send_packed_command(b"".join(map(_pack_evalsha, ops)), check_health=False)
-            for _ in ops:
-                try:
-                    results.append(await conn.read_response(disable_decoding=True))
-                except rexc.ResponseError as e:  # this op's error; the next reply follows
-                    results.append(e)
+            async with asyncio.timeout(self._socket_timeout_s):  # one timer for the batch
+                await self._redis.connection_pool.ensure_connection(conn)  # replaced if stale
+                await conn.send_packed_command(b"".join(map(_pack_evalsha, ops)),
+                                               check_health=False)
+                for _ in ops:
+                    try:
+                        results.append(await conn.read_response(disable_decoding=True))
+                    except rexc.ResponseError as e:  # this op's error; the next reply follows
+                        results.append(e)
         except BaseException:
             await conn.disconnect()  # replies may be left unread: never reuse it as it is
             raise
@@ -328,7 +331,9 @@ class RedisStore:
         return results
 
     def _new_connection(self) -> Any:
-        conn = self._redis.connection_pool.make_connection()
+        """A connection like the pool's, without per-read timers (the batch has one)."""
+        pool = self._redis.connection_pool
+        conn = pool.connection_class(**{**pool.connection_kwargs, "socket_timeout": None})
         self._conns.append(conn)
         return conn
 
