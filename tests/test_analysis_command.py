@@ -292,3 +292,23 @@ def test_importing_the_command_is_cheap() -> None:
     )
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
     assert done.stdout.strip() == "[]"
+
+
+def test_unknown_by_field_is_warned_about(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    log = budgetmix_log(tmp_path / "log.jsonl", tasks=1)
+    assert analyze(str(log), "--by", "polcy", "--k", "1") == 0
+    assert "--by polcy: no episode has this field or tag" in capsys.readouterr().err
+
+
+def test_report_carries_audit_and_recovery_sections(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    log = budgetmix_log(tmp_path / "log.jsonl", tasks=1)
+    report = tmp_path / "report.html"
+    argv = [str(log), "--report", str(report), "--audit-budgetmix", "--error-pattern", "Error"]
+    assert analyze(*argv, "--by", "policy") == 0
+    html = report.read_text()
+    assert "BudgetMix audit" in html and "Recovery after tool errors" in html
+    assert "rl" in html  # the --by slice names the series

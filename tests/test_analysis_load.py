@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import gzip
+import io
 import json
+import time
 from collections.abc import Iterator
 from fractions import Fraction
 from pathlib import Path
@@ -157,3 +159,32 @@ def test_parquet_round_trip(tmp_path: Path) -> None:
         ("b", 1, "ok", "hidden"),
     ]
     assert ts_type.startswith("TIMESTAMP")
+
+
+class _TTY(io.StringIO):
+    def isatty(self) -> bool:
+        return True
+
+
+class _SlowQuery:
+    """Stands in for a DuckDB connection running a long statement."""
+
+    def execute(self, sql: str) -> str:
+        time.sleep(0.7)
+        return sql
+
+    def query_progress(self) -> float:
+        return 42.0
+
+
+def test_progress_shows_on_a_tty_for_large_inputs_only() -> None:
+    stream = _TTY()
+    assert Progress(10**10, stream).execute(_SlowQuery(), "SELECT 1", "reading logs") == "SELECT 1"
+    shown = stream.getvalue()
+    assert "\rreading logs:  42.0%" in shown and shown.endswith("\r\033[K")
+    quiet = _TTY()
+    Progress(1000, quiet).execute(_SlowQuery(), "SELECT 1", "reading logs")
+    assert quiet.getvalue() == ""
+    piped = io.StringIO()
+    Progress(10**6, piped).execute(_SlowQuery(), "SELECT 1", "reading logs")
+    assert piped.getvalue() == ""

@@ -175,6 +175,10 @@ def _run(args: argparse.Namespace) -> int:
             )
         counts = _episode_counts(con)
         cells = compute_cells(con, args.k, budgets, args.by, args.resamples, args.seed)
+        for i, name in enumerate(args.by):
+            if cells and all(c.by[i][1] is None for c in cells):
+                print(f"budgetproxy analyze: --by {name}: no episode has this field or tag",
+                      file=sys.stderr)  # fmt: skip
         out["pass_at"] = [c.as_json() for c in cells]
         out["inputs"] = _inputs_json(summary)
         out["episodes"] = counts
@@ -219,7 +223,11 @@ def _run(args: argparse.Namespace) -> int:
     else:
         print("\n".join(text), end="")
     if all(c.value is None for c in cells):
-        print("budgetproxy analyze: no eligible episodes for any K and T", file=sys.stderr)
+        print(
+            "budgetproxy analyze: no eligible episodes: no task has K eligible episodes at any "
+            "T (see the eligibility rules: abandoned and task-less episodes never count)",
+            file=sys.stderr,
+        )
         code = 1
     return code
 
