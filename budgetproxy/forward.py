@@ -233,10 +233,11 @@ class ModelCalls:
         finally:
             if self.metrics is not None:
                 total = time.perf_counter() - call.t0
-                self.metrics.request_duration.labels(route).observe(total)
-                self.metrics.requests.labels(route, str(call.http_status)).inc()
+                m = self.metrics
+                m.child(m.request_duration, route).observe(total)
+                m.child(m.requests, route, str(call.http_status)).inc()
                 if call.upstream is not None:
-                    self.metrics.overhead.labels(route).observe(max(0.0, total - call.t_upstream))
+                    m.child(m.overhead, route).observe(max(0.0, total - call.t_upstream))
 
     def _episode_id(self, headers: dict[bytes, bytes], path_episode: str | None) -> str | None:
         eid: str | None = None
@@ -287,7 +288,8 @@ class ModelCalls:
         call.episode_id = eid
         if not counted:
             if self.metrics is not None:
-                self.metrics.calls_without_episode.labels(call.route).inc()
+                m = self.metrics
+                m.child(m.calls_without_episode, call.route).inc()
             await self._forward(call, upstream, headers, body, payload, receive, send,
                                 conversation=None)
             return
@@ -514,7 +516,7 @@ class ModelCalls:
         m = self.metrics
         if m is None or call.upstream is None:
             return
-        m.upstream_duration.labels(call.upstream.name).observe(call.t_upstream)
+        m.child(m.upstream_duration, call.upstream.name).observe(call.t_upstream)
         if call.error_class is not None:
             m.upstream_errors.labels(call.upstream.name, call.error_class).inc()
 
@@ -659,7 +661,8 @@ class ModelCalls:
         call.t_upstream = time.perf_counter() - t_up
         self._observe_upstream(call)
         if call.ttft is not None and self.metrics is not None:
-            self.metrics.ttft.labels(self.metrics.model_label(call.model)).observe(call.ttft)
+            m = self.metrics
+            m.child(m.ttft, m.model_label(call.model)).observe(call.ttft)
         call.events = events
 
     # -- after the response --------------------------------------------------------------------
@@ -692,15 +695,15 @@ class ModelCalls:
             tin = usage.get("prompt_tokens", usage.get("input_tokens"))
             tout = usage.get("completion_tokens", usage.get("output_tokens"))
             if isinstance(tin, int):
-                m.tokens.labels(label, "input").inc(tin)
+                m.child(m.tokens, label, "input").inc(tin)
             if isinstance(tout, int):
-                m.tokens.labels(label, "output").inc(tout)
+                m.child(m.tokens, label, "output").inc(tout)
         grant, st = call.grant, call.state
         if grant is None or st is None:
             return reply
         charged = grant.charged and not self._refunded(call)
         if charged and m is not None:
-            m.turns.labels(tier_label(st.budget, st.max_turns), st.disclosure).inc()
+            m.child(m.turns, tier_label(st.budget, st.max_turns), st.disclosure).inc()
         await self._record_turn(call, call.conversation, reply, charged=grant.charged)
         return reply
 

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 
 LATENCY_BUCKETS = (
@@ -114,6 +116,7 @@ class Metrics:
             registry=registry,
         )
         self._models: set[str] = set()
+        self._children: dict[tuple[int, tuple[str, ...]], Any] = {}
         self._episode_labels: set[tuple[str, str]] = set()
 
     OUTCOMES = ("success", "failure", "exhausted", "abandoned")
@@ -135,6 +138,14 @@ class Metrics:
         self.upstream_duration.labels(upstream)
         for cls in self.ERROR_CLASSES:
             self.upstream_errors.labels(upstream, cls)
+
+    def child(self, family: Any, *labels: str) -> Any:
+        """`family.labels(*labels)`, cached: the hot path takes each child in a dict lookup."""
+        key = (id(family), labels)
+        found = self._children.get(key)
+        if found is None:
+            found = self._children[key] = family.labels(*labels)
+        return found
 
     def model_label(self, model: str | None) -> str:
         """Bound the model label: the first MAX_MODEL_LABELS names, then "other"."""

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from datetime import UTC, datetime
+from functools import lru_cache
 from typing import Any, Literal, TypedDict
 
 SCHEMA_VERSION = 1
@@ -66,6 +67,12 @@ class EpisodeRecord(TypedDict, total=False):
     metadata: dict[str, Any]
 
 
+@lru_cache(maxsize=4)
+def _whole_second(sec: int) -> str:
+    return datetime.fromtimestamp(sec, UTC).strftime("%Y-%m-%dT%H:%M:%S")
+
+
 def rfc3339(ts: float) -> str:
     """RFC 3339 UTC timestamp with millisecond precision, e.g. 2026-11-30T10:04:15.123Z."""
-    return datetime.fromtimestamp(ts, UTC).strftime("%Y-%m-%dT%H:%M:%S.%f")[:-3] + "Z"
+    sec, us = divmod(round(ts * 1_000_000), 1_000_000)
+    return f"{_whole_second(sec)}.{us // 1000:03d}Z"

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import copy
 from collections.abc import Callable
 
 from budgetproxy.core.episode import (
@@ -66,7 +65,7 @@ class MemoryStore:
             message_count=message_count,
             disclosure_index=disclosure_index,
         )
-        return TurnOpen(grant, copy.copy(st), created)
+        return TurnOpen(grant, st.snapshot(), created)
 
     async def close_turn(
         self, episode_id: str, grant: Grant, result: SettleResult, now: float, *, count_failed: bool
@@ -75,7 +74,7 @@ class MemoryStore:
         if st is None:
             return False, None
         refunded = settle(st, grant, result, now, count_failed=count_failed)
-        return refunded, copy.copy(st)
+        return refunded, st.snapshot()
 
     async def create(self, fresh: EpisodeState) -> bool:
         eid = fresh.episode_id
@@ -87,7 +86,7 @@ class MemoryStore:
 
     async def get(self, episode_id: str) -> EpisodeState | None:
         st = self._episodes.get(episode_id)
-        return copy.copy(st) if st is not None else None
+        return st.snapshot() if st is not None else None
 
     async def is_known(self, episode_id: str) -> bool:
         return episode_id in self._episodes or episode_id in self._forgotten
@@ -101,7 +100,7 @@ class MemoryStore:
         status = finish(st, report, now)
         if status is FinishStatus.FINISHED:
             self._active -= 1
-        return FinishOutcome(status, copy.copy(st))
+        return FinishOutcome(status, st.snapshot())
 
     async def expire_idle(
         self, now: float, idle_timeout_s: float, retention_s: float
@@ -112,7 +111,7 @@ class MemoryStore:
                 if st.inflight == 0 and now - st.last_activity >= idle_timeout_s:
                     finish(st, None, now)
                     self._active -= 1
-                    ended.append(copy.copy(st))
+                    ended.append(st.snapshot())
             elif st.ended_at is not None and now - st.ended_at >= retention_s:
                 del self._episodes[eid]
                 self._forgotten.add(eid)
@@ -123,7 +122,7 @@ class MemoryStore:
         for st in self._episodes.values():
             if st.status == "active":
                 finish(st, None, now)
-                ended.append(copy.copy(st))
+                ended.append(st.snapshot())
         self._active = 0
         return ended
 
