@@ -9,7 +9,8 @@ from html import escape
 
 # Okabe–Ito: distinguishable with the common colour-vision deficiencies.
 PALETTE = ("#0072B2", "#D55E00", "#009E73", "#CC79A7", "#E69F00", "#56B4E9", "#000000")
-LEFT, RIGHT, TOP, BOTTOM, LEGEND = 52, 12, 34, 44, 150
+LEFT, RIGHT, TOP, BOTTOM = 52, 12, 34, 44
+LEGEND_CHARS = 36  # longer series names are cut
 FONT = 'font-family="system-ui, sans-serif" font-size="11"'
 
 
@@ -38,20 +39,27 @@ class _Frame:
         self,
         title: str,
         x_labels: Sequence[str],
+        names: Sequence[str],
         y_max: float,
         percent: bool,
         width: int,
         height: int,
     ) -> None:
-        self.x_labels, self.y_max, self.percent = list(x_labels), y_max, percent
+        self.x_labels, self.names, self.y_max, self.percent = list(x_labels), names, y_max, percent
+        # the legend sits right of the plot and is as wide as its longest name (~6.5 px a char)
+        longest = max((len(n[:LEGEND_CHARS]) for n in names), default=0)
+        width += 34 + round(6.5 * longest)
         self.width, self.height = width, height
-        self.pw = width - LEFT - RIGHT - LEGEND
+        self.pw = width - LEFT - RIGHT - (34 + round(6.5 * longest))
         self.ph = height - TOP - BOTTOM
         self.parts = [
             f'<svg xmlns="http://www.w3.org/2000/svg" viewBox="0 0 {width} {height}" '
             f'width="{width}" height="{height}" role="img" aria-label="{escape(title)}" {FONT}>',
             f'<text x="{LEFT}" y="18" font-size="13" font-weight="600">{escape(title)}</text>',
         ]
+
+    def value(self, v: float) -> str:
+        return f"{100 * v:.1f}%" if self.percent else f"{v:g}"
 
     def x(self, i: float) -> float:
         return LEFT + (i + 0.5) * self.pw / max(1, len(self.x_labels))
@@ -92,18 +100,27 @@ class _Frame:
             f'text-anchor="middle">{escape(y_title)}</text>'
         )
 
-    def legend(self, names: Sequence[str]) -> None:
+    def done(self) -> str:
         x0 = LEFT + self.pw + 16
-        for i, name in enumerate(names):
+        for i, name in enumerate(self.names):
             y = TOP + 8 + 18 * i
             self.parts.append(
                 f'<rect x="{x0}" y="{y - 8}" width="12" height="12" '
                 f'fill="{PALETTE[i % len(PALETTE)]}"/><text x="{x0 + 18}" y="{y + 2}">'
-                f"{escape(name[:24])}</text>"
+                f"{escape(name[:LEGEND_CHARS])}</text>"
             )
-
-    def done(self) -> str:
         return "\n".join([*self.parts, "</svg>"])
+
+
+def _runs(values: Sequence[float | None]) -> list[list[int]]:
+    """Indices of the stretches without missing values: lines break where data is missing."""
+    runs: list[list[int]] = [[]]
+    for i, v in enumerate(values):
+        if v is None:
+            runs.append([])
+        else:
+            runs[-1].append(i)
+    return [r for r in runs if r]
 
 
 def line_chart(
@@ -115,41 +132,39 @@ def line_chart(
     y_title: str,
     y_max: float | None = None,
     percent: bool = True,
-    width: int = 520,
+    width: int = 400,
     height: int = 300,
 ) -> str:
     """Lines over categorical x, with a shaded band where a series has low/high bounds."""
     top = y_max or nice_ceiling(
         max([v for s in series for v in [*s.values, *(s.high or [])] if v is not None] or [1.0])
     )
-    f = _Frame(title, x_labels, top, percent, width, height)
+    f = _Frame(title, x_labels, [s.name for s in series], top, percent, width, height)
     f.axes(x_title, y_title)
     for n, s in enumerate(series):
         color = PALETTE[n % len(PALETTE)]
         if s.low is not None and s.high is not None:
-            pts = [
-                (i, lo, hi)
-                for i, (lo, hi) in enumerate(zip(s.low, s.high, strict=True))
-                if lo is not None and hi is not None
-            ]
-            if len(pts) > 1:
-                ring = [f"{f.x(i):.1f},{f.y(hi):.1f}" for i, _, hi in pts]
-                ring += [f"{f.x(i):.1f},{f.y(lo):.1f}" for i, lo, _ in reversed(pts)]
+            low, high = s.low, s.high
+            bounded = [lo if hi is not None else None for lo, hi in zip(low, high, strict=True)]
+            for run in _runs(bounded):
+                ring = [f"{f.x(i):.1f},{f.y(high[i] or 0):.1f}" for i in run]
+                ring += [f"{f.x(i):.1f},{f.y(low[i] or 0):.1f}" for i in reversed(run)]
                 f.parts.append(
                     f'<polygon points="{" ".join(ring)}" fill="{color}" '
                     f'fill-opacity="0.15" stroke="none"/>'
                 )
-        points = [(f.x(i), f.y(v)) for i, v in enumerate(s.values) if v is not None]
-        if len(points) > 1:
-            path = " ".join(f"{x:.1f},{y:.1f}" for x, y in points)
+        for run in _runs(s.values):
+            path = " ".join(f"{f.x(i):.1f},{f.y(s.values[i] or 0):.1f}" for i in run)
             f.parts.append(
                 f'<polyline points="{path}" fill="none" stroke="{color}" stroke-width="2"/>'
             )
-        if len(points) <= 12:
+        if len(s.values) <= 12:
             f.parts += [
-                f'<circle cx="{x:.1f}" cy="{y:.1f}" r="3" fill="{color}"/>' for x, y in points
+                f'<circle cx="{f.x(i):.1f}" cy="{f.y(v):.1f}" r="3" fill="{color}">'
+                f"<title>{escape(s.name)}: {escape(f.x_labels[i])}, {f.value(v)}</title></circle>"
+                for i, v in enumerate(s.values)
+                if v is not None
             ]
-    f.legend([s.name for s in series])
     return f.done()
 
 
@@ -162,14 +177,14 @@ def bar_chart(
     y_title: str,
     y_max: float | None = None,
     percent: bool = True,
-    width: int = 520,
+    width: int = 400,
     height: int = 300,
 ) -> str:
     """Grouped bars: one group per x label, one bar per series."""
     top = y_max or nice_ceiling(
         max([v for s in series for v in s.values if v is not None] or [1.0])
     )
-    f = _Frame(title, x_labels, top, percent, width, height)
+    f = _Frame(title, x_labels, [s.name for s in series], top, percent, width, height)
     f.axes(x_title, y_title)
     slot = f.pw / max(1, len(x_labels))
     bar = slot * 0.8 / max(1, len(series))
@@ -180,11 +195,10 @@ def bar_chart(
                 continue
             x = LEFT + i * slot + slot * 0.1 + n * bar
             y = f.y(v)
-            label = f"{x_labels[i]}, {s.name}: {100 * v:.1f}%" if percent else f"{v:g}"
+            label = f"{x_labels[i]}, {s.name}: {f.value(v)}"
             f.parts.append(
                 f'<rect x="{x:.1f}" y="{y:.1f}" width="{bar:.1f}" '
                 f'height="{TOP + f.ph - y:.1f}" fill="{color}">'
                 f"<title>{escape(label)}</title></rect>"
             )
-    f.legend([s.name for s in series])
     return f.done()
