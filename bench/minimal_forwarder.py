@@ -93,6 +93,7 @@ def main() -> None:
         log_level="warning",
         access_log=False,
         server_header=False,
+        proxy_headers=False,
         timeout_keep_alive=30,
         backlog=4096,
     )

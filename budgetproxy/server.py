@@ -42,6 +42,7 @@ def uvicorn_config(
         access_log=False,
         log_level="warning",
         server_header=False,
+        proxy_headers=False,  # the proxy never uses the client address
         timeout_graceful_shutdown=math.ceil(config.server.shutdown_timeout_s),
         timeout_keep_alive=30,
         backlog=4096,
