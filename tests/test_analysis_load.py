@@ -188,3 +188,15 @@ def test_progress_shows_on_a_tty_for_large_inputs_only() -> None:
     piped = io.StringIO()
     Progress(10**6, piped).execute(_SlowQuery(), "SELECT 1", "reading logs")
     assert piped.getvalue() == ""
+
+
+def test_an_unreadable_file_is_skipped_and_named(tmp_path: Path, con: Any) -> None:
+    (tmp_path / "good.jsonl").write_text(lines([turn("a", 1), episode("a")]))
+    whole = gzip.compress(lines([episode(f"e{i}") for i in range(2000)]).encode())
+    (tmp_path / "cut.jsonl.gz").write_bytes(whole[: len(whole) // 2])  # a rotation cut short
+    (tmp_path / "broken.parquet").write_text("not parquet")
+    summary = read(con, tmp_path)
+    assert (summary.episodes, summary.turn_records, summary.files) == (1, 1, 1)
+    assert sorted(Path(f).name for f, _ in summary.unreadable) == ["broken.parquet",
+                                                                   "cut.jsonl.gz"]  # fmt: skip
+    assert summary.readable.jsonl == [str(tmp_path / "good.jsonl")]

@@ -170,8 +170,8 @@ def _run(args: argparse.Namespace) -> int:
         _print_skipped(summary)
         if summary.episodes == 0:
             raise load.InputError(
-                f"no episode records in {inputs.files} file(s) ({summary.turn_records:,} turn "
-                f"records, {summary.skipped:,} skipped)"
+                f"no episode records in {summary.files} readable file(s) "
+                f"({summary.turn_records:,} turn records, {summary.skipped:,} skipped)"
             )
         counts = _episode_counts(con)
         cells = compute_cells(con, args.k, budgets, args.by, args.resamples, args.seed)
@@ -196,7 +196,7 @@ def _run(args: argparse.Namespace) -> int:
         if args.error_pattern is not None:
             from budgetproxy.analysis.recovery import compute_recovery, format_recovery
 
-            rows = compute_recovery(con, inputs, args.error_pattern, progress)
+            rows = compute_recovery(con, summary.readable, args.error_pattern, progress)
             out["recovery"] = [r.as_json() for r in rows]
             text.append(format_recovery(rows, args.error_pattern))
             extra.append(("Recovery after tool errors", text[-1]))
@@ -214,7 +214,7 @@ def _run(args: argparse.Namespace) -> int:
         if args.to_parquet is not None:
             from budgetproxy.analysis.export import export_parquet
 
-            load.create_turns_view(con, inputs)
+            load.create_turns_view(con, summary.readable)
             episodes_file, turns_file = export_parquet(con, args.to_parquet, progress)
             out["parquet"] = {"episodes": str(episodes_file), "turns": str(turns_file)}
             print(f"wrote {episodes_file} and {turns_file}", file=sys.stderr)
@@ -271,6 +271,7 @@ def _inputs_json(summary: Any) -> dict[str, Any]:
         "duplicate_episode_records": summary.duplicates,
         "skipped": summary.skipped,
         "skipped_reasons": {reason: n for reason, n, _ in summary.reasons},
+        "unreadable_files": [{"file": f, "reason": why} for f, why in summary.unreadable],
     }
 
 
@@ -293,6 +294,8 @@ def _summary_text(summary: Any, counts: dict[str, int]) -> str:
 
 
 def _print_skipped(summary: Any, shown: int = 5) -> None:
+    for path, why in summary.unreadable:
+        print(f"skipped unreadable file {path}: {why}", file=sys.stderr)
     if not summary.skipped:
         return
     print(f"skipped {summary.skipped:,} record(s):", file=sys.stderr)

@@ -70,6 +70,10 @@ class ScanSummary:
     skipped: int = 0
     # (reason, count, an example "file: first characters of the line"), most frequent first
     reasons: list[tuple[str, int, str]] = field(default_factory=list)
+    # files that could not be read at all (a truncated .gz, a broken Parquet file): (file, why)
+    unreadable: list[tuple[str, str]] = field(default_factory=list)
+    # the inputs without the unreadable files, for later passes over the turns
+    readable: Inputs = field(default_factory=lambda: Inputs([], [], 0))
 
 
 def discover(paths: Sequence[str]) -> Inputs:
@@ -219,21 +223,21 @@ def load_episodes(con: Any, inputs: Inputs, progress: Progress) -> ScanSummary:
     columns = ", ".join(
         f'v[{i + 1}] AS "{name}"' for i, name in enumerate(("schema", "type", *EPISODE_FIELDS))
     )
-    if inputs.jsonl:
-        sql = SCAN_SQL.format(lines=_read_lines(inputs.jsonl), schema=SCHEMA_VERSION)
-        progress.execute(con, sql, "reading logs")
-    else:
-        con.execute(
-            "CREATE TEMP TABLE scan (file VARCHAR, kind VARCHAR, reason VARCHAR, "
-            "line VARCHAR, episode_id VARCHAR, n BIGINT, sample VARCHAR)"
-        )
+    unreadable: list[tuple[str, str]] = []
+    jsonl = _scan_jsonl(con, list(inputs.jsonl), progress, unreadable)
     con.execute(RAW_EPISODES_SQL.format(columns=columns, paths=paths))
     con.execute(
         "CREATE TEMP TABLE turn_episodes AS SELECT episode_id, sum(n)::BIGINT AS turn_records "
         "FROM scan WHERE kind = 'turn' GROUP BY episode_id"
     )
+    parquet_files = []
     for path in inputs.parquet:
-        kinds = parquet.record_kinds(con, path)
+        try:
+            kinds = parquet.record_kinds(con, path)
+        except InputError as exc:
+            unreadable.append((path, str(exc).removeprefix(f"{path}: ")))
+            continue
+        parquet_files.append(path)
         if "episode" in kinds:
             sql = parquet.episodes_sql(path, kinds["episode"], EPISODE_FIELDS)
             con.execute("INSERT INTO raw_episodes " + sql)
@@ -245,7 +249,38 @@ def load_episodes(con: Any, inputs: Inputs, progress: Progress) -> ScanSummary:
             )
     con.execute(CHECKED_SQL.format(schema=SCHEMA_VERSION))
     con.execute(EPISODES_SQL)
-    return _summarise(con, inputs)
+    summary = _summarise(con, inputs)
+    summary.unreadable = unreadable
+    summary.readable = Inputs(
+        jsonl, parquet_files, sum(Path(p).stat().st_size for p in [*jsonl, *parquet_files])
+    )
+    summary.files, summary.bytes = summary.readable.files, summary.readable.total_bytes
+    return summary
+
+
+def _scan_jsonl(
+    con: Any, files: list[str], progress: Progress, unreadable: list[tuple[str, str]]
+) -> list[str]:
+    """Create the `scan` table; a file DuckDB cannot read (a truncated .gz) is dropped and noted,
+    and the others read again. Returns the files read."""
+    while files:
+        sql = SCAN_SQL.format(lines=_read_lines(files), schema=SCHEMA_VERSION)
+        try:
+            progress.execute(con, sql, "reading logs")
+            return files
+        except Exception as exc:
+            named = [f for f in files if f in str(exc)]
+            if not named:
+                raise
+            culprit = max(named, key=len)
+            unreadable.append((culprit, str(exc).strip().splitlines()[0]))
+            files.remove(culprit)
+            con.execute("DROP TABLE IF EXISTS scan")
+    con.execute(
+        "CREATE TEMP TABLE scan (file VARCHAR, kind VARCHAR, reason VARCHAR, "
+        "line VARCHAR, episode_id VARCHAR, n BIGINT, sample VARCHAR)"
+    )
+    return files
 
 
 def _summarise(con: Any, inputs: Inputs) -> ScanSummary:
