@@ -223,6 +223,21 @@ BUDGETPROXY_VARIANTS: dict[str, tuple[str, bool, str | None]] = {
         False,
         "metrics: {enabled: false}\n",
     ),
+    "bp+episodes-unobserved": (
+        "ablation: episodes, disclosed, trajectories on, metrics and tracing off",
+        True,
+        "disclosure: {mode: disclosed}\nmetrics: {enabled: false}\ntracing: {enabled: false}\n",
+    ),
+    "bp+episodes-traced-10pct": (
+        "episodes, disclosed, metrics on, tracing on with 10% of traces sampled",
+        True,
+        "disclosure: {mode: disclosed}\ntracing: {enabled: true}\n",
+    ),
+    "bp+episodes-traced": (
+        "episodes, disclosed, metrics on, tracing on (OTLP/HTTP to a local sink)",
+        True,
+        "disclosure: {mode: disclosed}\ntracing: {enabled: true}\n",
+    ),
 }
 
 
@@ -247,7 +262,15 @@ def start_budgetproxy(workdir: Path, upstream: str, name: str) -> Target:
         argv += ["--config", str(config)]
     # --log-dir merges into the config's trajectories section (it keeps `enabled: false`).
     argv += ["--log-dir", str(log_dir), "--upstream", upstream]
-    target.proc = spawn(argv, target.log_path)
+    env = None
+    if name.startswith("bp+episodes-traced"):
+        # The fake upstream doubles as the OTLP/HTTP receiver (POST /v1/traces).
+        env = {"OTEL_EXPORTER_OTLP_ENDPOINT": upstream.rsplit("/v1", 1)[0],
+               "OTEL_SERVICE_NAME": "budgetproxy-bench"}
+        if name.endswith("-10pct"):
+            env |= {"OTEL_TRACES_SAMPLER": "parentbased_traceidratio",
+                    "OTEL_TRACES_SAMPLER_ARG": "0.1"}
+    target.proc = spawn(argv, target.log_path, env)
     wait_ready(target)
     return target
 

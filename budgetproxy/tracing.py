@@ -102,19 +102,20 @@ class Tracing:
         if span is None:
             return
         try:
-            span.set_attribute("http.response.status_code", status)
+            attrs: dict[str, Any] = {"http.response.status_code": status}
             if isinstance(usage, dict):
                 tin = usage.get("prompt_tokens", usage.get("input_tokens"))
                 tout = usage.get("completion_tokens", usage.get("output_tokens"))
                 if isinstance(tin, int):
-                    span.set_attribute("gen_ai.usage.input_tokens", tin)
+                    attrs["gen_ai.usage.input_tokens"] = tin
                 if isinstance(tout, int):
-                    span.set_attribute("gen_ai.usage.output_tokens", tout)
+                    attrs["gen_ai.usage.output_tokens"] = tout
             if finish_reason:
-                span.set_attribute("gen_ai.response.finish_reasons", [finish_reason])
+                attrs["gen_ai.response.finish_reasons"] = [finish_reason]
             if error_class is not None or status >= 500:
-                span.set_attribute("error.type", error_class or str(status))
+                attrs["error.type"] = error_class or str(status)
                 span.set_status(Status(StatusCode.ERROR))
+            span.set_attributes(attrs)
             span.end()
         except Exception:
             log.debug("span end failed", exc_info=True)

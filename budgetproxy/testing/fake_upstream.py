@@ -128,6 +128,7 @@ class FakeUpstream:
         self.default_gap_ms = chunk_gap_ms
         self.record = record
         self.requests: list[Received] = []
+        self.traces_received = 0
         self._lock = threading.Lock()
         self._ids = itertools.count(1)
         self._failures: dict[str, int] = {}
@@ -157,6 +158,8 @@ class FakeUpstream:
         app.router.add_get("/v1/models", self._list_models)
         app.router.add_post("/v1/embeddings", self._embeddings)
         app.router.add_post("/v1/responses", self._responses)
+        # An OTLP/HTTP trace sink, so benchmarks can run with tracing exported somewhere real.
+        app.router.add_post("/v1/traces", self._otlp_traces)
         app.router.add_route("*", "/{tail:.*}", self._not_found)
         return app
 
@@ -580,6 +583,11 @@ class FakeUpstream:
             yield sse("response.completed", {"response": body})
 
         return await self._sse(request, events())
+
+    async def _otlp_traces(self, request: web.Request) -> web.Response:
+        await request.read()
+        self.traces_received += 1
+        return web.Response(body=b"", content_type="application/x-protobuf")
 
     async def _not_found(self, request: web.Request) -> web.Response:
         await self._receive(request)
