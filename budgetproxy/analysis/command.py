@@ -197,6 +197,12 @@ def _run(args: argparse.Namespace) -> int:
             from budgetproxy.analysis.recovery import compute_recovery, format_recovery
 
             rows = compute_recovery(con, summary.readable, args.error_pattern, progress)
+            if not any(r.errors for r in rows):
+                print(
+                    f"budgetproxy analyze: no tool result matched /{args.error_pattern}/ "
+                    "(logs written with trajectories.content: none carry no texts)",
+                    file=sys.stderr,
+                )
             out["recovery"] = [r.as_json() for r in rows]
             text.append(format_recovery(rows, args.error_pattern))
             extra.append(("Recovery after tool errors", text[-1]))
