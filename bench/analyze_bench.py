@@ -205,8 +205,7 @@ def main() -> int:
                 flush=True,
             )
     finally:
-        if args.keep is None:
-            shutil.rmtree(workdir, ignore_errors=True)
+        shutil.rmtree(workdir, ignore_errors=True)  # --keep writes the log outside it
     return 0
 
 
