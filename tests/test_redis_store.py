@@ -67,7 +67,10 @@ async def open_(s: RedisStore, eid: str, fresh: Callable[[], EpisodeState], body
 
 # -- the codec -----------------------------------------------------------------------------------
 def test_every_episode_field_has_a_codec() -> None:
-    assert {f.name for f in fields(EpisodeState)} == set(_CODEC)
+    names = {f.name for f in fields(EpisodeState)}
+    assert names == set(_CODEC)
+    flat = [v if isinstance(v, str) else v.decode() for v in encode_state(episode("e"))]
+    assert set(vars(decode_state(flat))) == names  # decode sets every field itself
 
 
 def _states() -> st.SearchStrategy[EpisodeState]:

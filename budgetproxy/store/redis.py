@@ -107,16 +107,18 @@ def _opt_int(raw: str | None) -> int | None:
 def decode_state(pairs: list[str]) -> EpisodeState:
     """An episode from flat field/value pairs, as HGETALL (or a script's snapshot) gives them.
 
-    Written out field by field: it runs twice per turn.
+    Written out field by field, and built like `EpisodeState.snapshot` (no __init__): it runs
+    twice per turn.
     """
     d = dict(zip(pairs[::2], pairs[1::2], strict=True))
     g = d.get
     reward, ended_at = g("reward"), g("ended_at")
-    return EpisodeState(
+    st = object.__new__(EpisodeState)
+    st.__dict__.update(
         episode_id=d["episode_id"],
         budget=int(d["budget"]),
         max_turns=_opt_int(g("max_turns")),
-        disclosure=d["disclosure"],  # type: ignore[arg-type]
+        disclosure=d["disclosure"],
         task_id=g("task_id"),
         group=g("group"),
         announced_budget=_opt_int(g("announced_budget")),
@@ -129,20 +131,21 @@ def decode_state(pairs: list[str]) -> EpisodeState:
         last_turn=int(d["last_turn"]),
         last_attempt=int(d["last_attempt"]),
         last_hash=g("last_hash"),
-        last_state=d["last_state"],  # type: ignore[arg-type]
+        last_state=d["last_state"],
         last_charged=d["last_charged"] == "1",
         free_retries_used=int(d["free_retries_used"]),
         refused=d["refused"] == "1",
         disclosed_at=orjson.loads(d["disclosed_at"]),
         messages_seen=int(d["messages_seen"]),
-        status=d["status"],  # type: ignore[arg-type]
-        outcome=g("outcome"),  # type: ignore[arg-type]
+        status=d["status"],
+        outcome=g("outcome"),
         success_turn=_opt_int(g("success_turn")),
         reward=None if reward is None else orjson.loads(reward),
         metadata=orjson.loads(d["metadata"]),
-        end_reason=g("end_reason"),  # type: ignore[arg-type]
+        end_reason=g("end_reason"),
         ended_at=None if ended_at is None else float(ended_at),
     )
+    return st
 
 
 @dataclass(frozen=True)
