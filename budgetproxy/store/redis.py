@@ -526,19 +526,12 @@ def _lua(name: str) -> str:
     return resources.files("budgetproxy.store").joinpath(name).read_text(encoding="utf-8")
 
 
-def _arg(value: Any) -> bytes:
-    if isinstance(value, bytes):
-        return value
-    if isinstance(value, str):
-        return value.encode()
-    return str(value).encode()  # int
-
-
 def _pack_evalsha(op: _Eval) -> bytes:
     """EVALSHA sha numkeys keys... args... in the Redis protocol (RESP)."""
-    parts = [b"EVALSHA", op.script.sha.encode(), b"%d" % len(op.keys),
-             *map(_arg, op.keys), *map(_arg, op.args)]
-    return b"*%d\r\n" % len(parts) + b"".join(b"$%d\r\n%s\r\n" % (len(a), a) for a in parts)
+    raw = [a if type(a) is bytes else str(a).encode()
+           for a in (op.script.sha, len(op.keys), *op.keys, *op.args)]
+    return b"*%d\r\n$7\r\nEVALSHA\r\n" % (len(raw) + 1) + b"".join(
+        [b"$%d\r\n%s\r\n" % (len(a), a) for a in raw])
 
 
 def _json(raw: str | bytes) -> list[Any]:
