@@ -349,7 +349,7 @@ class ModelCalls:
             opened = await self.store.open_turn(
                 eid, fresh, hashlib.blake2b(body, digest_size=16).hexdigest(), now,
                 free_retries=self.budget_cfg.free_retries_per_turn,
-                message_count=count, disclosure_index=index,
+                message_count=count, disclosure_index=index, model=call.model,
             )
         except StoreUnavailable:
             policy = "fail_open" if self.fail_open else "fail_closed"

@@ -106,11 +106,13 @@ def reserve(
     free_retries: int,
     message_count: int,
     disclosure_index: int | None,
+    model: str | None = None,
 ) -> Grant:
     """Decide whether a model call may be forwarded, and reserve its turn. Mutates `st`.
 
     `disclosure_index` is the client-message index this turn's disclosure text attaches to
     (None when nothing is disclosed). It is remembered so later turns can re-apply it.
+    The first forwarded turn's `model` becomes the episode's model if it has none yet.
     """
     if st.status == "finished":
         return Grant(GrantKind.FINISHED, turn=st.last_turn)
@@ -146,6 +148,8 @@ def reserve(
     st.inflight += 1
     st.last_activity = now
     st.messages_seen = message_count
+    if st.model is None and model is not None:
+        st.model = model
     if disclosure_index is not None:
         st.disclosed_at = [p for p in st.disclosed_at if p[0] != disclosure_index]
         st.disclosed_at.append([disclosure_index, turn])

@@ -45,6 +45,7 @@ class EpisodeStore(Protocol):
         free_retries: int,
         message_count: int,
         disclosure_index: int | None,
+        model: str | None = None,
     ) -> TurnOpen:
         """Create the episode with `fresh()` if it does not exist, then `core.episode.reserve`.
 

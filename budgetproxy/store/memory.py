@@ -45,6 +45,7 @@ class MemoryStore:
         free_retries: int,
         message_count: int,
         disclosure_index: int | None,
+        model: str | None = None,
     ) -> TurnOpen:
         eid = episode_id
         st = self._episodes.get(eid)
@@ -64,6 +65,7 @@ class MemoryStore:
             free_retries=free_retries,
             message_count=message_count,
             disclosure_index=disclosure_index,
+            model=model,
         )
         return TurnOpen(grant, st.snapshot(), created)
 

@@ -1,6 +1,6 @@
--- Open a turn: create the episode if absent (ARGV[7..] are its fields), then core reserve.
+-- Open a turn: create the episode if absent (ARGV[8..] are its fields), then core reserve.
 -- KEYS: episode, remembered id. ARGV: body_hash, now, free_retries, message_count,
--- disclosure_index ('' for none), active ttl ms, [field, value, ...].
+-- disclosure_index ('' for none), active ttl ms, model ('' for none), [field, value, ...].
 local ep, gone = KEYS[1], KEYS[2]
 local body_hash, now = ARGV[1], ARGV[2]
 local free_retries = tonumber(ARGV[3])
@@ -10,10 +10,10 @@ if redis.call('EXISTS', ep) == 0 then
   if redis.call('EXISTS', gone) == 1 then
     return cjson.encode({'gone'})
   end
-  if #ARGV < 7 then
+  if #ARGV < 8 then
     return cjson.encode({'absent'})
   end
-  redis.call('HSET', ep, unpack(ARGV, 7))
+  redis.call('HSET', ep, unpack(ARGV, 8))
   created = 1
 end
 local f = redis.call('HMGET', ep, 'status', 'budget', 'turns_used', 'inflight', 'last_turn',
@@ -66,6 +66,10 @@ if index ~= '' then
   fields[#fields + 1] = '[' .. table.concat(parts, ',') .. ']'
 end
 redis.call('HSET', ep, unpack(fields))
+if ARGV[7] ~= '' then
+  -- the first forwarded turn's model becomes the episode's (API-created episodes have none)
+  redis.call('HSETNX', ep, 'model', ARGV[7])
+end
 redis.call('PEXPIRE', ep, ARGV[6])
 return cjson.encode({'forward', created, snapshot(ep), last_turn, attempt, charged, prior,
   seen})

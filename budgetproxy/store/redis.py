@@ -351,11 +351,13 @@ class RedisStore:
         free_retries: int,
         message_count: int,
         disclosure_index: int | None,
+        model: str | None = None,
     ) -> TurnOpen:
         keys = self._keys(episode_id)
         args: list[Any] = [
             body_hash, repr(float(now)), free_retries, message_count,
             "" if disclosure_index is None else disclosure_index, self._active_ttl_ms,
+            model or "",
         ]
         reply = _json(await self._eval(_Eval(self._open, keys, args)))
         if reply[0] == "absent":
