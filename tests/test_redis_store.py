@@ -129,7 +129,8 @@ _REPORTS = st.none() | st.builds(
 _OPS = st.lists(
     st.one_of(
         st.tuples(st.just("reserve"), st.integers(0, 2), st.integers(0, 6),
-                  st.none() | st.integers(0, 3), st.integers(0, 2)),
+                  st.none() | st.integers(0, 3), st.integers(0, 2),
+                  st.none() | st.sampled_from(["m1", "m2"])),
         st.tuples(st.just("settle"), st.integers(0, 9), st.sampled_from(list(SettleResult)),
                   st.booleans()),
         st.tuples(st.just("finish"), _REPORTS),
@@ -137,11 +138,12 @@ _OPS = st.lists(
     max_size=30,
 )
 _EPISODES = st.builds(
-    lambda budget, max_turns, arm, tags, task: episode(
-        "", budget, max_turns=max_turns, disclosure=arm, tags=tags, task_id=task, model="m"),
+    lambda budget, max_turns, arm, tags, task, model: episode(
+        "", budget, max_turns=max_turns, disclosure=arm, tags=tags, task_id=task, model=model),
     st.integers(1, 6), st.none() | st.integers(6, 9), st.sampled_from(["hidden", "disclosed"]),
     st.dictionaries(st.sampled_from(["x", "y"]), st.integers(-(2**63), 2**63 - 1), max_size=2),
     st.none() | st.sampled_from(["t1", "t2"]),
+    st.none() | st.just("m"),
 )
 
 
@@ -177,15 +179,16 @@ def test_lua_scripts_match_the_core(
         for step, op in enumerate(ops):
             now = T0 + 0.37 * (step + 1)
             if op[0] == "reserve":
-                _, h, count, index, free = op
+                _, h, count, index, free, call_model = op
                 body = f"body-{h}"
                 opened = await store.open_turn(eid, fresh, body, now, free_retries=free,
-                                               message_count=count, disclosure_index=index)
+                                               message_count=count, disclosure_index=index,
+                                               model=call_model)
                 created = model is None
                 if model is None:
                     model = fresh()
                 grant = reserve(model, body, now, free_retries=free, message_count=count,
-                                disclosure_index=index)
+                                disclosure_index=index, model=call_model)
                 assert opened.grant == grant, (step, op)
                 assert opened.created == created
                 assert opened.state == model, (step, op)
