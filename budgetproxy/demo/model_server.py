@@ -14,10 +14,8 @@ Run it on its own with ``python -m budgetproxy.demo.model_server --port 8001``.
 from __future__ import annotations
 
 import argparse
-import asyncio
 import hashlib
 import random
-import threading
 import time
 from collections.abc import Mapping
 from typing import Any
@@ -32,6 +30,7 @@ from budgetproxy.demo.policies import (
     game_over,
     policy_for_model,
 )
+from budgetproxy.local_server import LocalAiohttpServer
 
 _JSON = {"Content-Type": "application/json"}
 
@@ -111,22 +110,15 @@ def _sse_chunks(reply: dict[str, Any], include_usage: bool) -> list[bytes]:
     return [b"data: " + orjson.dumps(e) + b"\n\n" for e in events] + [b"data: [DONE]\n\n"]
 
 
-class ModelServer:
+class ModelServer(LocalAiohttpServer):
     """The simulated model on 127.0.0.1, in a daemon thread with its own event loop."""
 
     def __init__(self, seed: int = 0, host: str = "127.0.0.1", port: int = 0) -> None:
+        super().__init__(host, port)
         self.seed = seed
-        self.host = host
-        self.port = port
         self.requests = 0
-        self._runner: web.AppRunner | None = None
-        self._loop: asyncio.AbstractEventLoop | None = None
-        self._thread: threading.Thread | None = None
 
-    @property
-    def base_url(self) -> str:
-        """The OpenAI base URL, ending in /v1."""
-        return f"http://{self.host}:{self.port}/v1"
+    thread_name = "sim-model"
 
     def build_app(self) -> web.Application:
         app = web.Application(client_max_size=64 * 1024 * 1024)
@@ -163,62 +155,6 @@ class ModelServer:
             await response.write(chunk)
         await response.write_eof()
         return response
-
-    async def start_async(self) -> None:
-        """Start listening on the running event loop."""
-        self._runner = web.AppRunner(self.build_app(), access_log=None)
-        await self._runner.setup()
-        site = web.TCPSite(self._runner, self.host, self.port, backlog=4096)
-        await site.start()
-        self.port = int(self._runner.addresses[0][1])
-
-    async def stop_async(self) -> None:
-        if self._runner is not None:
-            await self._runner.cleanup()
-            self._runner = None
-
-    def start(self, timeout: float = 20.0) -> ModelServer:
-        """Run on a daemon thread; return once listening."""
-        ready = threading.Event()
-        failure: list[BaseException] = []
-
-        def run() -> None:
-            loop = asyncio.new_event_loop()
-            self._loop = loop
-            try:
-                loop.run_until_complete(self.start_async())
-            except BaseException as exc:  # noqa: B036 - handed to the starting thread
-                failure.append(exc)
-                ready.set()
-                loop.close()
-                return
-            ready.set()
-            try:
-                loop.run_forever()
-            finally:
-                loop.run_until_complete(self.stop_async())
-                loop.close()
-
-        self._thread = threading.Thread(target=run, name="sim-model", daemon=True)
-        self._thread.start()
-        if not ready.wait(timeout):
-            raise RuntimeError("the simulated model server did not start")
-        if failure:
-            raise RuntimeError(f"the simulated model server did not start: {failure[0]}")
-        return self
-
-    def stop(self, timeout: float = 10.0) -> None:
-        if self._loop is not None and self._thread is not None:
-            self._loop.call_soon_threadsafe(self._loop.stop)
-            self._thread.join(timeout)
-        self._thread = None
-        self._loop = None
-
-    def __enter__(self) -> ModelServer:
-        return self.start()
-
-    def __exit__(self, *exc: object) -> None:
-        self.stop()
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -15,11 +15,12 @@ import time
 import zlib
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
-from types import TracebackType
 from typing import Any
 
 import orjson
 from aiohttp import web
+
+from budgetproxy.local_server import LocalAiohttpServer
 
 __all__ = ["FakeUpstream", "Received", "main"]
 
@@ -108,7 +109,7 @@ def _int_header(request: web.Request, name: str, default: int) -> int:
         return default
 
 
-class FakeUpstream:
+class FakeUpstream(LocalAiohttpServer):
     """An aiohttp server on its own event loop thread, recording every request it receives."""
 
     def __init__(
@@ -121,9 +122,8 @@ class FakeUpstream:
         chunk_gap_ms: float = 0.0,
         record: bool = True,
     ) -> None:
+        super().__init__(host, port)
         self.models = list(models)
-        self.host = host
-        self.port = port
         self.default_chunks = max(1, chunks)
         self.default_gap_ms = chunk_gap_ms
         self.record = record
@@ -141,15 +141,10 @@ class FakeUpstream:
                 ],
             }
         )
-        self._loop: asyncio.AbstractEventLoop | None = None
-        self._thread: threading.Thread | None = None
-        self._runner: web.AppRunner | None = None
 
     # ---- lifecycle -------------------------------------------------------------------------
 
-    @property
-    def base_url(self) -> str:
-        return f"http://{self.host}:{self.port}/v1"
+    thread_name = "fake-upstream"
 
     def build_app(self) -> web.Application:
         app = web.Application(client_max_size=64 * 1024 * 1024)
@@ -162,67 +157,6 @@ class FakeUpstream:
         app.router.add_post("/v1/traces", self._otlp_traces)
         app.router.add_route("*", "/{tail:.*}", self._not_found)
         return app
-
-    async def start_async(self) -> None:
-        """Start listening on the running event loop."""
-        self._runner = web.AppRunner(self.build_app(), access_log=None, shutdown_timeout=1.0)
-        await self._runner.setup()
-        site = web.TCPSite(self._runner, self.host, self.port, backlog=4096)
-        await site.start()
-        self.port = int(self._runner.addresses[0][1])
-
-    async def stop_async(self) -> None:
-        if self._runner is not None:
-            await self._runner.cleanup()
-            self._runner = None
-
-    def start(self) -> FakeUpstream:
-        """Run on a daemon thread with its own event loop; return once listening."""
-        ready = threading.Event()
-        failure: list[BaseException] = []
-
-        def run() -> None:
-            loop = asyncio.new_event_loop()
-            self._loop = loop
-            try:
-                loop.run_until_complete(self.start_async())
-            except BaseException as exc:  # noqa: BLE001 - reported to the starting thread
-                failure.append(exc)
-                ready.set()
-                loop.close()
-                return
-            ready.set()
-            try:
-                loop.run_forever()
-            finally:
-                loop.run_until_complete(self.stop_async())
-                loop.close()
-
-        self._thread = threading.Thread(target=run, name="fake-upstream", daemon=True)
-        self._thread.start()
-        if not ready.wait(10):
-            raise RuntimeError("fake upstream did not start within 10 s")
-        if failure:
-            raise failure[0]
-        return self
-
-    def stop(self) -> None:
-        if self._loop is not None and self._thread is not None:
-            self._loop.call_soon_threadsafe(self._loop.stop)
-            self._thread.join(10)
-        self._loop = None
-        self._thread = None
-
-    def __enter__(self) -> FakeUpstream:
-        return self.start()
-
-    def __exit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        tb: TracebackType | None,
-    ) -> None:
-        self.stop()
 
     # ---- inspection ------------------------------------------------------------------------
 
