@@ -15,13 +15,14 @@ from budgetproxy.api import build_api
 from budgetproxy.asgi import Receive, Scope, Send
 from budgetproxy.config import ENV_MULTIPROC_DIR, Config
 from budgetproxy.core.ids import split_episode_prefix
-from budgetproxy.forward import MODEL_ROUTES, ModelCalls
+from budgetproxy.forward import ModelCalls
 from budgetproxy.metrics import Metrics
 from budgetproxy.recorder import Recorder
 from budgetproxy.sink import JsonlSink, NullSink, TrajectorySink
 from budgetproxy.store.base import EpisodeStore, StoreUnavailable
 from budgetproxy.tracing import Tracing, build_provider, tracing_wanted
 from budgetproxy.upstream import UpstreamPool
+from budgetproxy.wire import MODEL_ROUTES
 
 log = logging.getLogger("budgetproxy")
 

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import fnmatch
 import hashlib
 import logging
@@ -21,125 +20,29 @@ from budgetproxy.core import disclosure
 from budgetproxy.core.budget import tier_label
 from budgetproxy.core.episode import EpisodeState, Grant, GrantKind, SettleResult
 from budgetproxy.core.ids import is_valid_episode_id
-from budgetproxy.core.spec import EpisodeSpec, SpecError, new_episode
+from budgetproxy.core.spec import SpecError, new_episode
 from budgetproxy.errors import ProxyError, budget_exhausted, episode_finished, invalid_request
 from budgetproxy.metrics import Metrics
 from budgetproxy.recorder import Recorder
 from budgetproxy.records import SCHEMA_VERSION, rfc3339
-from budgetproxy.sse import EventSplitter, assemble, is_usage_only
+from budgetproxy.relay import StreamEnd, relay_stream
+from budgetproxy.sse import EventSplitter, assemble
 from budgetproxy.store.base import EpisodeStore, StoreUnavailable
 from budgetproxy.tracing import Tracing
 from budgetproxy.upstream import UpstreamPool
+from budgetproxy.wire import (
+    DROP_REQUEST_HEADERS,
+    DROP_RESPONSE_HEADERS,
+    MODEL_ROUTES,
+    conversation_of,
+    read_reply,
+    spec_from_headers,
+    validate_payload,
+)
 
 log = logging.getLogger("budgetproxy")
 
 # route path -> (kind, required list/str field)
-MODEL_ROUTES: dict[str, str] = {
-    "/v1/chat/completions": "chat",
-    "/v1/completions": "completions",
-    "/v1/responses": "responses",
-    "/v1/messages": "messages",
-}
-_DROP_REQUEST_HEADERS = frozenset(
-    {
-        b"host", b"content-length", b"connection", b"keep-alive", b"transfer-encoding", b"te",
-        b"trailer", b"upgrade", b"proxy-authorization", b"proxy-connection", b"authorization",
-        b"accept-encoding", b"x-api-key", b"expect",
-    }
-)
-_DROP_RESPONSE_HEADERS = frozenset(
-    {
-        "content-length", "content-encoding", "transfer-encoding", "connection", "keep-alive",
-        "date", "server",
-    }
-)
-_SPEC_HEADERS = {
-    "budget": b"x-episode-budget",
-    "max_turns": b"x-episode-max-turns",
-    "announced_budget": b"x-episode-announced-budget",
-}
-
-
-def _int_header(headers: dict[bytes, bytes], name: bytes, param: str) -> int | None:
-    raw = headers.get(name)
-    if raw is None or raw == b"":
-        return None
-    try:
-        value = int(raw)
-    except ValueError:
-        raise invalid_request(
-            f"Header {name.decode().title()} must be a positive integer, got {raw.decode()!r}",
-            param,
-        ) from None
-    if value < 1:
-        raise invalid_request(f"Header {name.decode().title()} must be at least 1", param)
-    return value
-
-
-def spec_from_headers(episode_id: str, headers: dict[bytes, bytes]) -> EpisodeSpec:
-    arm_raw = headers.get(b"x-episode-disclosure")
-    arm = arm_raw.decode().strip().lower() if arm_raw else None
-    if arm not in (None, "hidden", "disclosed"):
-        raise invalid_request(
-            f"Header X-Episode-Disclosure must be 'hidden' or 'disclosed', got {arm!r}",
-            "disclosure",
-        )
-    task = headers.get(b"x-episode-task")
-    group = headers.get(b"x-episode-group")
-    return EpisodeSpec(
-        episode_id=episode_id,
-        budget=_int_header(headers, _SPEC_HEADERS["budget"], "budget"),
-        max_turns=_int_header(headers, _SPEC_HEADERS["max_turns"], "max_turns"),
-        announced_budget=_int_header(
-            headers, _SPEC_HEADERS["announced_budget"], "announced_budget"
-        ),
-        task_id=task.decode() if task else None,
-        group=group.decode() if group else None,
-        disclosure=arm,  # type: ignore[arg-type]
-    )
-
-
-def validate_payload(kind: str, body: bytes) -> dict[str, Any]:
-    try:
-        payload = orjson.loads(body)
-    except orjson.JSONDecodeError as e:
-        raise invalid_request(f"Request body is not valid JSON: {e}") from None
-    if not isinstance(payload, dict):
-        raise invalid_request("Request body must be a JSON object")
-    model = payload.get("model")
-    if not isinstance(model, str) or not model:
-        raise invalid_request("'model' is required and must be a non-empty string", "model")
-    if kind in ("chat", "messages"):
-        messages = payload.get("messages")
-        if not isinstance(messages, list) or not messages:
-            raise invalid_request(
-                "'messages' is required and must be a non-empty array", "messages"
-            )
-        for i, m in enumerate(messages):
-            if not isinstance(m, dict) or not isinstance(m.get("role"), str):
-                raise invalid_request(
-                    f"messages[{i}] must be an object with a string 'role'", f"messages[{i}]"
-                )
-    elif kind == "completions" and "prompt" not in payload:
-        raise invalid_request("'prompt' is required", "prompt")
-    elif kind == "responses" and "input" not in payload:
-        raise invalid_request("'input' is required", "input")
-    stream = payload.get("stream")
-    if stream is not None and not isinstance(stream, bool):
-        raise invalid_request("'stream' must be a boolean", "stream")
-    return payload
-
-
-def _conversation(kind: str, payload: dict[str, Any]) -> list[Any]:
-    if kind in ("chat", "messages"):
-        msgs: list[Any] = payload["messages"]
-        return msgs
-    if kind == "completions":
-        return [{"role": "user", "content": payload.get("prompt")}]
-    inp = payload.get("input")
-    return inp if isinstance(inp, list) else [{"role": "user", "content": inp}]
-
-
 class _Call:
     """Per-call state carried through the handler."""
 
@@ -198,7 +101,7 @@ class ModelCalls:
         self.litellm_call = litellm_call
         names = ["x-episode-id", *(h.lower() for h in config.episodes.id_headers)]
         self.id_headers = tuple(dict.fromkeys(n.encode() for n in names))
-        self.strip_headers = _DROP_REQUEST_HEADERS | set(self.id_headers)
+        self.strip_headers = DROP_REQUEST_HEADERS | set(self.id_headers)
         self.auth_keys = frozenset(f"Bearer {k}".encode() for k in config.auth.keys)
         self.uncounted = tuple(config.episodes.uncounted_models)
         self.budget_cfg = config.budget
@@ -294,7 +197,7 @@ class ModelCalls:
                                 conversation=None)
             return
         assert eid is not None
-        conversation = _conversation(call.kind, payload)
+        conversation = conversation_of(call.kind, payload)
         grant, st = await self._open_turn(call, eid, headers, body, conversation)
         if grant is None:  # store down, fail_open
             await self._forward(call, upstream, headers, body, payload, receive, send,
@@ -580,7 +483,7 @@ class ModelCalls:
         out = [
             (k.lower().encode("latin-1"), v.encode("latin-1"))
             for k, v in resp.headers.items()
-            if k.lower() not in _DROP_RESPONSE_HEADERS
+            if k.lower() not in DROP_RESPONSE_HEADERS
         ]
         out.extend(self._episode_headers(call))
         return out
@@ -589,81 +492,30 @@ class ModelCalls:
         self, call: _Call, resp: aiohttp.ClientResponse, receive: Receive, send: Send,
         drop_usage: bool, t_up: float,
     ) -> None:
-        splitter = EventSplitter()
-        events: list[bytes] = []
-        task = asyncio.current_task()
-        gone = False
-
-        async def watch() -> None:
-            nonlocal gone
-            while True:
-                msg = await receive()
-                if msg["type"] == "http.disconnect":
-                    gone = True
-                    if task is not None:
-                        task.cancel()
-                    return
-
-        watcher = asyncio.create_task(watch())
         head = self._response_headers(resp, call)
-        try:
-            async for data in resp.content.iter_any():
-                out = []
-                for ev in splitter.feed(data):
-                    events.append(ev)
-                    if drop_usage and is_usage_only(ev):
-                        continue
-                    out.append(ev)
-                if not out:
-                    continue
-                if not call.started:
-                    call.started = True
-                    call.ttft = time.perf_counter() - call.t0
-                    await send({"type": "http.response.start", "status": 200, "headers": head})
-                await send({"type": "http.response.body", "body": b"".join(out),
-                            "more_body": True})
-                call.sent_body = True
-            rest = splitter.rest()
-            if rest:
-                events.append(rest)
-            if not call.started:
-                call.started = True
-                await send({"type": "http.response.start", "status": 200, "headers": head})
-            await send({"type": "http.response.body", "body": rest, "more_body": False})
-        except asyncio.CancelledError:
-            if not gone:
-                raise
+        relayed = await relay_stream(resp, receive, send, head, drop_usage=drop_usage)
+        call.started = relayed.started
+        call.sent_body = relayed.sent_body
+        call.events = relayed.events
+        call.t_upstream = time.perf_counter() - t_up
+        if relayed.end is StreamEnd.CLIENT_GONE:
             call.status = "upstream_error"
             call.http_status = 499
-            call.error_class = None
             if not call.sent_body:
                 call.result = SettleResult.REFUNDABLE
-        except (TimeoutError, aiohttp.ClientError):
+        elif relayed.end is StreamEnd.BROKEN:
             call.error_class = "stream_broken"
             call.status = "upstream_error"
-            if call.sent_body:
-                call.result = SettleResult.BROKEN
-                with contextlib.suppress(Exception):
-                    await send({"type": "http.response.body", "body": b"", "more_body": False})
-            else:
-                call.result = SettleResult.REFUNDABLE
-                call.http_status = 502
-                call.t_upstream = time.perf_counter() - t_up
-                self._observe_upstream(call)
-                raise ProxyError(502, "upstream_unreachable",
-                                 "Upstream stream ended before sending any data") from None
-        finally:
-            watcher.cancel()
-            if gone:
-                task_uncancel = getattr(task, "uncancel", None)
-                if task_uncancel is not None:
-                    task_uncancel()
-        call.t_upstream = time.perf_counter() - t_up
+            call.result = SettleResult.BROKEN if call.sent_body else SettleResult.REFUNDABLE
         self._observe_upstream(call)
-        if call.ttft is not None and self.metrics is not None:
+        if relayed.end is StreamEnd.BROKEN and not call.started:
+            call.http_status = 502
+            raise ProxyError(502, "upstream_unreachable",
+                             "Upstream stream ended before sending any data")
+        if relayed.first_sent_at is not None and self.metrics is not None:
+            call.ttft = relayed.first_sent_at - call.t0
             m = self.metrics
             m.child(m.ttft, m.model_label(call.model)).observe(call.ttft)
-        call.events = events
 
     # -- after the response --------------------------------------------------------------------
     async def _settle(self, call: _Call) -> None:
@@ -687,7 +539,7 @@ class ModelCalls:
         if call.events is not None:
             reply = assemble(call.events)
         elif call.data:
-            reply = _read_reply(call.kind, call.data)
+            reply = read_reply(call.kind, call.data)
         usage = reply.get("usage")
         m = self.metrics
         if m is not None and isinstance(usage, dict):
@@ -753,27 +605,3 @@ class ModelCalls:
                 "group": st.group,
             }
         )
-
-
-def _read_reply(kind: str, data: bytes) -> dict[str, Any]:
-    try:
-        obj = orjson.loads(data)
-    except orjson.JSONDecodeError:
-        return {"message": None, "finish_reason": None, "usage": None}
-    if not isinstance(obj, dict):
-        return {"message": None, "finish_reason": None, "usage": None}
-    usage = obj.get("usage")
-    choices = obj.get("choices")
-    if isinstance(choices, list) and choices and isinstance(choices[0], dict):
-        c0 = choices[0]
-        if kind == "completions":
-            message: Any = {"role": "assistant", "content": c0.get("text")}
-        else:
-            message = c0.get("message")
-        return {"message": message, "finish_reason": c0.get("finish_reason"), "usage": usage}
-    if "error" in obj:
-        return {"message": None, "finish_reason": None, "usage": None, "error": obj["error"]}
-    # responses / messages APIs: keep the output as the reply
-    out = obj.get("output", obj.get("content"))
-    return {"message": {"role": "assistant", "content": out},
-            "finish_reason": obj.get("stop_reason", obj.get("status")), "usage": usage}

@@ -1,0 +1,139 @@
+"""What a model call carries: routes, payload checks, episode headers, the reply read back."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import orjson
+
+from budgetproxy.core.spec import EpisodeSpec
+from budgetproxy.errors import invalid_request
+
+MODEL_ROUTES: dict[str, str] = {
+    "/v1/chat/completions": "chat",
+    "/v1/completions": "completions",
+    "/v1/responses": "responses",
+    "/v1/messages": "messages",
+}
+DROP_REQUEST_HEADERS = frozenset(
+    {
+        b"host", b"content-length", b"connection", b"keep-alive", b"transfer-encoding", b"te",
+        b"trailer", b"upgrade", b"proxy-authorization", b"proxy-connection", b"authorization",
+        b"accept-encoding", b"x-api-key", b"expect",
+    }
+)
+DROP_RESPONSE_HEADERS = frozenset(
+    {
+        "content-length", "content-encoding", "transfer-encoding", "connection", "keep-alive",
+        "date", "server",
+    }
+)
+_SPEC_HEADERS = {
+    "budget": b"x-episode-budget",
+    "max_turns": b"x-episode-max-turns",
+    "announced_budget": b"x-episode-announced-budget",
+}
+
+
+def _int_header(headers: dict[bytes, bytes], name: bytes, param: str) -> int | None:
+    raw = headers.get(name)
+    if raw is None or raw == b"":
+        return None
+    try:
+        value = int(raw)
+    except ValueError:
+        raise invalid_request(
+            f"Header {name.decode().title()} must be a positive integer, got {raw.decode()!r}",
+            param,
+        ) from None
+    if value < 1:
+        raise invalid_request(f"Header {name.decode().title()} must be at least 1", param)
+    return value
+
+
+def spec_from_headers(episode_id: str, headers: dict[bytes, bytes]) -> EpisodeSpec:
+    arm_raw = headers.get(b"x-episode-disclosure")
+    arm = arm_raw.decode().strip().lower() if arm_raw else None
+    if arm not in (None, "hidden", "disclosed"):
+        raise invalid_request(
+            f"Header X-Episode-Disclosure must be 'hidden' or 'disclosed', got {arm!r}",
+            "disclosure",
+        )
+    task = headers.get(b"x-episode-task")
+    group = headers.get(b"x-episode-group")
+    return EpisodeSpec(
+        episode_id=episode_id,
+        budget=_int_header(headers, _SPEC_HEADERS["budget"], "budget"),
+        max_turns=_int_header(headers, _SPEC_HEADERS["max_turns"], "max_turns"),
+        announced_budget=_int_header(
+            headers, _SPEC_HEADERS["announced_budget"], "announced_budget"
+        ),
+        task_id=task.decode() if task else None,
+        group=group.decode() if group else None,
+        disclosure=arm,  # type: ignore[arg-type]
+    )
+
+
+def validate_payload(kind: str, body: bytes) -> dict[str, Any]:
+    try:
+        payload = orjson.loads(body)
+    except orjson.JSONDecodeError as e:
+        raise invalid_request(f"Request body is not valid JSON: {e}") from None
+    if not isinstance(payload, dict):
+        raise invalid_request("Request body must be a JSON object")
+    model = payload.get("model")
+    if not isinstance(model, str) or not model:
+        raise invalid_request("'model' is required and must be a non-empty string", "model")
+    if kind in ("chat", "messages"):
+        messages = payload.get("messages")
+        if not isinstance(messages, list) or not messages:
+            raise invalid_request(
+                "'messages' is required and must be a non-empty array", "messages"
+            )
+        for i, m in enumerate(messages):
+            if not isinstance(m, dict) or not isinstance(m.get("role"), str):
+                raise invalid_request(
+                    f"messages[{i}] must be an object with a string 'role'", f"messages[{i}]"
+                )
+    elif kind == "completions" and "prompt" not in payload:
+        raise invalid_request("'prompt' is required", "prompt")
+    elif kind == "responses" and "input" not in payload:
+        raise invalid_request("'input' is required", "input")
+    stream = payload.get("stream")
+    if stream is not None and not isinstance(stream, bool):
+        raise invalid_request("'stream' must be a boolean", "stream")
+    return payload
+
+
+def conversation_of(kind: str, payload: dict[str, Any]) -> list[Any]:
+    if kind in ("chat", "messages"):
+        msgs: list[Any] = payload["messages"]
+        return msgs
+    if kind == "completions":
+        return [{"role": "user", "content": payload.get("prompt")}]
+    inp = payload.get("input")
+    return inp if isinstance(inp, list) else [{"role": "user", "content": inp}]
+
+
+def read_reply(kind: str, data: bytes) -> dict[str, Any]:
+    try:
+        obj = orjson.loads(data)
+    except orjson.JSONDecodeError:
+        return {"message": None, "finish_reason": None, "usage": None}
+    if not isinstance(obj, dict):
+        return {"message": None, "finish_reason": None, "usage": None}
+    usage = obj.get("usage")
+    choices = obj.get("choices")
+    if isinstance(choices, list) and choices and isinstance(choices[0], dict):
+        c0 = choices[0]
+        if kind == "completions":
+            message: Any = {"role": "assistant", "content": c0.get("text")}
+        else:
+            message = c0.get("message")
+        return {"message": message, "finish_reason": c0.get("finish_reason"), "usage": usage}
+    if "error" in obj:
+        return {"message": None, "finish_reason": None, "usage": None, "error": obj["error"]}
+    # responses / messages APIs: keep the output as the reply
+    out = obj.get("output", obj.get("content"))
+    return {"message": {"role": "assistant", "content": out},
+            "finish_reason": obj.get("stop_reason", obj.get("status")), "usage": usage}
