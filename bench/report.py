@@ -7,7 +7,7 @@ from typing import Any
 BASELINE = "forwarder"
 DIRECT = "direct"
 # Throughput targets at concurrency 32, relative to the minimal forwarder (DESIGN.md).
-TARGETS = {"budgetproxy": 0.9, "budgetproxy+episodes": 0.8}
+TARGETS = {"budgetproxy": 0.9, "budgetproxy+episodes": 0.8, "budgetproxy+redis": 0.6}
 
 
 def _fmt(value: float | None, spec: str = ".2f", suffix: str = "") -> str:

@@ -34,7 +34,10 @@ import profiling  # noqa: E402
 import report  # noqa: E402
 import targets as tg  # noqa: E402
 
-ALL_TARGETS = ["direct", "forwarder", "budgetproxy", "budgetproxy+episodes", "nginx", "litellm"]
+ALL_TARGETS = [
+    "direct", "forwarder", "budgetproxy", "budgetproxy+episodes", "budgetproxy+redis", "nginx",
+    "litellm",
+]
 STREAM_CHUNKS = 64
 STREAM_GAP_MS = 20.0
 
@@ -61,7 +64,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         "--targets",
         default=",".join(ALL_TARGETS),
         help=f"comma-separated subset of {','.join(ALL_TARGETS)}; ablations: "
-        + ",".join(list(tg.BUDGETPROXY_VARIANTS)[2:]),
+        + ",".join(list(tg.BUDGETPROXY_VARIANTS)[3:]),
     )
     p.add_argument(
         "--with-litellm",

@@ -203,6 +203,12 @@ BUDGETPROXY_VARIANTS: dict[str, tuple[str, bool, str | None]] = {
         True,
         "disclosure: {mode: disclosed, placement: last_message, history: keep}\n",
     ),
+    "budgetproxy+redis": (
+        f"budgetproxy, {EPISODES} rotating episodes, disclosed arm, Redis store",
+        True,
+        "disclosure: {mode: disclosed, placement: last_message, history: keep}\n"
+        "store: {kind: redis, url: 'redis://127.0.0.1:6379/0', key_prefix: bench}\n",
+    ),
     "bp+episodes-hidden": (
         "ablation: episodes, hidden arm (no rewrite)",
         True,
