@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import gc
 import math
 import signal
 import threading
@@ -72,11 +73,27 @@ class _AnnouncingServer(uvicorn.Server):
                   f"(OpenAI base URL: http://{host}:{self.bound_port}/v1)", flush=True)
 
 
+# Each model call allocates a few hundred short-lived objects; at Python's default gen0
+# threshold (700) the collector runs every few calls and keeps walking the app's long-lived
+# objects. Measured with bench/run.py at c=32: about 13% less CPU per call and p99 from ~100 ms
+# to ~30 ms. Only the serving process is tuned, never a host that embeds ProxyServer.
+GC_GEN0_THRESHOLD = 20_000
+
+
+def tune_gc() -> None:
+    """Move start-up objects out of the collector's sight and collect the young less often."""
+    gc.collect()
+    gc.freeze()
+    _, gen1, gen2 = gc.get_threshold()
+    gc.set_threshold(GC_GEN0_THRESHOLD, gen1, gen2)
+
+
 def run_foreground(config: Config) -> int:
     """Serve until SIGINT/SIGTERM; in-flight calls finish within server.shutdown_timeout_s."""
     from budgetproxy.app import create_app
 
     app = create_app(config)
+    tune_gc()
     server = _AnnouncingServer(
         uvicorn_config(app, config, host=config.server.host, port=config.server.port), True
     )

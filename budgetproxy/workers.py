@@ -14,9 +14,12 @@ ENV_CONFIG_JSON = "BUDGETPROXY_CONFIG_JSON"
 def app_from_env() -> object:
     """uvicorn factory for worker processes: the validated config travels as JSON in the env."""
     from budgetproxy.app import create_app
+    from budgetproxy.server import tune_gc
 
     config = Config.model_validate(orjson.loads(os.environ[ENV_CONFIG_JSON]))
-    return create_app(config)
+    app = create_app(config)
+    tune_gc()
+    return app
 
 
 def run_workers(config: Config) -> int:
