@@ -45,7 +45,7 @@ class EpisodeCreate(BaseModel):
 class OutcomeBody(BaseModel):
     model_config = ConfigDict(extra="forbid")
     success: StrictBool
-    reward: float | None = None
+    reward: float | None = Field(None, allow_inf_nan=False)
     success_turn: int | None = Field(None, ge=1, strict=True)
     metadata: dict[str, Any] = Field(default_factory=dict)
 
@@ -81,6 +81,14 @@ def _error(err: ProxyError) -> Response:
                     headers=dict((k.decode(), v.decode()) for k, v in err.header_list()))
 
 
+def _checked_id(episode_id: str) -> str:
+    if not is_valid_episode_id(episode_id):
+        raise ProxyError(400, "invalid_episode_id",
+                         "Episode ids are 1-128 characters of A-Z a-z 0-9 . _ : -",
+                         param="episode_id")
+    return episode_id
+
+
 def _not_found(episode_id: str) -> ProxyError:
     return ProxyError(404, "episode_not_found", f"No episode with id {episode_id!r}",
                       param="episode_id")
@@ -112,6 +120,7 @@ def build_api(
         param = ".".join(loc) or None
         if first.get("type") == "json_invalid":
             msg = "Request body is not valid JSON"
+            param = None
         elif first.get("type") == "extra_forbidden":
             msg = f"Unknown field {param!r}"
         else:
@@ -170,8 +179,14 @@ def build_api(
         return Response(generate_latest(registry), media_type=CONTENT_TYPE_LATEST)
 
     @app.post("/v1/episodes", status_code=201)
-    async def create_episode(request: Request, body: EpisodeCreate = Body()) -> Response:  # noqa: B008
+    async def create_episode(
+        request: Request, body: EpisodeCreate | None = Body(None)  # noqa: B008
+    ) -> Response:
         check_auth(request)
+        if body is None:
+            if (await request.body()).strip():
+                raise ProxyError(400, "invalid_request", "Request body must be a JSON object")
+            body = EpisodeCreate()  # no body at all: every field is optional
         eid = body.episode_id or f"ep-{uuid.uuid4().hex}"
         if not is_valid_episode_id(eid):
             raise ProxyError(400, "invalid_episode_id",
@@ -209,7 +224,7 @@ def build_api(
     @app.get("/v1/episodes/{episode_id}")
     async def get_episode(request: Request, episode_id: str) -> Response:
         check_auth(request)
-        st = await store.get(episode_id)
+        st = await store.get(_checked_id(episode_id))
         if st is None:
             if await store.is_known(episode_id):
                 return _json({"episode_id": episode_id, "status": "finished"})
@@ -221,6 +236,15 @@ def build_api(
         request: Request, episode_id: str, body: OutcomeBody = Body()  # noqa: B008
     ) -> Response:
         check_auth(request)
+        _checked_id(episode_id)
+        if body.success_turn is not None:
+            st = await store.get(episode_id)
+            if st is not None and st.status == "active" and body.success_turn > st.turns_used:
+                raise ProxyError(
+                    400, "invalid_request",
+                    f"success_turn {body.success_turn} is past the {st.turns_used} turn(s) "
+                    "this episode has used", param="success_turn",
+                )
         report = OutcomeReport(success=body.success, reward=body.reward,
                                success_turn=body.success_turn, metadata=body.metadata)
         return await end_and_record(episode_id, report)
@@ -228,7 +252,7 @@ def build_api(
     @app.post("/v1/episodes/{episode_id}/end")
     async def end_episode(request: Request, episode_id: str) -> Response:
         check_auth(request)
-        return await end_and_record(episode_id, None)
+        return await end_and_record(_checked_id(episode_id), None)
 
     @app.get("/v1/models")
     async def list_models(request: Request) -> Response:

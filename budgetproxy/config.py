@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 import re
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any, Literal
 
@@ -49,8 +50,13 @@ class UpstreamConfig(_Strict):
     @classmethod
     def _strip_slash(cls, v: str) -> str:
         if not v.startswith(("http://", "https://")):
-            raise ValueError("must start with http:// or https://")
-        return v.rstrip("/")
+            raise ValueError(f"must start with http:// or https:// (got {v!r})")
+        v = v.rstrip("/")
+        if "/" not in v.split("://", 1)[1]:
+            # A bare host would send /chat/completions to the server root: every call a 404
+            # that spends a turn. OpenAI-compatible base URLs end in /v1.
+            raise ValueError(f"needs the API path, e.g. {v}/v1 (got {v!r})")
+        return v
 
     @field_validator("api_key")
     @classmethod
@@ -158,12 +164,22 @@ class Config(_Strict):
         return self
 
 
-def expand_env(text: str, environ: dict[str, str] | None = None) -> str:
-    """Replace ${VAR} and ${VAR:-default}; an unset VAR without a default becomes ""."""
+def expand_env(
+    text: str, environ: Mapping[str, str] | None = None, unset: list[str] | None = None
+) -> str:
+    """Replace ${VAR} and ${VAR:-default}; an unset VAR without a default becomes "".
+
+    Names of unset variables without a default are appended to `unset`, for error messages.
+    """
     env = os.environ if environ is None else environ
 
     def sub(m: re.Match[str]) -> str:
-        return env.get(m.group(1), m.group(2) if m.group(2) is not None else "")
+        name, default = m.group(1), m.group(2)
+        if name in env:
+            return env[name]
+        if default is None and unset is not None:
+            unset.append(name)
+        return default or ""
 
     return _ENV_REF.sub(sub, text)
 
@@ -199,6 +215,7 @@ def load_config(
     Raises ConfigError with one line naming the offending key.
     """
     raw: dict[str, Any] = {}
+    unset: list[str] = []
     if path is not None:
         p = Path(path)
         try:
@@ -206,7 +223,7 @@ def load_config(
         except OSError as e:
             raise ConfigError(f"config file {p}: {e.strerror or e}") from None
         try:
-            loaded = yaml.safe_load(expand_env(text, environ))
+            loaded = yaml.safe_load(expand_env(text, environ, unset))
         except yaml.YAMLError as e:
             mark = getattr(e, "problem_mark", None)
             where = f" line {mark.line + 1}" if mark is not None else ""
@@ -221,4 +238,5 @@ def load_config(
     try:
         return Config.model_validate(raw)
     except ValidationError as e:
-        raise ConfigError(_format_error(e)) from None
+        hint = f" (unset environment variable: {', '.join(sorted(set(unset)))})" if unset else ""
+        raise ConfigError(_format_error(e) + hint) from None

@@ -43,6 +43,12 @@ from budgetproxy.wire import (
 log = logging.getLogger("budgetproxy")
 
 # route path -> (kind, required list/str field)
+def _turn_hash(route: str, body: bytes) -> str:
+    """What makes a resend "the same call": the same route with a byte-identical body."""
+    h = hashlib.blake2b(body, digest_size=16, person=route[-16:].encode())
+    return h.hexdigest()
+
+
 class _Call:
     """Per-call state carried through the handler."""
 
@@ -250,7 +256,7 @@ class ModelCalls:
         )
         try:
             opened = await self.store.open_turn(
-                eid, fresh, hashlib.blake2b(body, digest_size=16).hexdigest(), now,
+                eid, fresh, _turn_hash(call.route, body), now,
                 free_retries=self.budget_cfg.free_retries_per_turn,
                 message_count=count, disclosure_index=index, model=call.model,
             )
