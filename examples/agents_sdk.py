@@ -35,7 +35,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--proxy", default=os.environ.get("BUDGETPROXY_URL", "http://127.0.0.1:8080"))
     p.add_argument("--model", default=os.environ.get("BUDGETPROXY_MODEL", "sim-recovering"))
-    p.add_argument("--task", default="4x4-slippery", choices=[t.task_id for t in TASKS])
+    p.add_argument("--task", default="4x4", choices=[t.task_id for t in TASKS])
     p.add_argument("--budget", type=int, help="turns for this episode (default: the full budget)")
     p.add_argument("--disclosure", choices=["hidden", "disclosed"])
     p.add_argument("--seed", type=int, default=0)
