@@ -16,7 +16,7 @@ from budgetproxy.analysis import command
 from budgetproxy.analysis.passk import budgetmix_candidates
 
 
-def episode(eid: str, task: str, group: str, budget: int, **fields: Any) -> dict[str, Any]:
+def episode(eid: str, task: str, group: str | None, budget: int, **fields: Any) -> dict[str, Any]:
     record: dict[str, Any] = {
         "schema": 1, "type": "episode", "episode_id": eid, "task_id": task, "group": group,
         "tags": {"policy": "rl"}, "model": "m", "budget": budget, "max_turns": 10,
@@ -152,6 +152,50 @@ def test_audit_flags_non_uniform_draws(tmp_path: Path, capsys: pytest.CaptureFix
     audit = json.loads(capsys.readouterr().out)["audit"]
     assert any("not uniform" in p for p in audit["problems"])
     assert audit["p_value"] < 1e-6
+
+
+def test_audit_groups_leaves_fixed_budget_episodes_out(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    log = budgetmix_log(tmp_path / "log.jsonl", groups_per_task=50)
+    with log.open("a") as f:  # a fixed-tier run in the same log: 25% of 20 turns, no group
+        for i in range(40):
+            f.write(json.dumps(episode(f"fixed{i}", f"task{i % 4}", None, 5, max_turns=20)) + "\n")
+    assert analyze(str(log), "--audit-budgetmix", "--json") == 1
+    audit = json.loads(capsys.readouterr().out)["audit"]
+    assert any("off the candidate grid" in p for p in audit["problems"])
+    assert any("--audit-groups" in n for n in audit["notes"])  # the way out is named
+    assert analyze(str(log), "--audit-groups", "^g[0-9]+$", "--json") == 0  # implies the audit
+    audit = json.loads(capsys.readouterr().out)["audit"]
+    assert audit["ok"] and audit["draws"] == 200
+    assert any("40 others are not" in n for n in audit["notes"])
+    assert analyze(str(log), "--audit-groups", "no-such-group") == 1
+    assert "nothing to audit" in capsys.readouterr().out
+    assert analyze(str(log), "--audit-groups", "(unclosed") == 2
+    assert "--audit-groups '(unclosed' is not a valid RE2 regex" in capsys.readouterr().err
+
+
+def test_audit_verdict_sets_the_exit_status_even_with_no_pass_values(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    log = budgetmix_log(tmp_path / "log.jsonl", groups_per_task=50)
+    records = [json.loads(line) for line in log.read_text().splitlines()]
+    for r in records:
+        r.update(end_reason="abandoned", outcome=None)
+    log.write_text("".join(json.dumps(r) + "\n" for r in records))
+    assert analyze(str(log), "--audit-budgetmix") == 0
+    captured = capsys.readouterr()
+    assert "BudgetMix audit (step 0.1, 200 draws): OK" in captured.out
+    assert "no eligible episodes" in captured.err  # still said, but not the audit's verdict
+    assert analyze(str(log)) == 1
+
+
+def test_audit_help_documents_the_group_filter(capsys: pytest.CaptureFixture[str]) -> None:
+    with pytest.raises(SystemExit):
+        analyze("--help")
+    text = " ".join(capsys.readouterr().out.split())
+    assert "--audit-groups REGEX" in text and "implies --audit-budgetmix" in text
+    assert "the audit's verdict alone sets the exit status" in text
 
 
 Call = tuple[str, str, str]  # (id, name, arguments)

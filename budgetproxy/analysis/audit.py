@@ -7,6 +7,7 @@ from dataclasses import dataclass, field
 from fractions import Fraction
 from typing import Any
 
+from budgetproxy.analysis.db import sql_str
 from budgetproxy.analysis.passk import budgetmix_candidates
 from budgetproxy.analysis.stats import chi_square, chi_square_sf
 
@@ -14,13 +15,13 @@ MIN_EXPECTED = 5  # the chi-square approximation needs about 5 expected draws pe
 EXAMPLES = 5
 
 # One row per draw: a (task_id, group), or an episode of no group. Groups that disagree on
-# their budget or arm report every value they hold.
+# their budget or arm report every value they hold. `audited` is the filter on the episodes.
 DRAWS_SQL = """
 SELECT task_id, "group", max(max_turns) AS max_turns,
     list(DISTINCT budget ORDER BY budget) AS budgets,
     list(DISTINCT disclosure ORDER BY disclosure) AS arms,
     count(*) AS episodes, count(DISTINCT max_turns) AS max_turns_values
-FROM episodes WHERE task_id IS NOT NULL
+FROM episodes WHERE task_id IS NOT NULL AND {audited}
 GROUP BY task_id, "group", CASE WHEN "group" IS NULL THEN episode_id END
 """
 
@@ -60,14 +61,35 @@ class AuditResult:
         }
 
 
-def audit_budgetmix(con: Any, step: Fraction, alpha: float = 0.01) -> AuditResult:
-    """Check the `episodes` table against BudgetMix with this step."""
+def audit_budgetmix(
+    con: Any, step: Fraction, alpha: float = 0.01, groups: str | None = None
+) -> AuditResult:
+    """Check the `episodes` table against BudgetMix with this step. `groups`: an RE2 regex;
+    only episodes whose group it matches (searched, not anchored) are audited, so episodes run
+    at fixed budgets in the same log do not count as draws."""
     result = AuditResult(step=step)
-    rows = con.execute(DRAWS_SQL).fetchall()
-    no_task = con.execute("SELECT count(*) FROM episodes WHERE task_id IS NULL").fetchone()[0]
+    audited = (
+        "true" if groups is None else f'coalesce(regexp_matches("group", {sql_str(groups)}), false)'
+    )
+    rows = con.execute(DRAWS_SQL.format(audited=audited)).fetchall()
+    no_task, ungrouped, skipped = con.execute(
+        f"""SELECT count(*) FILTER (WHERE task_id IS NULL),
+            count(*) FILTER (WHERE task_id IS NOT NULL AND "group" IS NULL AND {audited}),
+            count(*) FILTER (WHERE task_id IS NOT NULL AND NOT ({audited}))
+        FROM episodes"""
+    ).fetchone()
     if no_task:
         result.notes.append(f"{no_task:,} episodes without task_id are not audited")
+    if groups is not None:
+        result.notes.append(
+            f"only episodes whose group matches /{groups}/ are audited; {skipped:,} others are not"
+        )
     result.draws = len(rows)
+    if not rows:
+        matching = "with a task_id" + (
+            "" if groups is None else f" and a group matching /{groups}/"
+        )
+        result.problems.append(f"nothing to audit: no episode {matching}")
     off_grid: list[str] = []
     off_grid_episodes = 0
     no_max: list[str] = []
@@ -105,11 +127,17 @@ def audit_budgetmix(con: Any, step: Fraction, alpha: float = 0.01) -> AuditResul
         result, no_max, f"{len(no_max):,} draws have no single max_turns, so their grid is unknown"
     )
     _uniformity(result, observed, step, alpha)
+    if result.problems and ungrouped and ungrouped < sum(r[5] for r in rows):
+        result.notes.append(
+            f"{ungrouped:,} episodes without a group count as one draw each; if they ran at "
+            f"fixed budgets, audit only the BudgetMix groups (--audit-groups REGEX)"
+        )
     return result
 
 
 def _problem(result: AuditResult, examples: list[str], headline: str) -> None:
     if examples:
+        examples = list(dict.fromkeys(examples))
         shown = "; ".join(examples[:EXAMPLES]) + ("; …" if len(examples) > EXAMPLES else "")
         result.problems.append(f"{headline}, e.g. {shown}")
 

@@ -96,7 +96,15 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
     p.add_argument(
         "--audit-budgetmix",
         action="store_true",
-        help="check budgets against BudgetMix; exit 1 if something is off",
+        help="check budgets against BudgetMix (on the candidate grid, one budget and arm per "
+        "group, uniform draws); the audit's verdict alone sets the exit status: 0 OK, 1 not",
+    )
+    p.add_argument(
+        "--audit-groups",
+        metavar="REGEX",
+        help="audit only episodes whose group matches this RE2 regex (searched, not anchored; "
+        "'.' = every episode that has a group), so episodes run at fixed budgets in the same "
+        "log do not count as draws; implies --audit-budgetmix",
     )
     p.add_argument(
         "--budgetmix-step",
@@ -125,8 +133,8 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
 
 
 def run(args: argparse.Namespace) -> int:
-    """Run `analyze`; returns the exit code (0 ok, 1 nothing to report or audit failed,
-    2 bad arguments or paths)."""
+    """Run `analyze`; returns the exit code (0 ok, 1 nothing to report, 2 bad arguments or
+    paths). With the BudgetMix audit, 0 or 1 is the audit's verdict alone."""
     from budgetproxy.analysis.load import InputError
 
     try:
@@ -165,7 +173,9 @@ def _run(args: argparse.Namespace) -> int:
     code = 0
     with load.connect() as con:
         if args.error_pattern is not None:
-            _check_pattern(con, args.error_pattern)
+            _check_pattern(con, args.error_pattern, "--error-pattern")
+        if args.audit_groups is not None:
+            _check_pattern(con, args.audit_groups, "--audit-groups")
         summary = load.load_episodes(con, inputs, progress)
         _print_skipped(summary)
         if summary.episodes == 0:
@@ -206,14 +216,17 @@ def _run(args: argparse.Namespace) -> int:
             out["recovery"] = [r.as_json() for r in rows]
             text.append(format_recovery(rows, args.error_pattern))
             extra.append(("Recovery after tool errors", text[-1]))
-        if args.audit_budgetmix:
+        auditing = args.audit_budgetmix or args.audit_groups is not None
+        if auditing:
             from budgetproxy.analysis.audit import audit_budgetmix, format_audit
 
-            audit = audit_budgetmix(con, args.budgetmix_step, args.budgetmix_alpha)
+            audit = audit_budgetmix(
+                con, args.budgetmix_step, args.budgetmix_alpha, args.audit_groups
+            )
             out["audit"] = audit.as_json()
             text.append(format_audit(audit))
             extra.append(("BudgetMix audit", text[-1]))
-            code = code or (0 if audit.ok else 1)
+            code = 0 if audit.ok else 1
         if args.report is not None:
             _write_report(con, args, cells, budgets, summary, counts, extra)
             out["report"] = str(args.report)
@@ -234,17 +247,18 @@ def _run(args: argparse.Namespace) -> int:
             "T (see the eligibility rules: abandoned and task-less episodes never count)",
             file=sys.stderr,
         )
-        code = 1
+        if not auditing:  # the audit's verdict decides the exit status on its own
+            code = 1
     return code
 
 
-def _check_pattern(con: Any, pattern: str) -> None:
+def _check_pattern(con: Any, pattern: str, flag: str) -> None:
     from budgetproxy.analysis.load import InputError
 
     try:
         con.execute("SELECT regexp_matches('', ?)", [pattern]).fetchall()
     except Exception as exc:
-        raise InputError(f"--error-pattern {pattern!r} is not a valid RE2 regex", 2) from exc
+        raise InputError(f"{flag} {pattern!r} is not a valid RE2 regex", 2) from exc
 
 
 def _episode_counts(con: Any) -> dict[str, int]:

@@ -2,39 +2,67 @@
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
 from datetime import UTC, datetime
 from html import escape
 from typing import Any
 
-from budgetproxy.analysis.svg import Series, bar_chart, line_chart
-from budgetproxy.analysis.table import Cell, by_expression
+from budgetproxy.analysis.svg import PALETTE, Series, bar_chart, ci_mark, line_chart
+from budgetproxy.analysis.table import Cell, by_expression, table_notes
 
 STYLE = """
-body { font: 14px/1.45 system-ui, sans-serif; color: #222; margin: 24px auto; max-width: 1120px;
-       padding: 0 16px; }
+body { font: 14px/1.45 system-ui, sans-serif; color: #222; margin: 24px auto; max-width: 1360px;
+       padding: 0 20px; }
 h1 { font-size: 22px; } h2 { font-size: 17px; margin-top: 32px; border-bottom: 1px solid #ddd; }
-.charts { display: flex; flex-wrap: wrap; gap: 12px; }
+.charts { display: grid; grid-template-columns: repeat(auto-fill, minmax(460px, 1fr));
+          gap: 20px 32px; align-items: start; }
+figure { margin: 0; } figure svg { display: block; width: 100%; height: auto; }
+figcaption { color: #555; font-size: 13px; margin: 4px 0 0 4px; max-width: 62em; }
 table { border-collapse: collapse; font-variant-numeric: tabular-nums; }
 th, td { padding: 3px 10px; border-bottom: 1px solid #eee; text-align: right; }
 th:first-child, td:first-child { text-align: left; }
-.muted { color: #666; } pre { background: #f6f6f6; padding: 8px; white-space: pre-wrap; }
+.muted { color: #666; } .notes { color: #555; margin: 6px 0; padding-left: 20px; }
+.charts + table { margin-top: 24px; }
+pre { background: #f6f6f6; padding: 8px; white-space: pre-wrap; }
 """
 
-# Per slice and budget tier (budget / max_turns to the nearest 5%, as the proxy labels it):
-# finished episodes, successes and exhausted ones.
-TIERS_SQL = """
-SELECT {slice} AS slice,
-    CASE WHEN max_turns IS NULL THEN NULL
-         ELSE 5 * ((40 * budget + max_turns) // (2 * max_turns)) END AS tier,
-    count(*), count(*) FILTER (WHERE success), count(*) FILTER (WHERE exhausted)
+TIER_SQL = "5 * ((40 * budget + max_turns) // (2 * max_turns))"  # the proxy's tier label, in %
+
+# Per slice and budget tier: finished episodes, successes, and those whose end reason is
+# `exhausted`. The `exhausted` flag is not used: it is also set on an episode that succeeded on
+# its last allowed turn, whose end reason is `success` (success > exhausted > failure).
+TIERS_SQL = f"""
+SELECT {{slice}} AS slice,
+    CASE WHEN max_turns IS NULL OR max_turns <= 0 OR budget IS NULL THEN NULL
+         ELSE {TIER_SQL} END AS tier,
+    count(*), count(*) FILTER (WHERE success),
+    count(*) FILTER (WHERE end_reason = 'exhausted' AND NOT success)
 FROM episodes WHERE end_reason <> 'abandoned' GROUP BY ALL
 """
 
-TURNS_SQL = """
-SELECT {slice} AS slice, turns_used, count(*) FROM episodes
-WHERE end_reason <> 'abandoned' GROUP BY ALL
+BINS = 10  # turns used, in tenths of the episode's budget
+TURN_LABELS = ["0", *(f"{10 * (b - 1)}–{10 * b}" for b in range(1, BINS + 1)), "all"]
+
+# Per slice: episodes by turns used as a share of their own budget. Bin 0 = no turn, bins
+# 1..BINS = (b-1, b] tenths (ceil, in exact integers), BINS + 1 = the whole budget.
+TURNS_SQL = f"""
+SELECT {{slice}} AS slice,
+    CASE WHEN turns_used >= budget THEN {BINS + 1} WHEN turns_used <= 0 THEN 0
+         ELSE ({BINS} * turns_used + budget - 1) // budget END AS bin,
+    count(*)
+FROM episodes
+WHERE end_reason <> 'abandoned' AND budget > 0 AND turns_used IS NOT NULL GROUP BY ALL
 """
+
+
+@dataclass(frozen=True)
+class TierRates:
+    """Finished episodes of one slice at one budget tier, and how they ended."""
+
+    finished: int
+    succeeded: int
+    exhausted: int
 
 
 def slice_sql(by: Sequence[str]) -> str:
@@ -51,8 +79,17 @@ def _pct(v: float | None) -> str:
     return "—" if v is None else f"{100 * v:.1f}"
 
 
-def pass_curves(cells: Sequence[Cell]) -> list[str]:
-    """One chart per K (and per kind of T): Pass@(K,T) over T, a line and CI band per slice."""
+def _in_page_order(names: set[str], colors: Mapping[str, str]) -> list[str]:
+    return [n for n in colors if n in names] + sorted(names - set(colors))
+
+
+def _figure(svg: str, caption: str) -> str:
+    text = f"<figcaption>{caption}</figcaption>" if caption else ""
+    return f"<figure>{svg}{text}</figure>"
+
+
+def pass_curves(cells: Sequence[Cell], colors: Mapping[str, str]) -> list[str]:
+    """One chart per K (and per kind of T): Pass@(K,T) over T, a line and CI per slice."""
     charts = []
     for kind, x_title in (
         ("tier", "turn budget T (% of the task's max_turns)"),
@@ -70,31 +107,49 @@ def pass_curves(cells: Sequence[Cell]) -> list[str]:
                         [row[b].value if b in row else None for b in budgets],
                         [row[b].ci_low if b in row else None for b in budgets],
                         [row[b].ci_high if b in row else None for b in budgets],
+                        color=colors.get(name),
+                        tips=[f"{row[b].n_tasks} tasks" if b in row else None for b in budgets],
                     )
                 )
-            charts.append(
-                line_chart(
-                    f"Pass@({k},T)",
-                    [b.label for b in budgets],
-                    series,
-                    x_title=x_title,
-                    y_title=f"Pass@{k}",
-                    y_max=1.0,
-                )
+            empty = (
+                f"no data (fewer than {k} eligible episodes per task)"
+                if k > 1
+                else "no data (no eligible episodes)"
             )
+            svg = line_chart(
+                f"Pass@({k},T)",
+                [b.label for b in budgets],
+                series,
+                x_title=x_title,
+                y_title=f"Pass@{k}",
+                y_max=1.0,
+                empty=empty,
+            )
+            caption = f"{ci_mark(series).capitalize()}: 95% bootstrap CI over tasks."
+            undrawn = [s.name for s in series if not s.has_data]
+            if len(undrawn) == len(series):
+                caption = ""  # the empty chart says why
+            elif undrawn:
+                caption += (
+                    f" Not drawn, with fewer than {k} eligible episodes per task at every T: "
+                    f"{escape(', '.join(undrawn))}."
+                )
+            charts.append(_figure(svg, caption))
     return charts
 
 
 def _pass_td(cell: Cell | None) -> str:
     if cell is None or cell.value is None:
         return "<td>—</td>"
+    fewer = f" ({cell.n_tasks})" if cell.n_tasks < cell.tasks_eligible else ""
     return (
         f"<td>{_pct(cell.value)} <span class=muted>[{_pct(cell.ci_low)}, "
-        f"{_pct(cell.ci_high)}] n={cell.n_tasks}</span></td>"
+        f"{_pct(cell.ci_high)}]{fewer}</span></td>"
     )
 
 
 def pass_table(cells: Sequence[Cell]) -> str:
+    """Pass@(K,T) per slice and T, with the same columns and legend as the terminal table."""
     ks = list(dict.fromkeys(c.k for c in cells))
     rows: dict[tuple[str, str], dict[int, Cell]] = {}
     for c in cells:
@@ -102,58 +157,135 @@ def pass_table(cells: Sequence[Cell]) -> str:
     head = "".join(f"<th>K={k}</th>" for k in ks)
     body = []
     for (name, label), by_k in rows.items():
+        first = next(iter(by_k.values()))
         tds = "".join(_pass_td(by_k.get(k)) for k in ks)
-        body.append(f"<tr><td>{escape(name)}</td><td>{escape(label)}</td>{tds}</tr>")
+        body.append(
+            f"<tr><td>{escape(name)}</td><td>{escape(label)}</td>"
+            f"<td>{first.tasks_eligible:,}</td><td>{first.episodes_eligible:,}</td>{tds}</tr>"
+        )
+    left_out = any(c.value is not None and c.n_tasks < c.tasks_eligible for c in cells)
+    missing = any(c.value is None for c in cells)
+    notes = [
+        "Pass@(K,T) in %, mean over tasks, [95% bootstrap CI over tasks].",
+        *table_notes(left_out, missing),
+    ]
+    items = "".join(f"<li>{escape(n)}</li>" for n in notes)
     return (
-        f"<table><tr><th>slice</th><th>T</th>{head}</tr>{''.join(body)}</table>"
-        "<p class=muted>Pass@(K,T) in %, [95% bootstrap CI], n = tasks in the cell.</p>"
+        f"<table><tr><th>slice</th><th>T</th><th>tasks</th><th>episodes</th>{head}</tr>"
+        f"{''.join(body)}</table><ul class=notes>{items}</ul>"
     )
 
 
-def tier_charts(con: Any, by: Sequence[str]) -> list[str]:
+def tier_rates(con: Any, by: Sequence[str]) -> dict[tuple[str, int | None], TierRates]:
+    """(slice, tier in %) → finished, succeeded and exhausted episodes; tier None: no
+    max_turns."""
     rows = con.execute(TIERS_SQL.format(slice=slice_sql(by))).fetchall()
-    slices = sorted({r[0] for r in rows})
-    tiers = sorted({r[1] for r in rows if r[1] is not None})
-    stats = {(r[0], r[1]): r[2:] for r in rows}
+    return {
+        (str(r[0]), None if r[1] is None else int(r[1])): TierRates(int(r[2]), int(r[3]), int(r[4]))
+        for r in rows
+    }
+
+
+def tier_charts(con: Any, by: Sequence[str], colors: Mapping[str, str]) -> list[str]:
+    rates = tier_rates(con, by)
+    slices = _in_page_order({s for s, _ in rates}, colors)
+    tiers = sorted({t for _, t in rates if t is not None})
+    no_tier = sum(r.finished for (_, t), r in rates.items() if t is None)
     labels = [f"{t}%" for t in tiers]
+    aside = (
+        f" {no_tier:,} episode(s) without max_turns have no tier and are not shown."
+        if no_tier
+        else ""
+    )
     charts = []
-    for title, col in (("Success by budget tier", 1), ("Exhaustion by budget tier", 2)):
+    kinds: list[tuple[str, str, Callable[[TierRates], int], str]] = [
+        (
+            "Success by budget tier",
+            "share of finished episodes",
+            lambda r: r.succeeded,
+            "Share of finished (not abandoned) episodes that reported success.",
+        ),
+        (
+            "Exhaustion by budget tier",
+            "share ending “exhausted”",
+            lambda r: r.exhausted,
+            "Share of finished episodes whose end reason is <i>exhausted</i>: the budget ran "
+            "out (or a turn past it was refused) with no success. An episode that succeeded on "
+            "its last allowed turn counts as a success, not here; success, exhausted and "
+            "failure add up to 100% per tier.",
+        ),
+    ]
+    for title, y_title, pick, caption in kinds:
         series = [
             Series(
                 s,
-                [stats[(s, t)][col] / stats[(s, t)][0] if (s, t) in stats else None for t in tiers],
+                [
+                    pick(rates[s, t]) / rates[s, t].finished if (s, t) in rates else None
+                    for t in tiers
+                ],
+                color=colors.get(s),
+                tips=[
+                    f"{pick(rates[s, t])} of {rates[s, t].finished}" if (s, t) in rates else None
+                    for t in tiers
+                ],
             )
             for s in slices
         ]
-        charts.append(
-            bar_chart(
-                title,
-                labels,
-                series,
-                x_title="budget / max_turns",
-                y_title="share of finished episodes",
-                y_max=1.0,
-            )
+        svg = bar_chart(
+            title,
+            labels,
+            series,
+            x_title="budget / max_turns (the proxy's tier, to the nearest 5%)",
+            y_title=y_title,
+            y_max=1.0,
+            empty="no data (no finished episode has max_turns)",
         )
+        charts.append(_figure(svg, caption + aside))
     return charts
 
 
-def turns_chart(con: Any, by: Sequence[str]) -> str:
+def turns_chart(con: Any, by: Sequence[str], colors: Mapping[str, str]) -> str:
+    """A histogram of turns used as a share of each episode's own budget: budgets differ across
+    tiers and tasks, so raw turn counts would pool unlike things."""
     rows = con.execute(TURNS_SQL.format(slice=slice_sql(by))).fetchall()
-    slices = sorted({r[0] for r in rows})
-    top = max((int(r[1]) for r in rows if r[1] is not None), default=1)
-    counts = {(r[0], r[1]): r[2] for r in rows}
+    counts = {(str(r[0]), int(r[1])): int(r[2]) for r in rows}
+    slices = _in_page_order({s for s, _ in counts}, colors)
+    # bin 0 (no turn at all) only when some episode is in it
+    bins = [b for b in range(len(TURN_LABELS)) if b or any(c for (_, x), c in counts.items()
+                                                          if x == 0)]  # fmt: skip
     totals = {s: sum(n for (name, _), n in counts.items() if name == s) for s in slices}
     series = [
-        Series(s, [counts.get((s, t), 0) / totals[s] for t in range(1, top + 1)]) for s in slices
+        Series(
+            s,
+            [counts.get((s, b), 0) / totals[s] for b in bins],
+            color=colors.get(s),
+            tips=[f"{counts.get((s, b), 0)} of {totals[s]}" for b in bins],
+        )
+        for s in slices
     ]
-    return line_chart(
-        "Turns used per episode",
-        [str(t) for t in range(1, top + 1)],
+    svg = bar_chart(
+        "Turns used, as a share of the episode's budget",
+        [TURN_LABELS[b] for b in bins],
         series,
-        x_title="turns used",
+        x_title="turns used, % of the episode's own budget",
         y_title="share of finished episodes",
+        empty="no data (no finished episode with a budget)",
     )
+    caption = (
+        "Bins are ranges of each episode's own budget, upper end included: 20–30 holds the "
+        "episodes that used more than 20% and at most 30% of it. <i>all</i>: the whole budget "
+        "was used; those episodes are not in 90–100. Shares are of each slice's finished "
+        "episodes."
+    )
+    return _figure(svg, caption)
+
+
+def slice_colors(cells: Sequence[Cell], con: Any, by: Sequence[str]) -> dict[str, str]:
+    """One colour per slice for the whole page, in the table's slice order."""
+    names = list(dict.fromkeys(_slice_name(c) for c in cells))
+    rows = con.execute(f"SELECT DISTINCT {slice_sql(by)} FROM episodes").fetchall()
+    names += sorted({str(r[0]) for r in rows} - set(names))
+    return {name: PALETTE[i % len(PALETTE)] for i, name in enumerate(names)}
 
 
 def render_report(
@@ -167,16 +299,17 @@ def render_report(
     facts = "".join(
         f"<tr><td>{escape(str(k))}</td><td>{escape(str(v))}</td></tr>" for k, v in summary.items()
     )
+    colors = slice_colors(cells, con, by)
     sections = [
-        "<h2>Pass@(K,T)</h2><p class=muted>Mean over tasks of the unbiased estimator; shaded "
-        "band: 95% bootstrap CI over tasks. Hidden episodes count at every T up to their budget; "
+        "<h2>Pass@(K,T)</h2><p class=muted>Mean over tasks of the unbiased estimator, with 95% "
+        "bootstrap CIs over tasks. Hidden episodes count at every T up to their budget; "
         "disclosed ones only at their own budget.</p>",
-        f"<div class=charts>{''.join(pass_curves(cells))}</div>",
+        f"<div class=charts>{''.join(pass_curves(cells, colors))}</div>",
         pass_table(cells),
         "<h2>Success and exhaustion by budget tier</h2>",
-        f"<div class=charts>{''.join(tier_charts(con, by))}</div>",
+        f"<div class=charts>{''.join(tier_charts(con, by, colors))}</div>",
         "<h2>Turns used</h2>",
-        f"<div class=charts>{turns_chart(con, by)}</div>",
+        f"<div class=charts>{turns_chart(con, by, colors)}</div>",
     ]
     for title, text in extra_sections:
         sections.append(f"<h2>{escape(title)}</h2><pre>{escape(text)}</pre>")

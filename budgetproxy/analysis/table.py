@@ -183,7 +183,7 @@ def format_cells(cells: Sequence[Cell], resamples: int, seed: int) -> str:
     t_header = "T" if all(b.kind == "turns" for _, b in rows) else "tier/T"
     header = [*fields, t_header, "tasks", "episodes", *(f"K={k}" for k in ks)]
     body = []
-    left_out = False
+    left_out = missing = False
     for (by, budget), by_k in rows.items():
         first = next(iter(by_k.values()))
         line = [("-" if v is None else v) for _, v in by]
@@ -192,6 +192,7 @@ def format_cells(cells: Sequence[Cell], resamples: int, seed: int) -> str:
             found = by_k.get(k)
             if found is None or found.value is None:
                 line.append("—")
+                missing = True
                 continue
             text = f"{100 * found.value:.1f} [{100 * (found.ci_low or 0):.1f}, "
             text += f"{100 * (found.ci_high or 0):.1f}]"
@@ -217,10 +218,22 @@ def format_cells(cells: Sequence[Cell], resamples: int, seed: int) -> str:
         fmt(header),
         *(fmt(r) for r in body),
         "",
-        "tasks, episodes: tasks with an eligible episode at T, and their eligible episodes.",
+        *table_notes(left_out, missing),
+    ]
+    return "\n".join(out) + "\n"
+
+
+def table_notes(left_out: bool, missing: bool) -> list[str]:
+    """The legend under a Pass@(K,T) table: why a K cell can count fewer tasks than `tasks`."""
+    notes = [
+        "tasks, episodes: tasks with at least one eligible episode at T, and those episodes "
+        "(whatever K).",
+        "K=k: the mean over only the tasks with at least k eligible episodes at T.",
     ]
     if left_out:
-        out.append(
-            "(n): the cell's tasks, where tasks with fewer than K eligible episodes were left out."
-        )
-    return "\n".join(out) + "\n"
+        notes.append("(n): n of the row's tasks have at least k eligible episodes; the rest are "
+                     "left out of that cell.")  # fmt: skip
+    if missing:
+        notes.append("—: none of the row's tasks has k eligible episodes at T, so the cell is "
+                     "empty; the tasks column still counts them.")  # fmt: skip
+    return notes

@@ -1,0 +1,198 @@
+"""The HTML report and its SVG charts: what the charts count, and that they stay legible."""
+
+from __future__ import annotations
+
+import json
+import math
+import re
+from collections.abc import Iterator
+from fractions import Fraction
+from pathlib import Path
+from typing import Any
+
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+
+from budgetproxy.analysis import load, report, svg
+from budgetproxy.analysis.progress import Progress
+from budgetproxy.analysis.table import Budget, compute_cells, format_cells
+
+
+def episode(eid: str, task: str = "t1", **fields: Any) -> dict[str, Any]:
+    record: dict[str, Any] = {
+        "schema": 1, "type": "episode", "episode_id": eid, "task_id": task, "group": None,
+        "tags": {}, "model": "m", "budget": 5, "max_turns": 10, "tier": "50%",
+        "disclosure": "hidden", "announced_budget": None, "turns_used": 3, "outcome": "failure",
+        "success_turn": None, "reward": 0.0, "exhausted": False, "end_reason": "failure",
+        "started_at": "2026-11-30T10:00:00.000Z", "ended_at": "2026-11-30T10:01:00.000Z",
+    }  # fmt: skip
+    record.update(fields)
+    return record
+
+
+def loaded(con: Any, path: Path, records: list[dict[str, Any]]) -> Any:
+    path.write_text("".join(json.dumps(r) + "\n" for r in records))
+    load.load_episodes(con, load.discover([str(path)]), Progress(0))
+    return con
+
+
+@pytest.fixture
+def con() -> Iterator[Any]:
+    with load.connect() as c:
+        yield c
+
+
+def tips(html: str) -> list[str]:
+    return re.findall(r"<title>([^<]*)</title>", html)
+
+
+# --- what the charts count ------------------------------------------------------------------
+
+
+def test_exhaustion_counts_the_end_reason_not_the_flag(tmp_path: Path, con: Any) -> None:
+    won_on_last_turn: dict[str, Any] = {
+        "outcome": "success", "end_reason": "success", "success_turn": 5, "turns_used": 5,
+        "exhausted": True,
+    }  # fmt: skip
+    loaded(con, tmp_path / "log.jsonl", [
+        episode("a", **won_on_last_turn),
+        episode("b", turns_used=5, exhausted=True, end_reason="exhausted"),
+        episode("c"),
+        episode("d", turns_used=5, exhausted=True, end_reason="abandoned", outcome=None),
+    ])  # fmt: skip
+    rates = report.tier_rates(con, ["disclosure"])
+    assert rates == {("hidden", 50): report.TierRates(finished=3, succeeded=1, exhausted=1)}
+    success, exhaustion = report.tier_charts(con, ["disclosure"], {})
+    assert tips(success) == ["50%, hidden: 33.3% (1 of 3)"]
+    assert tips(exhaustion) == ["50%, hidden: 33.3% (1 of 3)"]  # the flag would say 2 of 3
+    assert "end reason is <i>exhausted</i>" in exhaustion  # the chart says what it counts
+    # success, exhausted and failure shares are disjoint and add up
+    (r,) = rates.values()
+    assert r.succeeded + r.exhausted <= r.finished
+
+
+def test_turns_used_is_a_histogram_of_the_episodes_own_budget(tmp_path: Path, con: Any) -> None:
+    loaded(con, tmp_path / "log.jsonl", [
+        episode("a", budget=10, turns_used=3),  # 30%: the 20–30 bin (upper end included)
+        episode("b", budget=4, turns_used=1),  # 25%
+        episode("c", budget=10, turns_used=10, end_reason="exhausted", exhausted=True),
+        episode("d", budget=10, turns_used=9),  # 90%
+    ])  # fmt: skip
+    chart = report.turns_chart(con, ["disclosure"], {})
+    assert "<rect" in chart and "<polyline" not in chart
+    found = tips(chart)
+    assert "20–30, hidden: 50.0% (2 of 4)" in found
+    assert "80–90, hidden: 25.0% (1 of 4)" in found
+    assert "all, hidden: 25.0% (1 of 4)" in found
+    assert "90–100, hidden: 0.0% (0 of 4)" in found
+    assert not any(t.startswith("0, ") for t in found)  # no empty "no turn" bin
+
+
+def test_empty_pass_charts_say_why_and_legends_skip_empty_series(tmp_path: Path, con: Any) -> None:
+    loaded(con, tmp_path / "log.jsonl", [
+        episode("a", task="t1", disclosure="disclosed"),
+        episode("b", task="t1"), episode("c", task="t1"), episode("d", task="t2"),
+    ])  # fmt: skip
+    budgets = [Budget("tier", Fraction(p)) for p in (25, 50)]
+    cells = compute_cells(con, [1, 2, 4], budgets, ["disclosure"], resamples=50)
+    charts = report.pass_curves(cells, report.slice_colors(cells, con, ["disclosure"]))
+    k1, k2, k4 = charts
+    assert ">disclosed</text>" in k1 and ">hidden</text>" in k1
+    assert ">disclosed</text>" not in k2 and ">hidden</text>" in k2  # no task has 2 disclosed
+    assert "Not drawn" in k2 and "disclosed" in k2.split("Not drawn")[1]
+    assert "no data (fewer than 4 eligible episodes per task)" in k4
+    assert "<polyline" not in k4 and "<figcaption>" not in k4
+
+
+def test_one_colour_per_slice_across_the_page(tmp_path: Path, con: Any) -> None:
+    loaded(con, tmp_path / "log.jsonl", [
+        episode("a", disclosure="disclosed", budget=2), episode("b", budget=5),
+    ])  # fmt: skip
+    cells = compute_cells(con, [1], [Budget("tier", Fraction(50))], ["disclosure"], resamples=50)
+    colors = report.slice_colors(cells, con, ["disclosure"])
+    assert colors == {"disclosed": svg.PALETTE[0], "hidden": svg.PALETTE[1]}
+    # the 20% tier has only the disclosed slice, the 50% one only hidden: colours still hold
+    charts = "".join(report.tier_charts(con, ["disclosure"], colors))
+    assert re.search(rf'fill="{svg.PALETTE[1]}"><title>50%, hidden', charts)
+    assert re.search(rf'fill="{svg.PALETTE[0]}"><title>20%, disclosed', charts)
+
+
+def test_table_legend_explains_dashes_and_left_out_tasks(tmp_path: Path, con: Any) -> None:
+    loaded(con, tmp_path / "log.jsonl", [
+        episode("a1", task="a"), episode("a2", task="a"), episode("b1", task="b"),
+    ])  # fmt: skip
+    cells = compute_cells(con, [1, 2, 4], [Budget("tier", Fraction(50))], resamples=50)
+    text = format_cells(cells, resamples=50, seed=0)
+    row = next(line for line in text.splitlines() if line.startswith("50%"))
+    assert row.split()[:3] == ["50%", "2", "3"] and row.endswith("—")
+    assert "(1)" in row  # K=2: one of the two tasks
+    assert "(n): n of the row's tasks have at least k eligible episodes" in text
+    assert "—: none of the row's tasks has k eligible episodes at T" in text
+    html = report.pass_table(cells)
+    assert "<th>tasks</th><th>episodes</th>" in html and "—: none of the row" in html
+
+
+# --- chart geometry -------------------------------------------------------------------------
+
+
+@given(st.floats(min_value=1e-6, max_value=1e9))
+def test_nice_ticks_are_clean_and_cover_the_data(top: float) -> None:
+    ticks = svg.nice_ticks(top)
+    assert ticks[0] == 0 and ticks[-1] >= top * (1 - 1e-9) and 2 <= len(ticks) <= 6
+    step = ticks[1]
+    mantissa = step / 10 ** math.floor(math.log10(step) + 1e-9)
+    assert min(abs(mantissa - m) for m in (1, 2, 5)) < 1e-6
+    assert ticks[-2] < top  # no spare step above the data
+
+
+def test_tick_labels_are_round_numbers() -> None:
+    chart = svg.line_chart("t", ["a", "b"], [svg.Series("s", [0.1, 0.4375])], x_title="x",
+                           y_title="share")  # fmt: skip
+    labels = re.findall(r'text-anchor="end">([^<]+)</text>', chart)
+    assert labels == ["0%", "10%", "20%", "30%", "40%", "50%"]
+
+
+@pytest.mark.parametrize("top", [0.4375, 1.0, 37.0, 123456.0])
+def test_y_title_clears_the_widest_tick_label(top: float) -> None:
+    percent = top <= 1
+    chart = svg.line_chart("t", ["a", "b"], [svg.Series("s", [0.0, top])], x_title="x",
+                           y_title="a long y axis title", percent=percent)  # fmt: skip
+    ends = re.findall(r'<text x="([\d.]+)" y="[\d.]+" text-anchor="end">([^<]+)</text>', chart)
+    starts = [float(x) - svg.text_width(label) for x, label in ends]
+    title_x = float(re.findall(r"translate\(([\d.]+) [\d.]+\) rotate\(-90\)", chart)[0])
+    assert min(starts) >= title_x + 6  # the rotated title's glyphs end at its x
+
+
+def test_crowded_x_labels_turn_or_thin_out() -> None:
+    def chart(n: int) -> str:
+        labels = [f"{5 * (i + 1)}%" for i in range(n)]
+        series = [svg.Series(name, [0.5] * n) for name in ("a", "b", "c")]
+        return svg.bar_chart("t", labels, series, x_title="x", y_title="y")
+
+    few, crowded, many = chart(6), chart(20), chart(120)
+    assert "rotate(-45)" not in few
+    assert crowded.count("rotate(-45)") == 20  # every label, turned
+    flat = re.findall(r'text-anchor="middle">(\d+%)</text>', many)
+    assert "rotate(-45)" not in many and 5 < len(flat) < 60  # a readable subset, flat
+
+
+def test_confidence_bands_only_for_few_series() -> None:
+    def chart(n: int) -> str:
+        series = [svg.Series(f"s{i}", [0.2, 0.5], [0.1, 0.4], [0.3, 0.6]) for i in range(n)]
+        return svg.line_chart("t", ["a", "b"], series, x_title="x", y_title="y", y_max=1.0)
+
+    assert chart(2).count("<polygon") == 2 and svg.ci_mark([]) == "shaded bands"
+    three = chart(3)
+    assert "<polygon" not in three and three.count('stroke-opacity="0.55"') == 6
+    assert "[10.0%, 30.0%]" in three  # hover text carries the interval
+
+
+def test_a_series_without_data_has_no_legend_entry() -> None:
+    chart = svg.bar_chart("t", ["a"], [svg.Series("shown", [0.0]), svg.Series("gone", [None])],
+                          x_title="x", y_title="y")  # fmt: skip
+    assert ">shown</text>" in chart and "gone" not in chart
+    assert re.search(r'height="1.5"', chart)  # a zero is drawn, unlike a missing value
+    empty = svg.bar_chart("t", ["a"], [svg.Series("gone", [None])], x_title="x", y_title="y",
+                          empty="nothing here")  # fmt: skip
+    assert "nothing here" in empty and "gone" not in empty
