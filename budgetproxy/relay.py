@@ -27,6 +27,7 @@ class Relayed:
     started: bool = False  # response head sent
     sent_body: bool = False  # at least one event reached the client
     first_sent_at: float | None = None  # perf_counter() of the first event sent
+    done_sent: bool = False  # the stream's `data: [DONE]` reached the client
 
 
 async def relay_stream(
@@ -72,9 +73,11 @@ async def relay_stream(
                 out.started = True
                 out.first_sent_at = time.perf_counter()
                 await send({"type": "http.response.start", "status": 200, "headers": head})
-            await send({"type": "http.response.body", "body": b"".join(chunk),
-                        "more_body": True})
+            body = b"".join(chunk)
+            await send({"type": "http.response.body", "body": body, "more_body": True})
             out.sent_body = True
+            if b"data: [DONE]" in body:
+                out.done_sent = True
         rest = splitter.rest()
         if rest:
             out.events.append(rest)
@@ -85,7 +88,8 @@ async def relay_stream(
     except asyncio.CancelledError:
         if not gone:
             raise
-        out.end = StreamEnd.CLIENT_GONE
+        # A client that hangs up once it has [DONE] got the whole answer.
+        out.end = StreamEnd.COMPLETE if out.done_sent else StreamEnd.CLIENT_GONE
     except (TimeoutError, aiohttp.ClientError):
         out.end = StreamEnd.BROKEN
         if out.started:

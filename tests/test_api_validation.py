@@ -93,3 +93,22 @@ def test_unset_env_var_is_named(tmp_path: Path) -> None:
     cfg.write_text('upstreams: [{base_url: "${BP_TEST_SURELY_UNSET}"}]\n')
     with pytest.raises(ConfigError, match="unset environment variable: BP_TEST_SURELY_UNSET"):
         load_config(cfg, environ={})
+
+
+def test_client_hanging_up_after_done_is_a_complete_turn(default_proxy: Proxy) -> None:
+    """Agents close the stream once they have [DONE]; that turn was answered in full."""
+    import httpx
+
+    eid = new_id()
+    body = chat_body("stream and hang up", stream=True)
+    with httpx.Client(base_url=default_proxy.url, timeout=10) as c, c.stream(
+        "POST", "/v1/chat/completions", json=body,
+        headers={"X-Episode-Id": eid, "X-Fake-Tail-Ms": "600"},
+    ) as r:
+        assert r.status_code == 200
+        for line in r.iter_lines():
+            if line == "data: [DONE]":
+                break  # leave while the upstream still holds the connection
+    rec = default_proxy.wait_records(type="turn", episode_id=eid, timeout=8)
+    assert [(x["status"], x["http_status"], x["charged"]) for x in rec] == [("ok", 200, True)]
+    assert rec[0]["response"]["content"] == "echo: stream and hang up"

@@ -242,6 +242,10 @@ class FakeUpstream(LocalAiohttpServer):
                 return resp
             await resp.write(event)
             sent += 1
+        # X-Fake-Tail-Ms: keep the connection open this long after the last event (a slow close).
+        tail = _int_header(request, "x-fake-tail-ms", 0)
+        if tail > 0:
+            await asyncio.sleep(tail / 1000)
         return resp
 
     # ---- chat completions ------------------------------------------------------------------
