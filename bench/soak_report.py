@@ -1,0 +1,193 @@
+"""The soak run's figures: RSS trend after warm-up, latency, verdicts, table and SVG plot."""
+
+from __future__ import annotations
+
+import argparse
+import math
+import statistics
+from html import escape
+from typing import TYPE_CHECKING, Any
+
+from budgetproxy.analysis.svg import Series, line_chart
+
+if TYPE_CHECKING:
+    from soak_agents import AgentLoad
+
+
+def fit_line(xs: list[float], ys: list[float]) -> tuple[float, float, float]:
+    """Least-squares slope, intercept and the slope's standard error."""
+    n = len(xs)
+    if n < 3:
+        return 0.0, ys[0] if ys else 0.0, math.inf
+    mx, my = statistics.fmean(xs), statistics.fmean(ys)
+    sxx = sum((x - mx) ** 2 for x in xs)
+    if sxx == 0:
+        return 0.0, my, math.inf
+    slope = sum((x - mx) * (y - my) for x, y in zip(xs, ys, strict=True)) / sxx
+    intercept = my - slope * mx
+    resid = sum((y - intercept - slope * x) ** 2 for x, y in zip(xs, ys, strict=True))
+    return slope, intercept, math.sqrt(resid / (n - 2) / sxx)
+
+
+def _pct(ordered: list[float], q: float) -> float | None:
+    if not ordered:
+        return None
+    return round(ordered[min(len(ordered) - 1, int(q / 100 * len(ordered)))], 2)
+
+
+def latency(load: AgentLoad, since_s: float) -> dict[str, Any]:
+    pairs = load.all_latencies_ms
+    values = sorted(pairs[i + 1] for i in range(0, len(pairs), 2) if pairs[i] >= since_s)
+    return {"calls": len(values), "p50_ms": _pct(values, 50), "p90_ms": _pct(values, 90),
+            "p99_ms": _pct(values, 99), "p999_ms": _pct(values, 99.9),
+            "max_ms": round(values[-1], 2) if values else None}
+
+
+def summarize(
+    rows: list[dict[str, Any]], load: AgentLoad, warmup_s: float, duration_s: float,
+    max_slope: float, max_excursion: float,
+) -> dict[str, Any]:
+    loaded = [r for r in rows if "calls_per_s" in r and not r.get("partial")]
+    post = [r for r in loaded if r["t_s"] >= warmup_s] or loaded
+    half = [r for r in loaded if r["t_s"] >= duration_s / 2] or loaded
+    rss_post = [r["rss_mib"] for r in post]
+    median = statistics.median(rss_post)
+    slope, intercept, err = fit_line([r["t_s"] / 3600 for r in half],
+                                     [r["rss_mib"] for r in half])
+    anon_slope, _, _ = fit_line([r["t_s"] / 3600 for r in half], [r["anon_mib"] for r in half])
+    post_slope, _, _ = fit_line([r["t_s"] / 3600 for r in post], [r["rss_mib"] for r in post])
+    excursion = max(rss_post) - median
+    flat = slope <= max_slope and excursion <= max_excursion
+    t = load.totals
+    total = {"scheduled": t.scheduled, "ok": t.ok, "streams": t.streams,
+             "rejected_403": t.rejected, "outcomes": t.outcomes, "errors": t.errors,
+             "unsent": t.unsent}
+    return {
+        "rss": {
+            "idle_mib": rows[0]["rss_mib"],
+            "first_sample_mib": loaded[0]["rss_mib"] if loaded else None,
+            "after_warmup_mib": post[0]["rss_mib"],
+            "end_mib": loaded[-1]["rss_mib"] if loaded else None,
+            "post_warmup_median_mib": round(median, 2),
+            "post_warmup_max_mib": max(rss_post),
+            "max_minus_median_mib": round(excursion, 2),
+            "peak_hwm_mib": max(r["hwm_mib"] for r in rows),
+            "slope_second_half_mib_per_h": round(slope, 2),
+            "slope_stderr_mib_per_h": round(err, 2) if math.isfinite(err) else None,
+            "anon_slope_second_half_mib_per_h": round(anon_slope, 2),
+            "slope_post_warmup_mib_per_h": round(post_slope, 2),
+            "fit": {"from_s": half[0]["t_s"], "intercept_mib": round(intercept, 3),
+                    "slope_mib_per_s": slope / 3600},
+            "max_slope_mib_per_h": max_slope,
+            "max_excursion_mib": max_excursion,
+            "flat": flat,
+        },
+        "latency_post_warmup": latency(load, warmup_s),
+        "latency_all": latency(load, 0.0),
+        "calls": len(load.all_latencies_ms) // 2,
+        **total,
+        "episodes_started": load.episodes_started,
+        "achieved_calls_per_s_post_warmup": round(
+            statistics.fmean(r["calls_per_s"] for r in post), 1),
+        "cpu_pct_post_warmup": round(statistics.fmean(r["cpu_pct"] for r in post), 1),
+        "queue_depth_max": max((r["queue_depth"] or 0) for r in rows),
+        "trajectory_mib_end": loaded[-1]["trajectory_mib"] if loaded else None,
+        "warmup_s": warmup_s,
+    }
+
+
+def verdicts(summary: dict[str, Any], records: dict[str, Any]) -> list[str]:
+    rss = summary["rss"]
+    flat = "MET" if rss["flat"] else "MISSED"
+    lost = "MET" if records["ok"] else "MISSED"
+    answered = records["turns_answered_200"]
+    faithful = "MET" if not records["turns_mislabelled"] else "MISSED"
+    errors = "MET" if not summary["errors"] and not summary["unsent"] else "MISSED"
+    return [
+        f"memory flat after warm-up: {rss['slope_second_half_mib_per_h']:+.1f} MiB/h over the "
+        f"second half (limit {rss['max_slope_mib_per_h']:g}), peak "
+        f"{rss['max_minus_median_mib']:.1f} MiB above the post-warm-up median "
+        f"(limit {rss['max_excursion_mib']:g}) {flat}",
+        f"nothing lost: {answered - records['turns_missing']}/{answered} answered turns have "
+        f"a record, {records['episode_records']} episode records for "
+        f"{records['episodes_expected']} ended episodes ({records['episodes_missing']} missing, "
+        f"{records['episodes_duplicated']} duplicated, {records['episodes_wrong_end_reason']} "
+        f"wrong end reason) {lost}",
+        f"records say what the client got: {records['turns_mislabelled']} answered turns "
+        f"logged as {', '.join(records['turn_records_other']) or 'not ok'} {faithful}",
+        f"no failed calls: {summary['errors']} errors, {summary['unsent']} calls due with no "
+        f"agent ready {errors}",
+    ]
+
+
+def table(summary: dict[str, Any], records: dict[str, Any]) -> str:
+    rss, lat = summary["rss"], summary["latency_post_warmup"]
+    rows = [
+        ("RSS idle / after warm-up / end", f"{rss['idle_mib']:.1f} / {rss['after_warmup_mib']:.1f}"
+                                           f" / {rss['end_mib']:.1f} MiB"),
+        ("RSS post-warm-up median / max", f"{rss['post_warmup_median_mib']:.1f} / "
+                                          f"{rss['post_warmup_max_mib']:.1f} MiB"),
+        ("RSS slope, second half", f"{rss['slope_second_half_mib_per_h']:+.1f} ± "
+                                   f"{rss['slope_stderr_mib_per_h']} MiB/h (anon "
+                                   f"{rss['anon_slope_second_half_mib_per_h']:+.1f})"),
+        ("calls/s achieved, proxy CPU", f"{summary['achieved_calls_per_s_post_warmup']:.1f}, "
+                                        f"{summary['cpu_pct_post_warmup']:.0f}% of a core"),
+        ("latency p50 / p99 / max", f"{lat['p50_ms']} / {lat['p99_ms']} / {lat['max_ms']} ms"),
+        ("calls, ok, streams, 403 probes", f"{summary['calls']}, {summary['ok']}, "
+                                           f"{summary['streams']}, {summary['rejected_403']}"),
+        ("episodes begun / ended", f"{summary['episodes_started']} / "
+                                     f"{records['episodes_expected']}"),
+        ("errors, unsent", f"{summary['errors']}, {summary['unsent']}"),
+        ("turn records ok / 200s", f"{records['turn_records_ok']} / "
+                                   f"{records['turns_answered_200']} ("
+                                   f"{records['turns_missing']} missing, "
+                                   f"{records['turns_mislabelled']} mislabelled)"),
+        ("episode records / ended", f"{records['episode_records']} / "
+                                    f"{records['episodes_expected']}"),
+        ("queue depth max, log size", f"{summary['queue_depth_max']:g}, "
+                                      f"{summary['trajectory_mib_end']:.0f} MiB"),
+        ("shutdown (SIGTERM)", f"{summary['shutdown_s']} s, exit {summary['proxy_exit_code']}"),
+    ]
+    width = max(len(k) for k, _ in rows)
+    return "\n".join(f"{k:<{width}}  {v}" for k, v in rows)
+
+
+def plot(rows: list[dict[str, Any]], summary: dict[str, Any], args: argparse.Namespace) -> str:
+    """Three stacked panels: memory (with the second-half fit), latency, load."""
+    loaded = [r for r in rows if "calls_per_s" in r and not r.get("partial")]
+    labels = [f"{r['t_s'] / 60:.1f}" for r in loaded]
+    fit = summary["rss"]["fit"]
+    fitted = [fit["intercept_mib"] + fit["slope_mib_per_s"] * r["t_s"]
+              if r["t_s"] >= fit["from_s"] else None for r in loaded]
+    x_title = "minutes since the load started"
+    panels = [
+        line_chart("Proxy memory (MiB)", labels, [
+            Series("VmRSS", [r["rss_mib"] for r in loaded]),
+            Series("RssAnon", [r["anon_mib"] for r in loaded]),
+            Series(f"fit, {summary['rss']['slope_second_half_mib_per_h']:+.1f} MiB/h", fitted),
+        ], x_title=x_title, y_title="MiB", percent=False, width=820, height=300),
+        line_chart("Latency from the scheduled send (ms)", labels, [
+            Series("p50", [r["p50_ms"] for r in loaded]),
+            Series("p99", [r["p99_ms"] for r in loaded]),
+        ], x_title=x_title, y_title="ms", percent=False, width=820, height=260),
+        line_chart("Load", labels, [
+            Series("calls/s answered", [r["calls_per_s"] for r in loaded]),
+            Series("proxy CPU, % of a core", [r["cpu_pct"] for r in loaded]),
+            Series("errors per sample", [r["errors"] for r in loaded]),
+        ], x_title=x_title, y_title="", percent=False, width=820, height=260),
+    ]
+    title = (f"budgetproxy soak: {args.minutes:g} min, {args.rate:g} calls/s, "
+             f"{args.episodes} episode slots, {100 * args.stream_share:g}% streaming; "
+             f"warm-up {summary['warmup_s'] / 60:g} min")
+    parts, y, width = [], 30, 0
+    for svg in panels:
+        w = int(svg.split('width="', 1)[1].split('"', 1)[0])
+        h = int(svg.split('height="', 1)[1].split('"', 1)[0])
+        parts.append(svg.replace("<svg ", f'<svg x="0" y="{y}" ', 1))
+        y += h + 10
+        width = max(width, w)
+    head = (f'<svg xmlns="http://www.w3.org/2000/svg" width="{width}" height="{y}" '
+            f'viewBox="0 0 {width} {y}" font-family="system-ui, sans-serif">'
+            f'<rect width="100%" height="100%" fill="#fff"/>'
+            f'<text x="12" y="20" font-size="14" font-weight="600">{escape(title)}</text>')
+    return "\n".join([head, *parts, "</svg>"]) + "\n"
