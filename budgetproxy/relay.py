@@ -11,7 +11,7 @@ from enum import StrEnum
 import aiohttp
 
 from budgetproxy.asgi import Receive, Send
-from budgetproxy.sse import EventSplitter, is_usage_only
+from budgetproxy.sse import EventSplitter, event_data, is_usage_only
 
 
 class StreamEnd(StrEnum):
@@ -76,7 +76,7 @@ async def relay_stream(
             body = b"".join(chunk)
             await send({"type": "http.response.body", "body": body, "more_body": True})
             out.sent_body = True
-            if b"data: [DONE]" in body:
+            if event_data(chunk[-1]) == b"[DONE]":
                 out.done_sent = True
         rest = splitter.rest()
         if rest:

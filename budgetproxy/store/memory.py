@@ -1,7 +1,14 @@
-"""In-memory episode store for one process: each operation runs without awaiting, so atomically."""
+"""In-memory episode store for one process: each operation runs without awaiting, so atomically.
+
+Memory stays bounded by the episode rate, not by uptime: a finished episode is compacted (the
+accounting fields only live turns need are dropped) and kept in end order for `retention_s`;
+after that only its id is remembered, in arrival order, for `remember_s`. The sweep pops expired
+entries from the front instead of scanning every episode it ever saw.
+"""
 
 from __future__ import annotations
 
+from collections import OrderedDict
 from collections.abc import Callable
 
 from budgetproxy.core.episode import (
@@ -17,9 +24,7 @@ from budgetproxy.core.episode import (
 )
 from budgetproxy.store.base import FinishOutcome, TurnOpen
 
-
-def reserve_finished() -> Grant:
-    return Grant(GrantKind.FINISHED)
+REMEMBER_S = 30 * 86400  # how long a forgotten episode's id still refuses calls (as Redis)
 
 
 def _forgotten_state(episode_id: str) -> EpisodeState:
@@ -27,13 +32,30 @@ def _forgotten_state(episode_id: str) -> EpisodeState:
                         status="finished")
 
 
-class MemoryStore:
-    """Episodes in a dict. Finished episodes past retention leave only their id behind."""
+def _compact(st: EpisodeState) -> None:
+    """Drop what only a live episode needs; the view and outcome checks keep working."""
+    st.disclosed_at = []
+    st.last_hash = None
+    st.messages_seen = 0
+    st.metadata = {}
 
-    def __init__(self) -> None:
-        self._episodes: dict[str, EpisodeState] = {}
-        self._forgotten: set[str] = set()
-        self._active = 0
+
+class MemoryStore:
+    """Active episodes in a dict; finished ones in end order; then only remembered ids."""
+
+    def __init__(self, remember_s: float = REMEMBER_S) -> None:
+        self._active: dict[str, EpisodeState] = {}
+        self._finished: OrderedDict[str, EpisodeState] = OrderedDict()
+        self._forgotten: OrderedDict[str, float] = OrderedDict()  # id -> when forgotten
+        self._remember_s = remember_s
+
+    def _lookup(self, episode_id: str) -> EpisodeState | None:
+        return self._active.get(episode_id) or self._finished.get(episode_id)
+
+    def _ended(self, st: EpisodeState) -> None:
+        del self._active[st.episode_id]
+        _compact(st)
+        self._finished[st.episode_id] = st
 
     async def open_turn(
         self,
@@ -47,17 +69,14 @@ class MemoryStore:
         disclosure_index: int | None,
         model: str | None = None,
     ) -> TurnOpen:
-        eid = episode_id
-        st = self._episodes.get(eid)
+        st = self._lookup(episode_id)
         created = False
         if st is None:
-            if eid in self._forgotten:
-                return TurnOpen(reserve_finished(), _forgotten_state(eid), False)
-            else:
-                st = fresh()
-                self._episodes[eid] = st
-                self._active += 1
-                created = True
+            if episode_id in self._forgotten:
+                return TurnOpen(Grant(GrantKind.FINISHED), _forgotten_state(episode_id), False)
+            st = fresh()
+            self._active[episode_id] = st
+            created = True
         grant = reserve(
             st,
             body_hash,
@@ -72,7 +91,7 @@ class MemoryStore:
     async def close_turn(
         self, episode_id: str, grant: Grant, result: SettleResult, now: float, *, count_failed: bool
     ) -> tuple[bool, EpisodeState | None]:
-        st = self._episodes.get(episode_id)
+        st = self._lookup(episode_id)
         if st is None:
             return False, None
         refunded = settle(st, grant, result, now, count_failed=count_failed)
@@ -80,56 +99,60 @@ class MemoryStore:
 
     async def create(self, fresh: EpisodeState) -> bool:
         eid = fresh.episode_id
-        if eid in self._episodes or eid in self._forgotten:
+        if self._lookup(eid) is not None or eid in self._forgotten:
             return False
-        self._episodes[eid] = fresh
-        self._active += 1
+        self._active[eid] = fresh
         return True
 
     async def get(self, episode_id: str) -> EpisodeState | None:
-        st = self._episodes.get(episode_id)
+        st = self._lookup(episode_id)
         return st.snapshot() if st is not None else None
 
     async def is_known(self, episode_id: str) -> bool:
-        return episode_id in self._episodes or episode_id in self._forgotten
+        return self._lookup(episode_id) is not None or episode_id in self._forgotten
 
     async def finish(
         self, episode_id: str, report: OutcomeReport | None, now: float
     ) -> FinishOutcome:
-        st = self._episodes.get(episode_id)
+        st = self._lookup(episode_id)
         if st is None:
             return FinishOutcome(None, None)
         status = finish(st, report, now)
+        snap = st.snapshot()
         if status is FinishStatus.FINISHED:
-            self._active -= 1
-        return FinishOutcome(status, st.snapshot())
+            self._ended(st)
+        return FinishOutcome(status, snap)
 
     async def expire_idle(
         self, now: float, idle_timeout_s: float, retention_s: float
     ) -> list[EpisodeState]:
         ended: list[EpisodeState] = []
-        for eid, st in list(self._episodes.items()):
-            if st.status == "active":
-                if st.inflight == 0 and now - st.last_activity >= idle_timeout_s:
-                    finish(st, None, now)
-                    self._active -= 1
-                    ended.append(st.snapshot())
-            elif st.ended_at is not None and now - st.ended_at >= retention_s:
-                del self._episodes[eid]
-                self._forgotten.add(eid)
+        for st in [s for s in self._active.values() if s.inflight == 0]:
+            if now - st.last_activity >= idle_timeout_s:
+                finish(st, None, now)
+                ended.append(st.snapshot())
+                self._ended(st)
+        finished, forgotten = self._finished, self._forgotten
+        while finished:
+            eid, st = next(iter(finished.items()))
+            if st.ended_at is not None and now - st.ended_at < retention_s:
+                break
+            finished.popitem(last=False)
+            forgotten[eid] = now
+        while forgotten and now - next(iter(forgotten.values())) >= self._remember_s:
+            forgotten.popitem(last=False)
         return ended
 
     async def finish_all_active(self, now: float) -> list[EpisodeState]:
         ended = []
-        for st in self._episodes.values():
-            if st.status == "active":
-                finish(st, None, now)
-                ended.append(st.snapshot())
-        self._active = 0
+        for st in list(self._active.values()):
+            finish(st, None, now)
+            ended.append(st.snapshot())
+            self._ended(st)
         return ended
 
     async def active_count(self) -> int:
-        return self._active
+        return len(self._active)
 
     async def ping(self) -> bool:
         return True
