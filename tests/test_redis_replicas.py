@@ -242,6 +242,12 @@ def test_workers_share_budgets_and_merge_metrics(tmp_path: Path, fake: FakeUpstr
         assert reached(fake, eid) == 30
         served = {p.name.split("_")[-1] for p in prom.glob("counter_*.db")}
         assert len(served) >= 2, served  # both workers answered calls
+        # A turn is counted just after its answer is sent: let the last ones land first.
+        deadline = time.monotonic() + 5
+        while time.monotonic() < deadline and metric_total(
+            httpx.get(f"{proc.url}/metrics", timeout=10).text, "budgetproxy_turns_total"
+        ) < 30:
+            time.sleep(0.05)
         totals = set()
         for _ in range(6):
             text = httpx.get(f"{proc.url}/metrics", timeout=10).text
