@@ -20,9 +20,8 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 from budgetproxy.config import Config
 from budgetproxy.core.budget import tier_label
 from budgetproxy.core.episode import EpisodeState, FinishStatus, OutcomeReport
-from budgetproxy.core.ids import is_valid_episode_id
 from budgetproxy.core.spec import EpisodeSpec, SpecError, new_episode
-from budgetproxy.errors import ProxyError
+from budgetproxy.errors import ProxyError, checked_episode_id
 from budgetproxy.recorder import Recorder
 from budgetproxy.store.base import EpisodeStore, StoreUnavailable
 from budgetproxy.upstream import UpstreamPool
@@ -79,14 +78,6 @@ def _json(data: Any, status: int = 200) -> Response:
 def _error(err: ProxyError) -> Response:
     return Response(err.body(), status_code=err.status,
                     headers=dict((k.decode(), v.decode()) for k, v in err.header_list()))
-
-
-def _checked_id(episode_id: str) -> str:
-    if not is_valid_episode_id(episode_id):
-        raise ProxyError(400, "invalid_episode_id",
-                         "Episode ids are 1-128 characters of A-Z a-z 0-9 . _ : -",
-                         param="episode_id")
-    return episode_id
 
 
 def _not_found(episode_id: str) -> ProxyError:
@@ -187,11 +178,7 @@ def build_api(
             if (await request.body()).strip():
                 raise ProxyError(400, "invalid_request", "Request body must be a JSON object")
             body = EpisodeCreate()  # no body at all: every field is optional
-        eid = body.episode_id or f"ep-{uuid.uuid4().hex}"
-        if not is_valid_episode_id(eid):
-            raise ProxyError(400, "invalid_episode_id",
-                             "Episode ids are 1-128 characters of A-Z a-z 0-9 . _ : -",
-                             param="episode_id")
+        eid = checked_episode_id(body.episode_id or f"ep-{uuid.uuid4().hex}")
         spec = EpisodeSpec(
             episode_id=eid, budget=body.budget, max_turns=body.max_turns, task_id=body.task_id,
             group=body.group, disclosure=body.disclosure,
@@ -224,7 +211,7 @@ def build_api(
     @app.get("/v1/episodes/{episode_id}")
     async def get_episode(request: Request, episode_id: str) -> Response:
         check_auth(request)
-        st = await store.get(_checked_id(episode_id))
+        st = await store.get(checked_episode_id(episode_id))
         if st is None:
             if await store.is_known(episode_id):
                 return _json({"episode_id": episode_id, "status": "finished"})
@@ -236,7 +223,7 @@ def build_api(
         request: Request, episode_id: str, body: OutcomeBody = Body()  # noqa: B008
     ) -> Response:
         check_auth(request)
-        _checked_id(episode_id)
+        checked_episode_id(episode_id)
         if body.success_turn is not None:
             st = await store.get(episode_id)
             if st is not None and st.status == "active" and body.success_turn > st.turns_used:
@@ -252,7 +239,7 @@ def build_api(
     @app.post("/v1/episodes/{episode_id}/end")
     async def end_episode(request: Request, episode_id: str) -> Response:
         check_auth(request)
-        return await end_and_record(_checked_id(episode_id), None)
+        return await end_and_record(checked_episode_id(episode_id), None)
 
     @app.get("/v1/models")
     async def list_models(request: Request) -> Response:

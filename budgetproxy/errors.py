@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import orjson
 
+from budgetproxy.core.ids import is_valid_episode_id
+
 _TYPE_BY_STATUS = {
     400: "invalid_request_error",
     401: "authentication_error",
@@ -61,6 +63,19 @@ class ProxyError(Exception):
 
 def invalid_request(message: str, param: str | None = None) -> ProxyError:
     return ProxyError(400, "invalid_request", message, param=param)
+
+
+def invalid_episode_id(
+    message: str = "Episode ids are 1-128 characters of A-Z a-z 0-9 . _ : -",
+) -> ProxyError:
+    return ProxyError(400, "invalid_episode_id", message, param="episode_id")
+
+
+def checked_episode_id(episode_id: str) -> str:
+    """The id itself, or `invalid_episode_id` when it is not 1-128 of A-Z a-z 0-9 . _ : -."""
+    if not is_valid_episode_id(episode_id):
+        raise invalid_episode_id()
+    return episode_id
 
 
 def budget_exhausted(episode_id: str, budget: int) -> ProxyError:

@@ -19,9 +19,15 @@ from budgetproxy.config import Config, UpstreamConfig
 from budgetproxy.core import disclosure
 from budgetproxy.core.budget import tier_label
 from budgetproxy.core.episode import EpisodeState, Grant, GrantKind, SettleResult
-from budgetproxy.core.ids import is_valid_episode_id
 from budgetproxy.core.spec import SpecError, new_episode
-from budgetproxy.errors import ProxyError, budget_exhausted, episode_finished, invalid_request
+from budgetproxy.errors import (
+    ProxyError,
+    budget_exhausted,
+    checked_episode_id,
+    episode_finished,
+    invalid_episode_id,
+    invalid_request,
+)
 from budgetproxy.metrics import Metrics
 from budgetproxy.recorder import Recorder
 from budgetproxy.records import SCHEMA_VERSION, rfc3339
@@ -157,18 +163,12 @@ class ModelCalls:
                 break
         if path_episode is not None:
             if eid is not None and eid != path_episode:
-                raise ProxyError(
-                    400, "invalid_episode_id",
+                raise invalid_episode_id(
                     f"Episode id in the header ({eid!r}) differs from the one in the path "
-                    f"({path_episode!r})", param="episode_id",
+                    f"({path_episode!r})"
                 )
             eid = path_episode
-        if eid is not None and not is_valid_episode_id(eid):
-            raise ProxyError(
-                400, "invalid_episode_id",
-                "Episode ids are 1-128 characters of A-Z a-z 0-9 . _ : -", param="episode_id",
-            )
-        return eid
+        return None if eid is None else checked_episode_id(eid)
 
     async def _handle(
         self, call: _Call, scope: Scope, receive: Receive, send: Send, path_episode: str | None

@@ -91,6 +91,4 @@ class Recorder:
                     record[key] = _strip_text(record[key])
             if record.get("disclosure", {}).get("text") is not None:
                 record["disclosure"]["text"] = _strip_text(record["disclosure"]["text"])
-        await self.sink.put(record)
-        if self.metrics is not None:
-            self.metrics.queue_depth.set(self.sink.depth())
+        await self.sink.put(record)  # queue depth is sampled by the sweeper, not per turn
