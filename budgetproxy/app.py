@@ -9,6 +9,7 @@ import os
 import time
 from typing import Any
 
+from opentelemetry.sdk.trace import SpanProcessor
 from prometheus_client import CollectorRegistry
 
 from budgetproxy.api import build_api
@@ -20,7 +21,7 @@ from budgetproxy.metrics import Metrics
 from budgetproxy.recorder import Recorder
 from budgetproxy.sink import JsonlSink, NullSink, TrajectorySink
 from budgetproxy.store.base import EpisodeStore, StoreUnavailable
-from budgetproxy.tracing import Tracing, build_provider, tracing_wanted
+from budgetproxy.tracing import Tracing, build_processor, tracing_wanted
 from budgetproxy.upstream import UpstreamPool
 from budgetproxy.wire import MODEL_ROUTES
 
@@ -63,7 +64,7 @@ class BudgetProxy:
         store: EpisodeStore | None = None,
         sink: TrajectorySink | None = None,
         registry: CollectorRegistry | None = None,
-        tracer: Any = None,
+        span_processor: SpanProcessor | None = None,
     ) -> None:
         self.config = config
         self.store = store if store is not None else _make_store(config)
@@ -88,11 +89,11 @@ class BudgetProxy:
             else:
                 self.metrics = Metrics(registry, config.metrics.turn_buckets)
                 self.registry = registry
-        self._provider: Any = None
-        if tracer is None and tracing_wanted(config.tracing):
-            self._provider = build_provider()
-            tracer = self._provider.get_tracer("budgetproxy")
-        self.tracing = Tracing(tracer, config.tracing.capture_content)
+        # A processor passed in belongs to the caller; one built here is shut down here.
+        self._own_processor = span_processor is None and tracing_wanted(config.tracing)
+        if self._own_processor:
+            span_processor = build_processor()
+        self.tracing = Tracing(span_processor, capture_content=config.tracing.capture_content)
         self.pool = UpstreamPool(config.upstreams)
         if self.metrics is not None:
             for u in config.upstreams:
@@ -168,9 +169,8 @@ class BudgetProxy:
         await self.sink.close()
         await self.pool.close()
         await self.store.close()
-        if self._provider is not None:
-            with contextlib.suppress(Exception):
-                self._provider.shutdown()
+        if self._own_processor:
+            self.tracing.shutdown()
 
     async def _sweep(self) -> None:
         ep = self.config.episodes

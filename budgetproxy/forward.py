@@ -34,7 +34,7 @@ from budgetproxy.records import SCHEMA_VERSION, rfc3339
 from budgetproxy.relay import StreamEnd, relay_stream
 from budgetproxy.sse import EventSplitter, assemble
 from budgetproxy.store.base import EpisodeStore, StoreUnavailable
-from budgetproxy.tracing import Tracing
+from budgetproxy.tracing import CallTrace, Tracing
 from budgetproxy.upstream import UpstreamPool
 from budgetproxy.wire import (
     DROP_REQUEST_HEADERS,
@@ -88,7 +88,7 @@ class _Call:
         self.data: bytes | None = None
         self.events: list[bytes] | None = None
         self.settled = False
-        self.span: Any = None
+        self.span: CallTrace | None = None
 
 
 class ModelCalls:
@@ -375,9 +375,7 @@ class ModelCalls:
         if not body:
             body = orjson.dumps(payload)
         call.conversation = conversation
-        call.span = span = self.tracing.start_call(
-            call.kind, call.model, upstream, call.episode_id, call.state, call.grant
-        )
+        call.span = self.tracing.start(call.kind, call.model, headers)
         reply: dict[str, Any] = {}
         try:
             if upstream.kind == "litellm":
@@ -388,8 +386,12 @@ class ModelCalls:
         finally:
             await self._settle(call)
             reply = await self._after(call)
-            self.tracing.end_call(span, call.http_status, call.error_class,
-                                  reply.get("usage"), reply.get("finish_reason"))
+            self.tracing.finish(
+                call.span, kind=call.kind, model=call.model, upstream=upstream,
+                episode_id=call.episode_id, state=call.state, grant=call.grant,
+                status=call.http_status, error_class=call.error_class, reply=reply,
+                conversation=conversation,
+            )
 
     async def _forward_litellm(
         self, call: _Call, upstream: UpstreamConfig, payload: dict[str, Any], send: Send

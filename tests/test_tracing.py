@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import http.server
+import json
 import os
 import signal
 import socket
@@ -16,7 +17,7 @@ from pathlib import Path
 import openai
 import pytest
 from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceRequest
-from opentelemetry.sdk.trace import TracerProvider
+from opentelemetry.sdk.trace import ReadableSpan
 from opentelemetry.sdk.trace.export import SimpleSpanProcessor
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 
@@ -37,11 +38,9 @@ def traced(
     upstream: FakeUpstream, tmp_path: Path
 ) -> Iterator[tuple[ProxyServer, InMemorySpanExporter]]:
     exporter = InMemorySpanExporter()
-    provider = TracerProvider()
-    provider.add_span_processor(SimpleSpanProcessor(exporter))
     cfg = load_config(None, {"upstreams": [{"base_url": upstream.base_url}],
                              "trajectories": {"dir": str(tmp_path)}})
-    srv = ProxyServer(cfg, tracer=provider.get_tracer("test")).start()
+    srv = ProxyServer(cfg, span_processor=SimpleSpanProcessor(exporter)).start()
     yield srv, exporter
     srv.stop()
 
@@ -81,13 +80,13 @@ def test_one_genai_span_per_model_call(traced, upstream: FakeUpstream) -> None:
 
 
 def test_telemetry_failure_never_fails_a_call(upstream: FakeUpstream, tmp_path: Path) -> None:
-    class Broken:
-        def start_span(self, *a: object, **k: object) -> object:
+    class Broken(SimpleSpanProcessor):
+        def on_end(self, span: ReadableSpan) -> None:
             raise RuntimeError("exporter on fire")
 
     cfg = load_config(None, {"upstreams": [{"base_url": upstream.base_url}],
                              "trajectories": {"dir": str(tmp_path)}})
-    with ProxyServer(cfg, tracer=Broken()) as srv:
+    with ProxyServer(cfg, span_processor=Broken(InMemorySpanExporter())) as srv:
         client = openai.OpenAI(base_url=srv.url + "/v1", api_key="k")
         out = client.chat.completions.create(
             model="fake-model", messages=[{"role": "user", "content": "hi"}])
@@ -156,3 +155,85 @@ def test_spans_export_over_otlp_http(upstream: FakeUpstream, tmp_path: Path) -> 
     assert [(svc, s.name) for svc, s in spans] == [("budgetproxy-test", "chat fake-model")]
     attrs = {a.key: a.value for a in spans[0][1].attributes}
     assert attrs["gen_ai.conversation.id"].string_value == "otlp-1"
+
+
+def _proxy(upstream: FakeUpstream, tmp_path: Path, exporter: InMemorySpanExporter,
+           **tracing: object) -> ProxyServer:
+    cfg = load_config(None, {"upstreams": [{"base_url": upstream.base_url}],
+                             "trajectories": {"dir": str(tmp_path)}, "tracing": tracing})
+    return ProxyServer(cfg, span_processor=SimpleSpanProcessor(exporter))
+
+
+def _chat(srv: ProxyServer, headers: dict[str, str], content: str = "hi") -> None:
+    client = openai.OpenAI(base_url=srv.url + "/v1", api_key="k", max_retries=0)
+    client.chat.completions.create(
+        model="fake-model", messages=[{"role": "user", "content": content}],
+        extra_headers=headers)
+
+
+def test_the_agents_trace_is_continued(upstream: FakeUpstream, tmp_path: Path) -> None:
+    exporter = InMemorySpanExporter()
+    agent_trace, agent_span = "4bf92f3577b34da6a3ce929d0e0e4736", "00f067aa0ba902b7"
+    with _proxy(upstream, tmp_path, exporter) as srv:
+        _chat(srv, {"X-Episode-Id": "parented", "traceparent": f"00-{agent_trace}-{agent_span}-01",
+                    "tracestate": "vendor=abc"})
+        sent = upstream.requests[-1].headers
+    (span,) = exporter.get_finished_spans()
+    assert format(span.context.trace_id, "032x") == agent_trace
+    assert span.parent is not None and span.parent.is_remote
+    assert format(span.parent.span_id, "016x") == agent_span
+    # upstream sees the proxy's span as the parent, in the agent's trace, with its tracestate
+    assert sent["traceparent"] == f"00-{agent_trace}-{span.context.span_id:016x}-01"
+    assert sent["tracestate"] == "vendor=abc"
+
+
+def test_an_unsampled_agent_trace_stays_unsampled(upstream: FakeUpstream,
+                                                  tmp_path: Path) -> None:
+    exporter = InMemorySpanExporter()
+    agent_trace = "4bf92f3577b34da6a3ce929d0e0e4736"
+    with _proxy(upstream, tmp_path, exporter) as srv:
+        _chat(srv, {"traceparent": f"00-{agent_trace}-00f067aa0ba902b7-00"})
+        sent = upstream.requests[-1].headers["traceparent"]
+    assert exporter.get_finished_spans() == ()
+    version, trace_id, span_id, flags = sent.split("-")
+    assert (version, trace_id, flags) == ("00", agent_trace, "00")
+    assert span_id != "00f067aa0ba902b7"
+
+
+@pytest.mark.parametrize("bad", ["garbage", "00-" + "0" * 32 + "-00f067aa0ba902b7-01",
+                                 "00-4bf92f3577b34da6a3ce929d0e0e473g-00f067aa0ba902b7-01",
+                                 "ff-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01"])
+def test_a_malformed_traceparent_starts_a_new_trace(upstream: FakeUpstream, tmp_path: Path,
+                                                    bad: str) -> None:
+    exporter = InMemorySpanExporter()
+    with _proxy(upstream, tmp_path, exporter) as srv:
+        _chat(srv, {"traceparent": bad})
+        sent = upstream.requests[-1].headers["traceparent"]
+    (span,) = exporter.get_finished_spans()
+    assert span.parent is None
+    assert sent == f"00-{span.context.trace_id:032x}-{span.context.span_id:016x}-01"
+
+
+def test_sampler_from_the_environment(upstream: FakeUpstream, tmp_path: Path,
+                                      monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("OTEL_TRACES_SAMPLER", "traceidratio")
+    monkeypatch.setenv("OTEL_TRACES_SAMPLER_ARG", "0.25")
+    exporter = InMemorySpanExporter()
+    with _proxy(upstream, tmp_path, exporter) as srv:
+        for _ in range(200):
+            _chat(srv, {})
+    sampled = len(exporter.get_finished_spans())
+    assert 20 <= sampled <= 80, sampled  # 50 expected; binomial sd ~6
+
+
+def test_content_only_when_enabled(upstream: FakeUpstream, tmp_path: Path) -> None:
+    exporter = InMemorySpanExporter()
+    with _proxy(upstream, tmp_path, exporter, capture_content=True) as srv:
+        _chat(srv, {"X-Episode-Id": "content-1"}, content="what is 2+2?")
+    (span,) = exporter.get_finished_spans()
+    attrs = dict(span.attributes or {})
+    assert json.loads(attrs["gen_ai.input.messages"]) == [
+        {"role": "user", "parts": [{"type": "text", "content": "what is 2+2?"}]}]
+    (out,) = json.loads(attrs["gen_ai.output.messages"])
+    assert out["role"] == "assistant" and out["finish_reason"] == "stop"
+    assert out["parts"] == [{"type": "text", "content": "echo: what is 2+2?"}]
