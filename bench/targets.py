@@ -162,10 +162,13 @@ def start_upstream(workdir: Path, chunks: int, gap_ms: float) -> Target:
     return target
 
 
-def start_forwarder(workdir: Path, upstream: str) -> Target:
+def start_forwarder(
+    workdir: Path, upstream: str, wrapper: list[str] | None = None, ready_timeout: float = 60.0
+) -> Target:
     port = free_port()
     log = workdir / "forwarder.log"
     argv = [
+        *(wrapper or []),
         sys.executable,
         str(BENCH_DIR / "minimal_forwarder.py"),
         "--upstream",
@@ -180,7 +183,7 @@ def start_forwarder(workdir: Path, upstream: str) -> Target:
         log_path=log,
     )
     target.proc = spawn(argv, log)
-    wait_ready(target)
+    wait_ready(target, ready_timeout)
     return target
 
 
@@ -247,7 +250,10 @@ BUDGETPROXY_VARIANTS: dict[str, tuple[str, bool, str | None]] = {
 }
 
 
-def start_budgetproxy(workdir: Path, upstream: str, name: str) -> Target:
+def start_budgetproxy(
+    workdir: Path, upstream: str, name: str, wrapper: list[str] | None = None,
+    ready_timeout: float = 60.0,
+) -> Target:
     description, episodes, extra = BUDGETPROXY_VARIANTS[name]
     port = free_port()
     target = Target(
@@ -276,8 +282,8 @@ def start_budgetproxy(workdir: Path, upstream: str, name: str) -> Target:
         if name.endswith("-10pct"):
             env |= {"OTEL_TRACES_SAMPLER": "parentbased_traceidratio",
                     "OTEL_TRACES_SAMPLER_ARG": "0.1"}
-    target.proc = spawn(argv, target.log_path, env)
-    wait_ready(target)
+    target.proc = spawn([*(wrapper or []), *argv], target.log_path, env)
+    wait_ready(target, ready_timeout)
     return target
 
 

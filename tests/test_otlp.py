@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import http.server
 import threading
+import time
 from collections.abc import Iterator
 from typing import Any
 
@@ -19,7 +20,7 @@ from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanE
 from opentelemetry.sdk.util.instrumentation import InstrumentationScope
 from opentelemetry.trace import SpanContext, SpanKind, Status, StatusCode, TraceFlags, TraceState
 
-from budgetproxy.otlp import SpanEncoder, fast_exporter
+from budgetproxy.otlp import OtlpBatchProcessor, SpanEncoder, build_exporter
 
 
 def _same_as_sdk(spans: list[ReadableSpan]) -> None:
@@ -112,15 +113,37 @@ def receiver(monkeypatch: pytest.MonkeyPatch) -> Iterator[str]:
     srv.shutdown()
 
 
-def test_exporter_sends_the_fast_encoding(receiver: str) -> None:
+def test_processor_sends_the_fast_encoding(receiver: str) -> None:
     resource = Resource.create({"service.name": "x"})
     spans = [_span(i, {"i": i}, resource=resource) for i in range(3)]
-    exporter = fast_exporter()
-    assert exporter.export(spans) is SpanExportResult.SUCCESS
+    processor = OtlpBatchProcessor(build_exporter())
     # the installed SDK exporter still has the HTTP client the fast path hands bytes to
-    assert exporter.fast_batches == 1
+    assert processor._client is not None
+    for s in spans:
+        processor.on_end(s)
+    processor.force_flush()
     assert _Receiver.bodies == [SpanEncoder().request(spans)]
-    exporter.shutdown()
+    assert processor.sent == 3
+    processor.shutdown()
+
+
+def test_batches_are_cut_at_the_batch_size(receiver: str,
+                                          monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("OTEL_BSP_MAX_EXPORT_BATCH_SIZE", "4")
+    monkeypatch.setenv("OTEL_BSP_SCHEDULE_DELAY", "60000")
+    resource = Resource.create({"service.name": "x"})
+    processor = OtlpBatchProcessor(build_exporter())
+    spans = [_span(i, {"i": i}, resource=resource) for i in range(10)]
+    for s in spans:
+        processor.on_end(s)
+    processor.shutdown()  # sends what is left
+    sizes = []
+    for body in _Receiver.bodies:
+        req = ExportTraceServiceRequest()
+        req.ParseFromString(body)
+        sizes.append(sum(len(ss.spans) for rs in req.resource_spans for ss in rs.scope_spans))
+    assert sorted(sizes) == [2, 4, 4]
+    assert processor.sent == 10
 
 
 def test_spans_with_events_go_through_the_sdk_encoder(receiver: str) -> None:
@@ -130,13 +153,34 @@ def test_spans_with_events_go_through_the_sdk_encoder(receiver: str) -> None:
     with provider.get_tracer("t").start_as_current_span("with event") as s:
         s.add_event("something", {"k": "v"})
     spans = list(exporter.get_finished_spans())
-    fast = fast_exporter()
-    assert fast.export(spans) is SpanExportResult.SUCCESS
-    assert fast.fast_batches == 0
+    processor = OtlpBatchProcessor(build_exporter())
+    processor.on_end(spans[0])
+    processor.force_flush()
     req = ExportTraceServiceRequest()
     req.ParseFromString(_Receiver.bodies[-1])
     assert req == encode_spans(spans)
-    fast.shutdown()
+    processor.shutdown()
+
+
+def test_a_full_queue_drops_instead_of_growing(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("OTEL_BSP_MAX_QUEUE_SIZE", "5")
+    monkeypatch.setenv("OTEL_BSP_MAX_EXPORT_BATCH_SIZE", "5")
+    monkeypatch.setenv("OTEL_BSP_SCHEDULE_DELAY", "60000")
+
+    class Stuck(InMemorySpanExporter):
+        _client = None  # no fast path: spans wait for export()
+
+        def export(self, spans: Any) -> SpanExportResult:
+            time.sleep(0.5)
+            return SpanExportResult.FAILURE
+
+    processor = OtlpBatchProcessor(Stuck())
+    resource = Resource.create({"service.name": "x"})
+    for i in range(20):
+        processor.on_end(_span(i, {}, resource=resource))
+    assert processor.dropped >= 10
+    processor.shutdown()
+    assert processor.sent == 0
 
 
 def test_negative_zero_is_not_served_from_the_cache() -> None:

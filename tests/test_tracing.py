@@ -5,6 +5,7 @@ from __future__ import annotations
 import http.server
 import json
 import os
+import random
 import signal
 import socket
 import subprocess
@@ -16,14 +17,18 @@ from pathlib import Path
 
 import openai
 import pytest
+from opentelemetry import trace
+from opentelemetry.context import Context
 from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceRequest
-from opentelemetry.sdk.trace import ReadableSpan
+from opentelemetry.sdk.trace import ReadableSpan, TracerProvider
 from opentelemetry.sdk.trace.export import SimpleSpanProcessor
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
+from opentelemetry.trace import NonRecordingSpan, SpanContext, TraceFlags
 
 from budgetproxy.config import load_config
 from budgetproxy.server import ProxyServer
 from budgetproxy.testing.fake_upstream import FakeUpstream
+from budgetproxy.tracing import Tracing
 
 
 @pytest.fixture(scope="module")
@@ -237,3 +242,34 @@ def test_content_only_when_enabled(upstream: FakeUpstream, tmp_path: Path) -> No
     (out,) = json.loads(attrs["gen_ai.output.messages"])
     assert out["role"] == "assistant" and out["finish_reason"] == "stop"
     assert out["parts"] == [{"type": "text", "content": "echo: what is 2+2?"}]
+
+
+@pytest.mark.parametrize("sampler,arg", [
+    ("parentbased_always_on", None), ("always_on", None), ("always_off", None),
+    ("parentbased_always_off", None), ("traceidratio", "0.3"),
+    ("parentbased_traceidratio", "0.7"), ("traceidratio", "not a number"),
+    ("traceidratio", "1.5"), ("no_such_sampler", None),
+])
+def test_sampling_decisions_are_the_sdks(monkeypatch: pytest.MonkeyPatch, sampler: str,
+                                         arg: str | None) -> None:
+    monkeypatch.setenv("OTEL_TRACES_SAMPLER", sampler)
+    if arg is None:
+        monkeypatch.delenv("OTEL_TRACES_SAMPLER_ARG", raising=False)
+    else:
+        monkeypatch.setenv("OTEL_TRACES_SAMPLER_ARG", arg)
+    tracing = Tracing(SimpleSpanProcessor(InMemorySpanExporter()))
+    sdk = TracerProvider(shutdown_on_exit=False).sampler
+    rng = random.Random(7)
+    for i in range(300):
+        parent = None
+        headers: dict[bytes, bytes] = {}
+        if i % 3:  # a third without a parent, a third with a sampled one, a third unsampled
+            flags = i % 3 == 1
+            tid = rng.getrandbits(128)
+            headers[b"traceparent"] = f"00-{tid:032x}-{i + 1:016x}-0{int(flags)}".encode()
+            parent = trace.set_span_in_context(NonRecordingSpan(SpanContext(
+                tid, i + 1, is_remote=True, trace_flags=TraceFlags(int(flags)))))
+        ct = tracing.start("chat", "m", headers)
+        assert ct is not None
+        expected = sdk.should_sample(parent or Context(), ct.trace_id, "chat m").decision
+        assert ct.sampled == expected.is_sampled(), (i, ct.trace_id)

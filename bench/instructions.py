@@ -1,0 +1,159 @@
+"""Instructions per request, counted by valgrind's callgrind: a cost the machine's load cannot move.
+
+On a shared machine throughput and CPU time per request drift by 10% and more between runs,
+which hides the few-percent costs of metrics and tracing. Callgrind counts the instructions the
+proxy process executes; counted between a warm-up and the end of a closed-loop wrk run and
+divided by the requests answered, the figure repeats to about 1% (the same Python, inputs and
+load give the same count whatever else the machine is doing). Python runs about 50x slower
+under callgrind, so the load is light (8 connections) and start-up takes ~30 s per target.
+
+    python bench/instructions.py                                   # observability ablation
+    python bench/instructions.py --targets forwarder,budgetproxy+episodes --seconds 20
+
+Rows are the budgetproxy variants of bench/targets.py (and `forwarder`, the bare Starlette +
+aiohttp baseline); ratios are against the first row.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+import loadgen  # noqa: E402
+import targets as tg  # noqa: E402
+
+DEFAULT_TARGETS = (
+    "bp+episodes-unobserved,budgetproxy+episodes,bp+episodes-traced,bp+episodes-traced-10pct"
+)
+
+
+def parse_args(argv: list[str] | None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--targets", default=DEFAULT_TARGETS,
+                   help="comma-separated rows; the first is the baseline for the ratios")
+    p.add_argument("--seconds", type=float, default=15.0, help="counted load per target")
+    p.add_argument("--warmup", type=float, default=8.0,
+                   help="uncounted load first; longer than OTEL_BSP_SCHEDULE_DELAY (5 s), so the"
+                   " first trace export, with its imports and connection, is not counted")
+    p.add_argument("--connections", type=int, default=8)
+    p.add_argument("--repeat", type=int, default=1, help="rounds over all targets")
+    p.add_argument("--out", type=Path, default=tg.BENCH_DIR / "results")
+    p.add_argument("--keep", action="store_true",
+                   help="keep the callgrind files (for callgrind_annotate) and logs")
+    return p.parse_args(argv)
+
+
+def _control(pid: int, action: str) -> None:
+    out = subprocess.run(["callgrind_control", action, str(pid)], capture_output=True,
+                         text=True, timeout=60)
+    if out.returncode != 0 or "OK" not in out.stdout:
+        raise RuntimeError(f"callgrind_control {action} {pid} failed: {out.stdout} {out.stderr}")
+
+
+def _dumped_instructions(prefix: Path) -> int:
+    """The `summary:` count of the latest dump callgrind wrote for ``prefix``."""
+    dumps = sorted(prefix.parent.glob(prefix.name + ".*"), key=lambda p: p.stat().st_mtime)
+    for path in reversed(dumps):
+        for line in path.read_text(errors="replace").splitlines():
+            if line.startswith("summary:"):
+                return int(line.split()[1])
+    raise RuntimeError(f"no callgrind dump with a summary for {prefix}")
+
+
+def count(workdir: Path, upstream: str, name: str, args: argparse.Namespace,
+          round_no: int) -> dict[str, Any]:
+    slug = f"{name.replace('+', '-')}-{round_no}"
+    prefix = workdir / f"{slug}.callgrind"
+    wrapper = ["valgrind", "--tool=callgrind", "--cache-sim=no",
+               f"--callgrind-out-file={prefix}"]
+    if name == "forwarder":
+        target = tg.start_forwarder(workdir, upstream, wrapper, ready_timeout=300)
+    else:
+        target = tg.start_budgetproxy(workdir, upstream, name, wrapper, ready_timeout=300)
+    try:
+        if target.skip or target.pid is None:
+            return {"skip": target.skip or "did not start"}
+        loadgen.run_wrk(target, args.connections, args.warmup)
+        _control(target.pid, "-z")
+        res = loadgen.run_wrk(target, args.connections, args.seconds)
+        _control(target.pid, "-d")
+        time.sleep(0.5)
+        instructions = _dumped_instructions(prefix)
+    finally:
+        tg.stop(target.proc)
+    if not res.requests or res.errors:
+        return {"skip": f"{res.requests} requests, {res.errors} errors"}
+    return {"requests": res.requests, "instructions": instructions,
+            "per_request": instructions / res.requests}
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(argv)
+    missing = [t for t in ("valgrind", "callgrind_control", "wrk") if shutil.which(t) is None]
+    if missing:
+        print(f"needs {', '.join(missing)} (Debian: apt-get install valgrind wrk)",
+              file=sys.stderr)
+        return 2
+    names = [n.strip() for n in args.targets.split(",") if n.strip()]
+    unknown = [n for n in names if n != "forwarder" and n not in tg.BUDGETPROXY_VARIANTS]
+    if unknown:
+        print(f"unknown targets: {', '.join(unknown)}; choose from forwarder, "
+              f"{', '.join(tg.BUDGETPROXY_VARIANTS)}", file=sys.stderr)
+        return 2
+    stamp = time.strftime("%Y%m%dT%H%M%SZ", time.gmtime())
+    rows: dict[str, list[dict[str, Any]]] = {n: [] for n in names}
+    tmp = tempfile.mkdtemp(prefix="budgetproxy-instr-")
+    try:
+        workdir = Path(tmp)
+        upstream = tg.start_upstream(workdir, 4, 0.0)
+        try:
+            for r in range(args.repeat):
+                for name in names:
+                    print(f"round {r + 1}/{args.repeat}: {name} under callgrind...", flush=True)
+                    rows[name].append(count(workdir, upstream.base_url, name, args, r))
+        finally:
+            tg.stop(upstream.proc)
+    finally:
+        if args.keep:
+            print(f"callgrind files and logs: {tmp}")
+        else:
+            shutil.rmtree(tmp, ignore_errors=True)
+    base = _median(rows[names[0]])
+    print(f"\n{'target':28} {'requests':>9} {'instr/req':>11} {'x ' + names[0]:>12}")
+    print("-" * 64)
+    summary = {}
+    for name in names:
+        per = _median(rows[name])
+        if per is None:
+            print(f"{name:28} {'-':>9} {'-':>11}  {rows[name][-1].get('skip', '')}")
+            continue
+        reqs = sum(r.get("requests", 0) for r in rows[name])
+        ratio = per / base if base else None
+        summary[name] = {"instructions_per_request": round(per),
+                         "ratio": round(ratio, 3) if ratio else None}
+        print(f"{name:28} {reqs:>9} {per / 1000:>10.0f}k {ratio or 0:>11.3f}x")
+    args.out.mkdir(parents=True, exist_ok=True)
+    out = args.out / f"instructions-{stamp}.json"
+    out.write_text(json.dumps({"stamp": stamp, "args": {k: str(v) for k, v in
+                                                         vars(args).items()},
+                               "rows": rows, "summary": summary}, indent=2))
+    print(f"\nresults: {out}")
+    return 0
+
+
+def _median(runs: list[dict[str, Any]]) -> float | None:
+    vals = sorted(r["per_request"] for r in runs if "per_request" in r)
+    return vals[len(vals) // 2] if vals else None
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
