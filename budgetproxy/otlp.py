@@ -42,8 +42,6 @@ _FLAGS = b"\x85\x01" + _PACK_I(0x100)
 _FLAGS_REMOTE_PARENT = b"\x85\x01" + _PACK_I(0x300)
 _VARINTS = [bytes([n]) for n in range(128)]
 _KV_CACHE_MAX = 8192
-# Floats are left out: 0.0 == -0.0 as keys, but not as bytes.
-_SCALARS = frozenset((str, int, bool))
 
 
 class Unsupported(Exception):
@@ -107,7 +105,9 @@ class SpanEncoder:
         parts = []
         for k, v in attrs.items():
             t = type(v)
-            if ((t in _SCALARS and (t is not str or len(v) <= 256))
+            # Cached: the values that repeat (names, ids, small counts); not long texts or
+            # large numbers, which would only churn the cache, nor floats (0.0 == -0.0).
+            if ((t is str and len(v) <= 256) or t is bool or (t is int and -1 <= v < 4096)
                     or (t is tuple and len(v) == 1 and type(v[0]) is str)):
                 key = (tag, k, t, v)
                 kv = cache.get(key)
@@ -161,13 +161,14 @@ class SpanEncoder:
         out.append(_FLAGS_REMOTE_PARENT if parent is not None and parent.is_remote else _FLAGS)
         return b"".join(out)
 
-    def attribute_group(self, key: Any, attrs: Mapping[str, Any]) -> bytes:
-        """Encoded span attributes for a group the caller names by a key that fixes them."""
+    def attribute_group(self, key: Any, attrs: Callable[[], Mapping[str, Any]]) -> bytes:
+        """Encoded span attributes for a group the caller names by a key that fixes them;
+        `attrs()` makes the group when the key has not been seen."""
         blob = self._groups.get(key)
         if blob is None:
             if len(self._groups) >= _KV_CACHE_MAX:
                 self._groups.clear()
-            blob = self._groups[key] = self.attributes(b"\x4a", attrs)
+            blob = self._groups[key] = self.attributes(b"\x4a", attrs())
         return blob
 
     def _head(self, resource: Resource, scope: InstrumentationScope | None) -> tuple[bytes, bytes]:

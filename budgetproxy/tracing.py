@@ -132,7 +132,6 @@ class Tracing:
         # rule); `parentbased_*` follow a remote parent's sampled flag. None: ask the sampler.
         self._bound: int | None = None
         self._parent_based = False
-        self._upstream_attrs: dict[tuple[str, str | None, str], dict[str, Any]] = {}
         # Spans for our own OTLP processor are encoded here, without a ReadableSpan.
         self._direct = (processor if isinstance(processor, OtlpBatchProcessor)
                         and processor.takes_encoded else None)
@@ -241,26 +240,9 @@ class Tracing:
             op = _OPERATION.get(kind, kind)
             # Three groups, in this order: fixed by upstream and model, fixed for an episode,
             # and this call's own. The first two are encoded once and reused.
-            call_key = (op, model, upstream.name)
-            per_upstream = self._upstream_attrs.get(call_key)
-            if per_upstream is None:
-                if len(self._upstream_attrs) > 1024:
-                    self._upstream_attrs.clear()
-                per_upstream = self._upstream_attrs[call_key] = {
-                    "gen_ai.operation.name": op,
-                    "gen_ai.provider.name": "openai" if upstream.kind == "openai" else "litellm",
-                    "gen_ai.request.model": model or "",
-                    "server.address": upstream.base_url,
-                    "budgetproxy.upstream": upstream.name,
-                }
-            per_episode: dict[str, Any] = {}
-            if episode_id is not None:
-                per_episode["gen_ai.conversation.id"] = episode_id
-            if state is not None:
-                per_episode["budgetproxy.budget"] = state.budget
-                per_episode["budgetproxy.disclosure"] = state.disclosure
-                if state.task_id:
-                    per_episode["budgetproxy.task_id"] = state.task_id
+            call_key = (op, model, upstream.name, upstream.kind, upstream.base_url)
+            episode_key = (episode_id, None) if state is None else (
+                episode_id, state.budget, state.disclosure, state.task_id)
             attrs: dict[str, Any] = {"http.response.status_code": status}
             if state is not None:
                 attrs["budgetproxy.remaining"] = state.remaining
@@ -291,8 +273,8 @@ class Tracing:
                 enc = direct.encoder
                 parent = ct.parent
                 encoded = (
-                    enc.attribute_group(call_key, per_upstream)
-                    + enc.attribute_group((episode_id, tuple(per_episode.values())), per_episode)
+                    enc.attribute_group(call_key, lambda: _upstream_attrs(*call_key))
+                    + enc.attribute_group(episode_key, lambda: _episode_attrs(*episode_key))
                     + enc.attributes(b"\x4a", attrs)
                 )
                 direct.add_encoded(self.resource, _SCOPE, enc.fields(
@@ -303,7 +285,8 @@ class Tracing:
                 return
             span = ReadableSpan(
                 name, self._context(ct), ct.parent, self.resource,
-                {**per_upstream, **per_episode, **attrs}, kind=SpanKind.CLIENT,
+                {**_upstream_attrs(*call_key), **_episode_attrs(*episode_key), **attrs},
+                kind=SpanKind.CLIENT,
                 status=span_status, start_time=ct.start_ns, end_time=time.time_ns(),
                 instrumentation_scope=_SCOPE,
             )
@@ -331,6 +314,32 @@ class Tracing:
                 self.processor.shutdown()
             except Exception:
                 log.warning("tracing shutdown failed", exc_info=True)
+
+
+def _upstream_attrs(op: str, model: str | None, upstream: str, kind: str,
+                    base_url: str) -> dict[str, Any]:
+    """A span's attributes fixed by the upstream and model (the first group)."""
+    return {
+        "gen_ai.operation.name": op,
+        "gen_ai.provider.name": "openai" if kind == "openai" else "litellm",
+        "gen_ai.request.model": model or "",
+        "server.address": base_url,
+        "budgetproxy.upstream": upstream,
+    }
+
+
+def _episode_attrs(episode_id: str | None, budget: int | None = None,
+                   disclosure: str | None = None, task_id: str | None = None) -> dict[str, Any]:
+    """A span's attributes fixed for an episode (the second group)."""
+    out: dict[str, Any] = {}
+    if episode_id is not None:
+        out["gen_ai.conversation.id"] = episode_id
+    if budget is not None:
+        out["budgetproxy.budget"] = budget
+        out["budgetproxy.disclosure"] = disclosure
+        if task_id:
+            out["budgetproxy.task_id"] = task_id
+    return out
 
 
 def _message_parts(message: dict[str, Any]) -> dict[str, Any]:

@@ -187,3 +187,53 @@ def test_negative_zero_is_not_served_from_the_cache() -> None:
     resource = Resource.create({"service.name": "z"})
     _same_as_sdk([_span(0, {"x": 0.0}, resource=resource),
                   _span(1, {"x": -0.0}, resource=resource)])
+
+
+def test_proxy_spans_encoded_directly_match_the_sdk_path(
+        receiver: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The two ways Tracing builds a span: OTLP bytes for its own exporter, a ReadableSpan for
+    any other processor. Same calls in, the same protobuf out."""
+    from budgetproxy.config import UpstreamConfig
+    from budgetproxy.core.episode import EpisodeState, Grant, GrantKind
+    from budgetproxy.tracing import Tracing
+
+    monkeypatch.setattr(time, "time_ns", lambda: 1_764_000_000_000_000_000)
+    resource = Resource.create({"service.name": "same"})
+    direct = OtlpBatchProcessor(build_exporter())
+    memory = InMemorySpanExporter()
+    fast = Tracing(direct, resource=resource, capture_content=True)
+    slow = Tracing(SimpleSpanProcessor(memory), resource=resource, capture_content=True)
+    assert fast._direct is direct and slow._direct is None
+    up = UpstreamConfig(base_url="http://127.0.0.1:9/v1")
+    calls: list[dict[str, Any]] = []
+    for i in range(12):
+        st = EpisodeState(episode_id=f"ep-{i % 3}", budget=10 + i % 2, max_turns=20,
+                          disclosure="disclosed" if i % 2 else "hidden",
+                          task_id="t1" if i % 4 else None)
+        calls.append(dict(
+            kind="chat" if i % 5 else "completions", model=f"m{i % 2}", upstream=up,
+            episode_id=st.episode_id if i % 6 else None, state=st if i % 6 else None,
+            grant=Grant(kind=GrantKind.FORWARD, turn=i, attempt=1 + i % 2, charged=i % 3 > 0)
+            if i % 6 else None,
+            status=200 if i % 7 else 502, error_class=None if i % 7 else "status_5xx",
+            reply={"usage": {"prompt_tokens": 5 * i, "completion_tokens": i},
+                   "finish_reason": "stop" if i % 2 else None,
+                   "message": {"role": "assistant", "content": f"answer {i}"}},
+            conversation=[{"role": "user", "content": f"question {i}"}],
+        ))
+    headers = {b"traceparent": b"00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01"}
+    for i, call in enumerate(calls):
+        ct = fast.start(call["kind"], call["model"], headers if i % 2 else {})
+        assert ct is not None
+        fast.finish(ct, **call)
+        slow.finish(ct, **call)
+    direct.force_flush()
+    ours = ExportTraceServiceRequest()
+    for body in _Receiver.bodies:
+        part = ExportTraceServiceRequest()
+        part.ParseFromString(body)
+        ours.MergeFrom(part)
+    spans = list(memory.get_finished_spans())
+    assert len(spans) == 12
+    assert ours == encode_spans(spans)
+    direct.shutdown()
