@@ -170,7 +170,8 @@ class BudgetProxy:
         await self.pool.close()
         await self.store.close()
         if self._own_processor:
-            self.tracing.shutdown()
+            # Off the event loop: a last export may wait on the collector for a few seconds.
+            await asyncio.to_thread(self.tracing.shutdown)
 
     async def _sweep(self) -> None:
         ep = self.config.episodes

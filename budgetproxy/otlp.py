@@ -42,6 +42,7 @@ _FLAGS = b"\x85\x01" + _PACK_I(0x100)
 _FLAGS_REMOTE_PARENT = b"\x85\x01" + _PACK_I(0x300)
 _VARINTS = [bytes([n]) for n in range(128)]
 _KV_CACHE_MAX = 8192
+SHUTDOWN_TIMEOUT_S = 5.0
 
 
 class Unsupported(Exception):
@@ -258,6 +259,7 @@ class OtlpBatchProcessor(SpanProcessor):
         self._wake = threading.Event()
         self._export_lock = threading.Lock()
         self._closed = False
+        self._abandoned = False
         self._thread = threading.Thread(target=self._run, name="budgetproxy-otlp", daemon=True)
         self._thread.start()
 
@@ -313,7 +315,7 @@ class OtlpBatchProcessor(SpanProcessor):
         with self._export_lock:
             pending, slow = self._pending, self._slow
             least = self.max_batch if full_only else 1
-            while len(pending) >= least or len(slow) >= least:
+            while (len(pending) >= least or len(slow) >= least) and not self._abandoned:
                 if len(pending) >= least:
                     chunk = [pending.popleft() for _ in range(min(len(pending), self.max_batch))]
                     self._send(self._post, chunk)
@@ -339,13 +341,22 @@ class OtlpBatchProcessor(SpanProcessor):
         self._export()
         return True
 
-    def shutdown(self) -> None:
+    def shutdown(self, timeout_s: float = SHUTDOWN_TIMEOUT_S) -> None:
+        """Send what is queued, giving up after `timeout_s` (an unreachable collector must not
+        hold the proxy's exit); what could not be sent is counted as dropped and logged."""
         if self._closed:
             return
         self._closed = True
         self._wake.set()
-        self._thread.join(30)
+        self._thread.join(timeout_s)
+        # Ends the exporter's retries (and their back-off sleeps) if it is still trying.
+        self._abandoned = True
         self.exporter.shutdown()
+        self._thread.join(1.0)
+        left = len(self._pending) + len(self._slow)
+        if left or self._thread.is_alive():
+            self.dropped += left
+            log.warning("trace export stopped at shutdown with %d spans unsent", left)
 
 
 def build_exporter() -> SpanExporter:

@@ -273,3 +273,42 @@ def test_sampling_decisions_are_the_sdks(monkeypatch: pytest.MonkeyPatch, sample
         assert ct is not None
         expected = sdk.should_sample(parent or Context(), ct.trace_id, "chat m").decision
         assert ct.sampled == expected.is_sampled(), (i, ct.trace_id)
+
+
+def test_an_unreachable_collector_costs_no_call_and_no_stuck_shutdown(
+        upstream: FakeUpstream, tmp_path: Path) -> None:
+    port, dead = _free_port(), _free_port()  # nothing listens on `dead`
+    env = {**os.environ, "OTEL_EXPORTER_OTLP_ENDPOINT": f"http://127.0.0.1:{dead}",
+           "OTEL_BSP_SCHEDULE_DELAY": "100"}
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "budgetproxy", "serve", "--upstream", upstream.base_url,
+         "--port", str(port), "--log-dir", str(tmp_path)],
+        env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+    )
+    try:
+        client = openai.OpenAI(base_url=f"http://127.0.0.1:{port}/v1", api_key="k",
+                               max_retries=0)
+        deadline = time.monotonic() + 20
+        answered = 0
+        while answered < 20:
+            try:
+                t = time.monotonic()
+                client.chat.completions.create(
+                    model="fake-model", messages=[{"role": "user", "content": "hi"}],
+                    extra_headers={"X-Episode-Id": "no-collector"})
+                assert time.monotonic() - t < 1.0  # export retries never hold a call
+                answered += 1
+                time.sleep(0.05)
+            except openai.APIConnectionError:
+                assert time.monotonic() < deadline, "proxy did not start"
+                time.sleep(0.1)
+        t = time.monotonic()
+        proc.send_signal(signal.SIGTERM)
+        assert proc.wait(30) == 0
+        assert time.monotonic() - t < 10  # the export gives up after 5 s
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    turns = [line for f in tmp_path.glob("*.jsonl") for line in f.read_text().splitlines()
+             if '"type":"turn"' in line.replace(" ", "")]
+    assert len(turns) == 20  # nothing lost
