@@ -307,21 +307,28 @@ class OtlpBatchProcessor(SpanProcessor):
             woken = self._wake.wait(self.delay_s)
             self._wake.clear()
             # Woken by a full batch: send full batches only, so that a busy proxy sends few
-            # large requests. The schedule delay passed: send everything.
+            # large requests. The schedule delay passed: send what is queued now.
             self._export(full_only=woken)
-        self._export()
+        self._export(drain=True)
 
-    def _export(self, full_only: bool = False) -> None:
+    def _export(self, full_only: bool = False, drain: bool = False) -> None:
+        """Send what was queued when called (not what arrives meanwhile: a slow collector
+        would otherwise be sent a stream of tiny batches); `drain` repeats until empty."""
         with self._export_lock:
-            pending, slow = self._pending, self._slow
-            least = self.max_batch if full_only else 1
-            while (len(pending) >= least or len(slow) >= least) and not self._abandoned:
-                if len(pending) >= least:
-                    chunk = [pending.popleft() for _ in range(min(len(pending), self.max_batch))]
-                    self._send(self._post, chunk)
-                if len(slow) >= least:
-                    spans = [slow.popleft() for _ in range(min(len(slow), self.max_batch))]
-                    self._send(self._post_slow, spans)
+            while not self._abandoned:
+                counts = [len(self._pending), len(self._slow)]
+                if full_only:
+                    counts = [n - n % self.max_batch for n in counts]
+                if not any(counts):
+                    return
+                for queue, n, post in ((self._pending, counts[0], self._post),
+                                       (self._slow, counts[1], self._post_slow)):
+                    while n > 0 and not self._abandoned:
+                        batch = [queue.popleft() for _ in range(min(n, self.max_batch))]
+                        n -= len(batch)
+                        self._send(post, batch)
+                if not drain:
+                    return
 
     def _post(self, chunk: list[tuple[Resource, Any, bytes]]) -> bool:
         assert self._client is not None
@@ -338,7 +345,7 @@ class OtlpBatchProcessor(SpanProcessor):
             log.warning("trace export failed", exc_info=True)
 
     def force_flush(self, timeout_millis: int = 30000) -> bool:
-        self._export()
+        self._export(drain=True)
         return True
 
     def shutdown(self, timeout_s: float = SHUTDOWN_TIMEOUT_S) -> None:
