@@ -87,8 +87,21 @@ def _any_value(v: Any) -> bytes:
     raise Unsupported(f"attribute value of type {type(v).__name__}")
 
 
+_KEYS: dict[str, bytes] = {}  # KeyValue.key field bytes, by attribute name
+
+
 def _key_value(key: str, value: Any) -> bytes:
-    return _ld(b"\x0a", key.encode()) + _ld(b"\x12", _any_value(value))
+    kb = _KEYS.get(key)
+    if kb is None:
+        kb = _ld(b"\x0a", key.encode())
+        if len(_KEYS) < _KV_CACHE_MAX:
+            _KEYS[key] = kb
+    t = type(value)
+    if t is int:
+        return kb + _ld(b"\x12", b"\x18" + _varint(value & 0xFFFFFFFFFFFFFFFF))
+    if t is str:
+        return kb + _ld(b"\x12", _ld(b"\x0a", value.encode()))
+    return kb + _ld(b"\x12", _any_value(value))
 
 
 class SpanEncoder:
@@ -98,6 +111,7 @@ class SpanEncoder:
         self._kv: dict[tuple[bytes, str, type, Any], bytes] = {}
         self._heads: dict[tuple[int, int], tuple[bytes, bytes, Resource, Any]] = {}
         self._groups: dict[Any, bytes] = {}
+        self._names: dict[str, bytes] = {}
 
     def attributes(self, tag: bytes, attrs: Mapping[str, Any] | None) -> bytes:
         if not attrs:
@@ -146,7 +160,12 @@ class SpanEncoder:
         if parent is not None:
             out += (b"\x22\x08", parent.span_id.to_bytes(8, "big"))
         if name:
-            out.append(_ld(b"\x2a", name.encode()))
+            nb = self._names.get(name)
+            if nb is None:
+                if len(self._names) >= _KV_CACHE_MAX:
+                    self._names.clear()
+                nb = self._names[name] = _ld(b"\x2a", name.encode())
+            out.append(nb)
         out.append(_KIND[id(kind)])
         if start:
             out += (b"\x39", _PACK_Q(start))
