@@ -26,6 +26,7 @@ from budgetproxy.upstream import UpstreamPool
 from budgetproxy.wire import MODEL_ROUTES
 
 log = logging.getLogger("budgetproxy")
+METRICS_FLUSH_S = 1.0
 
 
 def _make_store(config: Config) -> EpisodeStore:
@@ -42,16 +43,20 @@ def _make_store(config: Config) -> EpisodeStore:
     return MemoryStore()
 
 
-def _make_registry() -> CollectorRegistry:
-    registry = CollectorRegistry(auto_describe=True)
-    if os.environ.get(ENV_MULTIPROC_DIR):
-        from prometheus_client import multiprocess
+def _metrics_registries(turn_buckets: int) -> tuple[Metrics, CollectorRegistry]:
+    """The metric families and the registry /metrics exposes."""
+    if not os.environ.get(ENV_MULTIPROC_DIR):
+        exposed = CollectorRegistry(auto_describe=True)
+        return Metrics(exposed, turn_buckets), exposed
+    from prometheus_client import multiprocess
 
-        # Families are still defined on a per-process registry; the exposition merges files.
-        collect = CollectorRegistry()
-        multiprocess.MultiProcessCollector(collect)  # type: ignore[no-untyped-call]
-        return collect
-    return registry
+    # Families are still defined on a per-process registry; the exposition merges the files
+    # every worker writes, after this worker has flushed its deferred updates into its own.
+    metrics = Metrics(CollectorRegistry(), turn_buckets)
+    exposed = CollectorRegistry()
+    exposed.register(metrics.flusher())
+    multiprocess.MultiProcessCollector(exposed)  # type: ignore[no-untyped-call]
+    return metrics, exposed
 
 
 class BudgetProxy:
@@ -80,12 +85,7 @@ class BudgetProxy:
         self.registry: CollectorRegistry | None = None
         if config.metrics.enabled:
             if registry is None:
-                multiproc = bool(os.environ.get(ENV_MULTIPROC_DIR))
-                exposed = _make_registry()
-                # In multiprocess mode values live in files; families need no registry.
-                self.metrics = Metrics(CollectorRegistry() if multiproc else exposed,
-                                       config.metrics.turn_buckets)
-                self.registry = exposed
+                self.metrics, self.registry = _metrics_registries(config.metrics.turn_buckets)
             else:
                 self.metrics = Metrics(registry, config.metrics.turn_buckets)
                 self.registry = registry
@@ -108,6 +108,7 @@ class BudgetProxy:
                                 self.tracing, litellm_call)
         self.api = build_api(config, self.store, self.recorder, self.pool, self.registry)
         self._sweeper: asyncio.Task[None] | None = None
+        self._flusher: asyncio.Task[None] | None = None
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] == "http":
@@ -155,12 +156,15 @@ class BudgetProxy:
         await self.pool.start()
         await self.sink.start()
         self._sweeper = asyncio.create_task(self._sweep(), name="episode-sweeper")
+        if self.metrics is not None:
+            self._flusher = asyncio.create_task(self._flush_metrics(), name="metrics-flush")
 
     async def shutdown(self) -> None:
-        if self._sweeper is not None:
-            self._sweeper.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await self._sweeper
+        for task in (self._sweeper, self._flusher):
+            if task is not None:
+                task.cancel()
+                with contextlib.suppress(asyncio.CancelledError):
+                    await task
         try:
             for st in await self.store.finish_all_active(time.time()):
                 await self.recorder.episode_ended(st)
@@ -169,9 +173,19 @@ class BudgetProxy:
         await self.sink.close()
         await self.pool.close()
         await self.store.close()
+        if self.metrics is not None:
+            self.metrics.flush()
         if self._own_processor:
             # Off the event loop: a last export may wait on the collector for a few seconds.
             await asyncio.to_thread(self.tracing.shutdown)
+
+    async def _flush_metrics(self) -> None:
+        """Deferred metric updates reach prometheus-client at least once a second (scrapes
+        flush too; this is for the other workers' scrapes in multiprocess mode)."""
+        assert self.metrics is not None
+        while True:
+            await asyncio.sleep(METRICS_FLUSH_S)
+            self.metrics.flush()
 
     async def _sweep(self) -> None:
         ep = self.config.episodes
