@@ -386,12 +386,13 @@ class ModelCalls:
         finally:
             await self._settle(call)
             reply = await self._after(call)
-            self.tracing.finish(
-                call.span, kind=call.kind, model=call.model, upstream=upstream,
-                episode_id=call.episode_id, state=call.state, grant=call.grant,
-                status=call.http_status, error_class=call.error_class, reply=reply,
-                conversation=conversation,
-            )
+            if call.span is not None and call.span.sampled:
+                self.tracing.finish(
+                    call.span, kind=call.kind, model=call.model, upstream=upstream,
+                    episode_id=call.episode_id, state=call.state, grant=call.grant,
+                    status=call.http_status, error_class=call.error_class, reply=reply,
+                    conversation=conversation,
+                )
 
     async def _forward_litellm(
         self, call: _Call, upstream: UpstreamConfig, payload: dict[str, Any], send: Send
