@@ -242,6 +242,11 @@ BUDGETPROXY_VARIANTS: dict[str, tuple[str, bool, str | None]] = {
         True,
         "disclosure: {mode: disclosed}\ntracing: {enabled: true}\n",
     ),
+    "bp+episodes-traced-unsampled": (
+        "episodes, disclosed, metrics on, tracing on with no trace sampled (propagation only)",
+        True,
+        "disclosure: {mode: disclosed}\ntracing: {enabled: true}\n",
+    ),
     "bp+episodes-traced": (
         "episodes, disclosed, metrics on, tracing on (OTLP/HTTP to a local sink)",
         True,
@@ -282,6 +287,8 @@ def start_budgetproxy(
         if name.endswith("-10pct"):
             env |= {"OTEL_TRACES_SAMPLER": "parentbased_traceidratio",
                     "OTEL_TRACES_SAMPLER_ARG": "0.1"}
+        elif name.endswith("-unsampled"):
+            env |= {"OTEL_TRACES_SAMPLER": "always_off"}
     target.proc = spawn([*(wrapper or []), *argv], target.log_path, env)
     wait_ready(target, ready_timeout)
     return target

@@ -238,6 +238,9 @@ def test_otel_environment(all_docs: list[dict[str, Any]]) -> None:
     assert "k8s.pod.name=$(POD_NAME)" in env["OTEL_RESOURCE_ATTRIBUTES"]
     names = [e["name"] for e in container(all_docs)["env"]]
     assert names.index("POD_NAME") < names.index("OTEL_RESOURCE_ATTRIBUTES")
+    # one trace in ten by default; the proxy reads these through the SDK's sampler
+    assert env["OTEL_TRACES_SAMPLER"] == "parentbased_traceidratio"
+    assert env["OTEL_TRACES_SAMPLER_ARG"] == "0.1"
 
 
 # ---- Service, HPA, ServiceMonitor, bundled Redis ---------------------------------------------
