@@ -92,7 +92,10 @@ class BudgetProxy:
         # A processor passed in belongs to the caller; one built here is shut down here.
         self._own_processor = span_processor is None and tracing_wanted(config.tracing)
         if self._own_processor:
-            span_processor = build_processor()
+            span_processor = build_processor(
+                self.metrics.count_spans if self.metrics is not None else None)
+            if self.metrics is not None and span_processor is not None:
+                self.metrics.touch_trace_labels()
         self.tracing = Tracing(span_processor, capture_content=config.tracing.capture_content)
         self.pool = UpstreamPool(config.upstreams)
         if self.metrics is not None:

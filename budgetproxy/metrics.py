@@ -189,6 +189,12 @@ class Metrics:
             ("policy",),
             registry=registry,
         )
+        self.trace_spans = Counter(
+            "budgetproxy_trace_spans",
+            "Spans of model calls by what became of them (exported|failed|dropped).",
+            ("result",),
+            registry=registry,
+        )
         self._models: set[str] = set()
         self._children: dict[tuple[int, tuple[str, ...]], Any] = {}
         self._episode_labels: set[tuple[str, str]] = set()
@@ -207,6 +213,14 @@ class Metrics:
         for outcome in self.OUTCOMES:
             self.episodes_finished.labels(tier, arm, outcome)
             self.episode_turns.labels(tier, arm, outcome)
+
+    def touch_trace_labels(self) -> None:
+        for result in ("exported", "failed", "dropped"):
+            self.trace_spans.labels(result)
+
+    def count_spans(self, result: str, n: int) -> None:
+        """From the export thread: prometheus-client counters take their own lock."""
+        self.trace_spans.labels(result).inc(n)
 
     def touch_upstream_labels(self, upstream: str) -> None:
         self.upstream_duration.labels(upstream)

@@ -262,8 +262,11 @@ class OtlpBatchProcessor(SpanProcessor):
     versions, other exporters), spans are kept and handed to its export() as usual.
     """
 
-    def __init__(self, exporter: SpanExporter) -> None:
+    def __init__(self, exporter: SpanExporter,
+                 on_count: Callable[[str, int], None] | None = None) -> None:
         self.exporter = exporter
+        # Told ("exported" | "failed" | "dropped", number of spans) as it happens.
+        self.on_count = on_count
         client = getattr(exporter, "_client", None)
         self._client = client if callable(getattr(client, "export", None)) else None
         self.encoder = SpanEncoder()
@@ -271,6 +274,7 @@ class OtlpBatchProcessor(SpanProcessor):
         self.max_batch = _env_int("OTEL_BSP_MAX_EXPORT_BATCH_SIZE", 512)
         self.max_queue = max(self.max_batch, _env_int("OTEL_BSP_MAX_QUEUE_SIZE", 2048))
         self.sent = 0
+        self.failed = 0
         self.dropped = 0
         # deques: appended on the serving thread, popped on the export thread, without a lock
         self._pending: deque[tuple[Resource, Any, bytes]] = deque()
@@ -318,8 +322,16 @@ class OtlpBatchProcessor(SpanProcessor):
 
     def _drop(self) -> None:
         self.dropped += 1
+        self._count("dropped", 1)
         if self.dropped in (1, 1000, 100_000):
             log.warning("trace export is behind: %d spans dropped so far", self.dropped)
+
+    def _count(self, result: str, n: int) -> None:
+        if self.on_count is not None and n:
+            try:
+                self.on_count(result, n)
+            except Exception:
+                log.debug("span count callback failed", exc_info=True)
 
     def _run(self) -> None:
         while not self._closed:
@@ -357,11 +369,17 @@ class OtlpBatchProcessor(SpanProcessor):
         return self.exporter.export(spans) is SpanExportResult.SUCCESS
 
     def _send(self, post: Callable[[Any], bool], batch: list[Any]) -> None:
+        ok = False
         try:
-            if post(batch):
-                self.sent += len(batch)
+            ok = post(batch)
         except Exception:  # telemetry never takes the proxy down
             log.warning("trace export failed", exc_info=True)
+        if ok:
+            self.sent += len(batch)
+            self._count("exported", len(batch))
+        else:
+            self.failed += len(batch)
+            self._count("failed", len(batch))
 
     def force_flush(self, timeout_millis: int = 30000) -> bool:
         self._export(drain=True)
@@ -382,6 +400,7 @@ class OtlpBatchProcessor(SpanProcessor):
         left = len(self._pending) + len(self._slow)
         if left or self._thread.is_alive():
             self.dropped += left
+            self._count("dropped", left)
             log.warning("trace export stopped at shutdown with %d spans unsent", left)
 
 

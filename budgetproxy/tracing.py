@@ -16,6 +16,7 @@ import logging
 import os
 import random
 import time
+from collections.abc import Callable
 from typing import Any
 
 import orjson
@@ -61,8 +62,9 @@ def tracing_wanted(cfg: TracingConfig) -> bool:
     )
 
 
-def build_processor() -> SpanProcessor | None:
-    """Batches exported over OTLP/HTTP, configured by the standard OTEL_* variables."""
+def build_processor(on_count: Callable[[str, int], None] | None = None) -> SpanProcessor | None:
+    """Batches exported over OTLP/HTTP, configured by the standard OTEL_* variables;
+    `on_count(result, n)` hears of spans exported, failed and dropped."""
     from budgetproxy.otlp import OtlpBatchProcessor, build_exporter
 
     try:
@@ -71,7 +73,7 @@ def build_processor() -> SpanProcessor | None:
         log.warning("tracing is on but the OTLP exporter is not installed: "
                     "pip install 'budgetproxy[otlp]'")
         return None
-    return OtlpBatchProcessor(exporter)
+    return OtlpBatchProcessor(exporter, on_count)
 
 
 def _parse_traceparent(value: bytes, state: bytes | None) -> SpanContext | None:

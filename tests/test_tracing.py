@@ -15,6 +15,7 @@ import time
 from collections.abc import Iterator
 from pathlib import Path
 
+import httpx
 import openai
 import pytest
 from opentelemetry import trace
@@ -143,6 +144,15 @@ def test_spans_export_over_otlp_http(upstream: FakeUpstream, tmp_path: Path) -> 
             except openai.APIConnectionError:
                 assert time.monotonic() < deadline, "proxy did not start"
                 time.sleep(0.1)
+        # the export is counted on /metrics once the collector has taken it
+        exported = 0.0
+        while exported < 1 and time.monotonic() < deadline:
+            time.sleep(0.1)
+            text = httpx.get(f"http://127.0.0.1:{port}/metrics").text
+            exported = sum(float(line.split()[-1]) for line in text.splitlines()
+                           if line.startswith('budgetproxy_trace_spans_total{result="exported"}'))
+        assert exported == 1
+        assert 'budgetproxy_trace_spans_total{result="dropped"} 0.0' in text
         proc.send_signal(signal.SIGTERM)
         assert proc.wait(20) == 0
     finally:
