@@ -6,8 +6,9 @@ writes the same `ExportTraceServiceRequest` bytes directly (field numbers from
 opentelemetry/proto/trace/v1/trace.proto), reusing the bytes of attribute pairs it has seen
 before, and hands them to the SDK exporter's HTTP client, so endpoint, headers, TLS,
 compression, timeouts and retries stay the SDK's and follow the standard `OTEL_*` variables.
-Spans it does not handle (events, links) and SDK versions whose exporter lacks the client it
-uses fall back to the SDK's own encoder. The tests check the bytes against that encoder.
+`OtlpBatchProcessor` queues the encoded spans and sends them in batches from one thread. Spans
+it does not handle (events, links) and SDK versions whose exporter lacks the client it uses
+fall back to the SDK's own encoder. The tests check the bytes against that encoder.
 """
 
 from __future__ import annotations
