@@ -1048,6 +1048,25 @@ def proxy_health() -> Json:
             6,
         ),
     ]
+    tracing = [
+        (
+            timeseries(
+                "Trace spans",
+                "Model-call spans per second by what became of them: exported to the OTLP "
+                "collector, failed (refused, or unreachable past the export timeout) or dropped "
+                "(the export queue was full). Empty when tracing is off.",
+                [
+                    target(
+                        rate_by("budgetproxy_trace_spans_total", "", "result"), "{{result}}"
+                    )
+                ],
+                "ops",
+                bars=True,
+                stacked=True,
+            ),
+            24,
+        ),
+    ]
     panels = layout(
         (1, [(row("Overview"), 24)]),
         (4, stats),
@@ -1059,6 +1078,8 @@ def proxy_health() -> Json:
         (8, upstream_row),
         (1, [(row("Internals"), 24)]),
         (8, internals),
+        (1, [(row("Tracing"), 24)]),
+        (6, tracing),
     )
     variables = [
         query_var("route", "Route", req, "route", "Route template."),

@@ -65,6 +65,7 @@ METRICS: dict[str, set[str]] = {
     "budgetproxy_calls_without_episode_total": {"route"},
     "budgetproxy_trajectory_queue_depth": set(),
     "budgetproxy_store_unavailable_total": {"policy"},
+    "budgetproxy_trace_spans_total": {"result"},
 }
 SERIES_NAMES = {
     f"{name}{suffix}": labels
@@ -303,8 +304,10 @@ class Prometheus:
 class Proxy:
     """`python -m budgetproxy serve` as a subprocess on 127.0.0.1, in front of `upstream`."""
 
-    def __init__(self, workdir: Path, upstream: str, *extra_args: str):
+    def __init__(self, workdir: Path, upstream: str, *extra_args: str,
+                 env: dict[str, str] | None = None):
         self.workdir = workdir
+        self.env = env
         self.port = free_port()
         self.url = f"http://127.0.0.1:{self.port}"
         self.log_path = workdir / "proxy.log"
@@ -328,7 +331,8 @@ class Proxy:
     def start(self) -> Proxy:
         with self.log_path.open("wb") as log:
             self._proc = subprocess.Popen(
-                self.args, stdout=log, stderr=subprocess.STDOUT, cwd=self.workdir
+                self.args, stdout=log, stderr=subprocess.STDOUT, cwd=self.workdir,
+                env={**os.environ, **self.env} if self.env else None,
             )
         try:
             wait_until(self._healthy, 30, "the proxy's /healthz")

@@ -263,7 +263,11 @@ def _wait_for_scrape(prom: Prometheus, played: list[Episode], chat_calls: int) -
 def run(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Run]:
     workdir: Path = tmp_path_factory.mktemp("prometheus-dashboards")
     with FakeUpstream(models=[MODEL]) as upstream:
-        proxy = Proxy(workdir, upstream.base_url).start()
+        # Tracing on, exporting to the fake upstream (it takes OTLP/HTTP too), so the trace
+        # panel has data; spans leave in batches every 200 ms.
+        proxy = Proxy(workdir, upstream.base_url, env={
+            "OTEL_EXPORTER_OTLP_ENDPOINT": upstream.base_url.rsplit("/v1", 1)[0],
+            "OTEL_BSP_SCHEDULE_DELAY": "200"}).start()
         prom: Prometheus | None = None
         try:
             prom = Prometheus(workdir, [f"127.0.0.1:{proxy.port}"]).start()
@@ -429,6 +433,14 @@ def test_proxy_health_breakdowns(run: Run) -> None:
     # rate() cannot see a series' first increment, and each status appeared once here: the 5xx
     # share is only checked to evaluate to a number.
     assert 0 <= run.scalar("5xx share") <= 1
+
+
+def test_every_forwarded_call_left_as_a_span(run: Run) -> None:
+    spans = {r["metric"]["result"]: float(r["value"][1])
+             for r in run.prom.query("budgetproxy_trace_spans_total", at=run.at)}
+    forwarded = run.prom.value("sum(budgetproxy_upstream_duration_seconds_count)")
+    assert spans == {"exported": forwarded, "failed": 0.0, "dropped": 0.0}
+    assert ("exported",) in run.by("Trace spans", "result")
 
 
 def test_time_range_counts_only_what_happened_inside_it(run: Run) -> None:
