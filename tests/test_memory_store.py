@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from budgetproxy.core.episode import EpisodeState, GrantKind, OutcomeReport, SettleResult
-from budgetproxy.store.memory import MemoryStore
+from budgetproxy.store.memory import ForgottenIds, MemoryStore
 
 
 def _fresh(eid: str, now: float = 0.0) -> EpisodeState:
@@ -52,3 +52,43 @@ async def test_sweep_ends_idle_episodes_once_and_keeps_busy_ones() -> None:
     assert ended[0].end_reason == "abandoned"
     assert await store.expire_idle(now=61.0, idle_timeout_s=30, retention_s=1000) == []
     assert await store.active_count() == 2
+
+
+def test_forgotten_ids_are_remembered_for_remember_s() -> None:
+    ids = ForgottenIds(remember_s=300.0)  # slices of 10 s
+    for t in range(0, 100):  # one id a second for 100 s
+        ids.add(f"episode-{t}", float(t))
+        ids.expire(float(t))
+    assert all(f"episode-{t}" in ids for t in range(100))
+    assert "episode-100" not in ids and "never-seen" not in ids and 7 not in ids
+    assert len(ids) == 100
+    ids.expire(350.0)  # ids 0..49 are past 300 s (whole slices go, never a younger one)
+    assert all(f"episode-{t}" in ids for t in range(50, 100))
+    assert "episode-0" not in ids and "episode-39" not in ids
+    ids.expire(400.0)
+    assert len(ids) == 0 and "episode-99" not in ids
+
+
+def test_forgotten_ids_are_capped_oldest_first() -> None:
+    ids = ForgottenIds(remember_s=1e9, max_ids=3000)  # slices of at most 100 ids
+    for i in range(10_000):
+        ids.add(f"e{i}", float(i))
+        if i % 500 == 0:
+            ids.expire(float(i))
+    ids.expire(10_000.0)
+    assert 2900 <= len(ids) <= 3000
+    assert all(f"e{i}" in ids for i in range(7100, 10_000))  # the newest are all there
+    assert "e0" not in ids and "e6000" not in ids
+
+
+async def test_many_forgotten_episodes_stay_remembered() -> None:
+    store = MemoryStore(remember_s=86400)
+    for i in range(20_000):
+        eid = f"bulk-{i:06d}"
+        await _turn(store, eid, float(i) / 100)
+        await store.finish(eid, OutcomeReport(True), float(i) / 100)
+    await store.expire_idle(now=1000.0, idle_timeout_s=10_000, retention_s=1)
+    assert await store.get("bulk-000123") is None
+    assert await store.is_known("bulk-000123") and await store.is_known("bulk-019999")
+    assert not await store.is_known("bulk-020000")
+    assert len(store._forgotten) == 20_000

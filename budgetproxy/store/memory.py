@@ -2,13 +2,14 @@
 
 Memory stays bounded by the episode rate, not by uptime: a finished episode is compacted (the
 accounting fields only live turns need are dropped) and kept in end order for `retention_s`;
-after that only its id is remembered, in arrival order, for `remember_s`. The sweep pops expired
-entries from the front instead of scanning every episode it ever saw.
+after that only a hash of its id is remembered, for `remember_s` and at most `MAX_REMEMBERED`
+ids (`ForgottenIds`). The sweep pops expired entries from the front instead of
+scanning every episode it ever saw.
 """
 
 from __future__ import annotations
 
-from collections import OrderedDict
+from collections import OrderedDict, deque
 from collections.abc import Callable
 
 from budgetproxy.core.episode import (
@@ -25,6 +26,7 @@ from budgetproxy.core.episode import (
 from budgetproxy.store.base import FinishOutcome, TurnOpen
 
 REMEMBER_S = 30 * 86400  # how long a forgotten episode's id still refuses calls (as Redis)
+MAX_REMEMBERED = 500_000  # and at most this many of them (oldest forgotten first)
 
 
 def _forgotten_state(episode_id: str) -> EpisodeState:
@@ -40,14 +42,70 @@ def _compact(st: EpisodeState) -> None:
     st.metadata = {}
 
 
+class ForgottenIds:
+    """Ids of forgotten episodes, as 64-bit hashes in one set per slice (of time, and of at most
+    a thirtieth of `max_ids`); a slice is dropped whole once all its ids are older than
+    `remember_s` (an id is remembered for `remember_s` and at most one slice more), or, oldest
+    first, while more than `max_ids` are remembered.
+
+    ~100 bytes an id where a str key in an ordered dict took ~175, and a hard cap: at the
+    default 500,000 ids the memory store's remembered ids stay under ~50 MB whatever the
+    episode rate (Redis keeps its own for `remember_s`). The hash is the process's own str
+    hash (the store lives in one process); a new id is mistaken for a forgotten one with
+    probability (ids remembered) / 2**64.
+    """
+
+    SLICES = 30
+
+    def __init__(self, remember_s: float, max_ids: int = MAX_REMEMBERED) -> None:
+        self.remember_s = remember_s
+        self.slice_s = remember_s / self.SLICES
+        self.max_ids = max_ids
+        # A slice also ends at 1/SLICES of the cap, so the cap drops a thirtieth at a time.
+        self._slice_ids = max(1, max_ids // self.SLICES)
+        self._slices: deque[tuple[float, list[float], set[int]]] = deque()  # start, [newest], ids
+        self._count = 0
+
+    @staticmethod
+    def _key(episode_id: str) -> int:
+        return hash(episode_id) & 0xFFFF_FFFF_FFFF_FFFF
+
+    def add(self, episode_id: str, now: float) -> None:
+        if (not self._slices or now - self._slices[-1][0] >= self.slice_s
+                or len(self._slices[-1][2]) >= self._slice_ids):
+            self._slices.append((now, [now], set()))
+        _, newest, ids = self._slices[-1]
+        key = self._key(episode_id)
+        if key not in ids:
+            ids.add(key)
+            self._count += 1
+        newest[0] = now
+
+    def __contains__(self, episode_id: object) -> bool:
+        if not isinstance(episode_id, str):
+            return False
+        key = self._key(episode_id)
+        return any(key in ids for _, _, ids in reversed(self._slices))
+
+    def __len__(self) -> int:
+        return self._count
+
+    def expire(self, now: float) -> None:
+        slices = self._slices
+        while slices and (now - slices[0][1][0] >= self.remember_s
+                          or (self._count > self.max_ids and len(slices) > 1)):
+            self._count -= len(slices.popleft()[2])
+        if self._count > self.max_ids and slices:  # one slice over the cap: start it afresh
+            self._count -= len(slices.pop()[2])
+
+
 class MemoryStore:
     """Active episodes in a dict; finished ones in end order; then only remembered ids."""
 
     def __init__(self, remember_s: float = REMEMBER_S) -> None:
         self._active: dict[str, EpisodeState] = {}
         self._finished: OrderedDict[str, EpisodeState] = OrderedDict()
-        self._forgotten: OrderedDict[str, float] = OrderedDict()  # id -> when forgotten
-        self._remember_s = remember_s
+        self._forgotten = ForgottenIds(remember_s)
 
     def _lookup(self, episode_id: str) -> EpisodeState | None:
         return self._active.get(episode_id) or self._finished.get(episode_id)
@@ -138,9 +196,8 @@ class MemoryStore:
             if st.ended_at is not None and now - st.ended_at < retention_s:
                 break
             finished.popitem(last=False)
-            forgotten[eid] = now
-        while forgotten and now - next(iter(forgotten.values())) >= self._remember_s:
-            forgotten.popitem(last=False)
+            forgotten.add(eid, now)
+        forgotten.expire(now)
         return ended
 
     async def finish_all_active(self, now: float) -> list[EpisodeState]:
