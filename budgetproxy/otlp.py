@@ -43,6 +43,8 @@ _FLAGS = b"\x85\x01" + _PACK_I(0x100)
 _FLAGS_REMOTE_PARENT = b"\x85\x01" + _PACK_I(0x300)
 _VARINTS = [bytes([n]) for n in range(128)]
 _KV_CACHE_MAX = 8192
+_TRUE, _FALSE = object(), object()  # cache keys for bool values
+_PACK_TIMES = struct.Struct("<BQBQ").pack  # Span.start/end_time_unix_nano (fields 7, 8)
 SHUTDOWN_TIMEOUT_S = 5.0
 
 
@@ -109,31 +111,44 @@ class SpanEncoder:
     """Encodes SDK spans to an ExportTraceServiceRequest, caching repeated attribute pairs."""
 
     def __init__(self) -> None:
-        self._kv: dict[tuple[bytes, str, type, Any], bytes] = {}
+        self._kv: dict[bytes, dict[str, dict[Any, bytes]]] = {}  # tag -> name -> value -> bytes
         self._heads: dict[tuple[int, int], tuple[bytes, bytes, Resource, Any]] = {}
         self._groups: dict[Any, bytes] = {}
         self._names: dict[str, bytes] = {}
 
     def attributes(self, tag: bytes, attrs: Mapping[str, Any] | None) -> bytes:
+        """Encoded KeyValues (each under `tag`), reusing the bytes of pairs seen before."""
         if not attrs:
             return b""
-        cache = self._kv
+        by_name = self._kv.get(tag)
+        if by_name is None:
+            by_name = self._kv[tag] = {}
         parts = []
         for k, v in attrs.items():
             t = type(v)
-            # Cached: the values that repeat (names, ids, small counts); not long texts or
-            # large numbers, which would only churn the cache, nor floats (0.0 == -0.0).
-            if ((t is str and len(v) <= 256) or t is bool or (t is int and -1 <= v < 4096)
-                    or (t is tuple and len(v) == 1 and type(v[0]) is str)):
-                key = (tag, k, t, v)
-                kv = cache.get(key)
-                if kv is None:
-                    if len(cache) >= _KV_CACHE_MAX:
-                        cache.clear()
-                    kv = cache[key] = _ld(tag, _key_value(k, v))
-                parts.append(kv)
+            # Cached: the values that repeat (names, ids, small counts), keyed so that no two
+            # types share a key (bools by sentinel: True == 1); not long texts, large numbers
+            # (they would only churn the cache) or floats (0.0 == -0.0, not as bytes).
+            if (t is str and len(v) <= 256) or (t is int and -1 <= v < 4096):
+                vkey: Any = v
+            elif t is bool:
+                vkey = _TRUE if v else _FALSE
+            elif t is tuple and len(v) == 1 and type(v[0]) is str:
+                vkey = v
             else:
                 parts.append(_ld(tag, _key_value(k, v)))
+                continue
+            values = by_name.get(k)
+            if values is None:
+                if len(by_name) >= _KV_CACHE_MAX:
+                    by_name.clear()
+                values = by_name[k] = {}
+            kv = values.get(vkey)
+            if kv is None:
+                if len(values) >= _KV_CACHE_MAX:
+                    values.clear()
+                kv = values[vkey] = _ld(tag, _key_value(k, v))
+            parts.append(kv)
         return b"".join(parts)
 
     def span(self, s: ReadableSpan) -> bytes:
@@ -168,10 +183,13 @@ class SpanEncoder:
                 nb = self._names[name] = _ld(b"\x2a", name.encode())
             out.append(nb)
         out.append(_KIND[id(kind)])
-        if start:
-            out += (b"\x39", _PACK_Q(start))
-        if end:
-            out += (b"\x41", _PACK_Q(end))
+        if start and end:
+            out.append(_PACK_TIMES(0x39, start, 0x41, end))
+        else:
+            if start:
+                out += (b"\x39", _PACK_Q(start))
+            if end:
+                out += (b"\x41", _PACK_Q(end))
         out.append(attributes)
         if status is not None:
             if status.description:
@@ -182,14 +200,15 @@ class SpanEncoder:
         out.append(_FLAGS_REMOTE_PARENT if parent is not None and parent.is_remote else _FLAGS)
         return b"".join(out)
 
-    def attribute_group(self, key: Any, attrs: Callable[[], Mapping[str, Any]]) -> bytes:
-        """Encoded span attributes for a group the caller names by a key that fixes them;
-        `attrs()` makes the group when the key has not been seen."""
-        blob = self._groups.get(key)
-        if blob is None:
-            if len(self._groups) >= _KV_CACHE_MAX:
-                self._groups.clear()
-            blob = self._groups[key] = self.attributes(b"\x4a", attrs())
+    def group(self, key: Any) -> bytes | None:
+        """Encoded span attributes stored under `key` by store_group(), if still cached."""
+        return self._groups.get(key)
+
+    def store_group(self, key: Any, attrs: Mapping[str, Any]) -> bytes:
+        """Encode a group of span attributes the caller names by a key that fixes them."""
+        if len(self._groups) >= _KV_CACHE_MAX:
+            self._groups.clear()
+        blob = self._groups[key] = self.attributes(b"\x4a", attrs)
         return blob
 
     def _head(self, resource: Resource, scope: InstrumentationScope | None) -> tuple[bytes, bytes]:

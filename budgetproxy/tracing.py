@@ -274,11 +274,13 @@ class Tracing:
             if direct is not None:
                 enc = direct.encoder
                 parent = ct.parent
-                encoded = (
-                    enc.attribute_group(call_key, lambda: _upstream_attrs(*call_key))
-                    + enc.attribute_group(episode_key, lambda: _episode_attrs(*episode_key))
-                    + enc.attributes(b"\x4a", attrs)
-                )
+                per_call = enc.group(call_key)
+                if per_call is None:
+                    per_call = enc.store_group(call_key, _upstream_attrs(*call_key))
+                per_episode = enc.group(episode_key)
+                if per_episode is None:
+                    per_episode = enc.store_group(episode_key, _episode_attrs(*episode_key))
+                encoded = per_call + per_episode + enc.attributes(b"\x4a", attrs)
                 direct.add_encoded(self.resource, _SCOPE, enc.fields(
                     ct.trace_id, ct.span_id, parent.trace_state if parent is not None else None,
                     parent, name, SpanKind.CLIENT, ct.start_ns, time.time_ns(), encoded,
