@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-import http.server
-import threading
 import time
 from collections.abc import Iterator
 from typing import Any
@@ -21,6 +19,7 @@ from opentelemetry.sdk.util.instrumentation import InstrumentationScope
 from opentelemetry.trace import SpanContext, SpanKind, Status, StatusCode, TraceFlags, TraceState
 
 from budgetproxy.otlp import OtlpBatchProcessor, SpanEncoder, build_exporter
+from budgetproxy.testing.fake_upstream import FakeUpstream
 
 
 def _same_as_sdk(spans: list[ReadableSpan]) -> None:
@@ -88,32 +87,15 @@ def test_any_attribute_values_match_the_sdk_encoder(attr_sets: list[dict[str, An
     _same_as_sdk([_span(i, a, resource=resource) for i, a in enumerate(attr_sets)])
 
 
-class _Receiver(http.server.BaseHTTPRequestHandler):
-    bodies: list[bytes] = []
-
-    def do_POST(self) -> None:  # noqa: N802 - http.server's naming
-        n = int(self.headers.get("content-length", "0"))
-        _Receiver.bodies.append(self.rfile.read(n))
-        self.send_response(200)
-        self.send_header("content-type", "application/x-protobuf")
-        self.end_headers()
-
-    def log_message(self, *args: object) -> None:
-        return None
-
-
 @pytest.fixture()
-def receiver(monkeypatch: pytest.MonkeyPatch) -> Iterator[str]:
-    srv = http.server.ThreadingHTTPServer(("127.0.0.1", 0), _Receiver)
-    threading.Thread(target=srv.serve_forever, daemon=True).start()
-    _Receiver.bodies = []
-    url = f"http://127.0.0.1:{srv.server_address[1]}"
-    monkeypatch.setenv("OTEL_EXPORTER_OTLP_ENDPOINT", url)
-    yield url
-    srv.shutdown()
+def receiver(monkeypatch: pytest.MonkeyPatch) -> Iterator[FakeUpstream]:
+    """The fake upstream as the OTLP/HTTP collector (it keeps the bodies POSTed to /v1/traces)."""
+    with FakeUpstream() as up:
+        monkeypatch.setenv("OTEL_EXPORTER_OTLP_ENDPOINT", up.base_url.removesuffix("/v1"))
+        yield up
 
 
-def test_processor_sends_the_fast_encoding(receiver: str) -> None:
+def test_processor_sends_the_fast_encoding(receiver: FakeUpstream) -> None:
     resource = Resource.create({"service.name": "x"})
     spans = [_span(i, {"i": i}, resource=resource) for i in range(3)]
     processor = OtlpBatchProcessor(build_exporter())
@@ -122,12 +104,12 @@ def test_processor_sends_the_fast_encoding(receiver: str) -> None:
     for s in spans:
         processor.on_end(s)
     processor.force_flush()
-    assert _Receiver.bodies == [SpanEncoder().request(spans)]
+    assert receiver.traces == [SpanEncoder().request(spans)]
     assert processor.sent == 3
     processor.shutdown()
 
 
-def test_batches_are_cut_at_the_batch_size(receiver: str,
+def test_batches_are_cut_at_the_batch_size(receiver: FakeUpstream,
                                           monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("OTEL_BSP_MAX_EXPORT_BATCH_SIZE", "4")
     monkeypatch.setenv("OTEL_BSP_SCHEDULE_DELAY", "60000")
@@ -138,7 +120,7 @@ def test_batches_are_cut_at_the_batch_size(receiver: str,
         processor.on_end(s)
     processor.shutdown()  # sends what is left
     sizes = []
-    for body in _Receiver.bodies:
+    for body in receiver.traces:
         req = ExportTraceServiceRequest()
         req.ParseFromString(body)
         sizes.append(sum(len(ss.spans) for rs in req.resource_spans for ss in rs.scope_spans))
@@ -146,7 +128,7 @@ def test_batches_are_cut_at_the_batch_size(receiver: str,
     assert processor.sent == 10
 
 
-def test_spans_with_events_go_through_the_sdk_encoder(receiver: str) -> None:
+def test_spans_with_events_go_through_the_sdk_encoder(receiver: FakeUpstream) -> None:
     exporter = InMemorySpanExporter()
     provider = TracerProvider()
     provider.add_span_processor(SimpleSpanProcessor(exporter))
@@ -157,7 +139,7 @@ def test_spans_with_events_go_through_the_sdk_encoder(receiver: str) -> None:
     processor.on_end(spans[0])
     processor.force_flush()
     req = ExportTraceServiceRequest()
-    req.ParseFromString(_Receiver.bodies[-1])
+    req.ParseFromString(receiver.traces[-1])
     assert req == encode_spans(spans)
     processor.shutdown()
 
@@ -190,7 +172,7 @@ def test_negative_zero_is_not_served_from_the_cache() -> None:
 
 
 def test_proxy_spans_encoded_directly_match_the_sdk_path(
-        receiver: str, monkeypatch: pytest.MonkeyPatch) -> None:
+        receiver: FakeUpstream, monkeypatch: pytest.MonkeyPatch) -> None:
     """The two ways Tracing builds a span: OTLP bytes for its own exporter, a ReadableSpan for
     any other processor. Same calls in, the same protobuf out."""
     from budgetproxy.config import UpstreamConfig
@@ -229,7 +211,7 @@ def test_proxy_spans_encoded_directly_match_the_sdk_path(
         slow.finish(ct, **call)
     direct.force_flush()
     ours = ExportTraceServiceRequest()
-    for body in _Receiver.bodies:
+    for body in receiver.traces:
         part = ExportTraceServiceRequest()
         part.ParseFromString(body)
         ours.MergeFrom(part)

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import http.server
 import json
 import os
 import random
@@ -10,7 +9,6 @@ import signal
 import socket
 import subprocess
 import sys
-import threading
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -99,20 +97,6 @@ def test_telemetry_failure_never_fails_a_call(upstream: FakeUpstream, tmp_path: 
         assert out.choices[0].message.content == "echo: hi"
 
 
-class _Receiver(http.server.BaseHTTPRequestHandler):
-    bodies: list[bytes] = []
-
-    def do_POST(self) -> None:  # noqa: N802 - http.server's naming
-        n = int(self.headers.get("content-length", "0"))
-        _Receiver.bodies.append(self.rfile.read(n))
-        self.send_response(200)
-        self.send_header("content-type", "application/x-protobuf")
-        self.end_headers()
-
-    def log_message(self, *args: object) -> None:
-        return None
-
-
 def _free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
@@ -120,11 +104,10 @@ def _free_port() -> int:
 
 
 def test_spans_export_over_otlp_http(upstream: FakeUpstream, tmp_path: Path) -> None:
-    receiver = http.server.ThreadingHTTPServer(("127.0.0.1", 0), _Receiver)
-    threading.Thread(target=receiver.serve_forever, daemon=True).start()
+    upstream.reset()  # the fake upstream is the collector too (POST /v1/traces)
     port = _free_port()
     env = {**os.environ,
-           "OTEL_EXPORTER_OTLP_ENDPOINT": f"http://127.0.0.1:{receiver.server_address[1]}",
+           "OTEL_EXPORTER_OTLP_ENDPOINT": upstream.base_url.removesuffix("/v1"),
            "OTEL_SERVICE_NAME": "budgetproxy-test", "OTEL_BSP_SCHEDULE_DELAY": "100"}
     proc = subprocess.Popen(
         [sys.executable, "-m", "budgetproxy", "serve", "--upstream", upstream.base_url,
@@ -158,9 +141,8 @@ def test_spans_export_over_otlp_http(upstream: FakeUpstream, tmp_path: Path) -> 
     finally:
         if proc.poll() is None:
             proc.kill()
-        receiver.shutdown()
     spans = []
-    for body in _Receiver.bodies:
+    for body in upstream.traces:
         req = ExportTraceServiceRequest()
         req.ParseFromString(body)
         for rs in req.resource_spans:

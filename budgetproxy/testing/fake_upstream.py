@@ -129,6 +129,7 @@ class FakeUpstream(LocalAiohttpServer):
         self.record = record
         self.requests: list[Received] = []
         self.traces_received = 0
+        self.traces: list[bytes] = []  # OTLP/HTTP request bodies, when recording
         self._lock = threading.Lock()
         self._ids = itertools.count(1)
         self._failures: dict[str, int] = {}
@@ -163,6 +164,7 @@ class FakeUpstream(LocalAiohttpServer):
     def reset(self) -> None:
         with self._lock:
             self.requests.clear()
+            self.traces.clear()
             self._failures.clear()
 
     def count(self, path: str = "/v1/chat/completions") -> int:
@@ -523,8 +525,11 @@ class FakeUpstream(LocalAiohttpServer):
         return await self._sse(request, events())
 
     async def _otlp_traces(self, request: web.Request) -> web.Response:
-        await request.read()
-        self.traces_received += 1
+        body = await request.read()
+        with self._lock:
+            self.traces_received += 1
+            if self.record:
+                self.traces.append(body)
         return web.Response(body=b"", content_type="application/x-protobuf")
 
     async def _not_found(self, request: web.Request) -> web.Response:
