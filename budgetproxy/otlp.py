@@ -99,11 +99,6 @@ def _key_value(key: str, value: Any) -> bytes:
         kb = _ld(b"\x0a", key.encode())
         if len(_KEYS) < _KV_CACHE_MAX:
             _KEYS[key] = kb
-    t = type(value)
-    if t is int:
-        return kb + _ld(b"\x12", b"\x18" + _varint(value & 0xFFFFFFFFFFFFFFFF))
-    if t is str:
-        return kb + _ld(b"\x12", _ld(b"\x0a", value.encode()))
     return kb + _ld(b"\x12", _any_value(value))
 
 
@@ -308,21 +303,16 @@ class OtlpBatchProcessor(SpanProcessor):
 
     def on_end(self, span: ReadableSpan) -> None:
         ctx = span.context
-        if self._closed or ctx is None or not ctx.trace_flags.sampled:
-            return
-        if len(self._pending) + len(self._slow) >= self.max_queue:
-            self._drop()
+        if ctx is None or not ctx.trace_flags.sampled:
             return
         if self._client is not None:
             try:
-                self._pending.append((span.resource, span.instrumentation_scope or None,
-                                      self.encoder.span(span)))
+                self.add_encoded(span.resource, span.instrumentation_scope or None,
+                                 self.encoder.span(span))
+                return
             except Unsupported:
-                self._slow.append(span)
-        else:
-            self._slow.append(span)
-        if len(self._pending) + len(self._slow) >= self.max_batch and not self._wake.is_set():
-            self._wake.set()
+                pass
+        self._enqueue(self._slow, span)
 
     @property
     def takes_encoded(self) -> bool:
@@ -331,13 +321,16 @@ class OtlpBatchProcessor(SpanProcessor):
 
     def add_encoded(self, resource: Resource, scope: Any, span: bytes) -> None:
         """Queue a span already encoded by this processor's encoder (a Span message)."""
+        self._enqueue(self._pending, (resource, scope, span))
+
+    def _enqueue(self, queue: deque[Any], item: Any) -> None:
         if self._closed:
             return
         if len(self._pending) + len(self._slow) >= self.max_queue:
             self._drop()
             return
-        self._pending.append((resource, scope, span))
-        if len(self._pending) >= self.max_batch and not self._wake.is_set():
+        queue.append(item)
+        if len(queue) >= self.max_batch and not self._wake.is_set():
             self._wake.set()
 
     def _drop(self) -> None:

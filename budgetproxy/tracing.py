@@ -39,7 +39,7 @@ from opentelemetry.trace import (
 from budgetproxy import __version__
 from budgetproxy.config import TracingConfig, UpstreamConfig
 from budgetproxy.core.episode import EpisodeState, Grant
-from budgetproxy.otlp import OtlpBatchProcessor
+from budgetproxy.otlp import OtlpBatchProcessor, build_exporter
 
 log = logging.getLogger("budgetproxy.tracing")
 
@@ -65,8 +65,6 @@ def tracing_wanted(cfg: TracingConfig) -> bool:
 def build_processor(on_count: Callable[[str, int], None] | None = None) -> SpanProcessor | None:
     """Batches exported over OTLP/HTTP, configured by the standard OTEL_* variables;
     `on_count(result, n)` hears of spans exported, failed and dropped."""
-    from budgetproxy.otlp import OtlpBatchProcessor, build_exporter
-
     try:
         exporter = build_exporter()
     except ImportError:
