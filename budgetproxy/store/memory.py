@@ -63,7 +63,7 @@ class ForgottenIds:
         self.max_ids = max_ids
         # A slice also ends at 1/SLICES of the cap, so the cap drops a thirtieth at a time.
         self._slice_ids = max(1, max_ids // self.SLICES)
-        self._slices: deque[tuple[float, list[float], set[int]]] = deque()  # start, [newest], ids
+        self._slices: deque[_Slice] = deque()
         self._count = 0
 
     @staticmethod
@@ -71,32 +71,40 @@ class ForgottenIds:
         return hash(episode_id) & 0xFFFF_FFFF_FFFF_FFFF
 
     def add(self, episode_id: str, now: float) -> None:
-        if (not self._slices or now - self._slices[-1][0] >= self.slice_s
-                or len(self._slices[-1][2]) >= self._slice_ids):
-            self._slices.append((now, [now], set()))
-        _, newest, ids = self._slices[-1]
-        key = self._key(episode_id)
-        if key not in ids:
-            ids.add(key)
-            self._count += 1
-        newest[0] = now
+        slices = self._slices
+        if (not slices or now - slices[-1].start >= self.slice_s
+                or len(slices[-1].ids) >= self._slice_ids):
+            slices.append(_Slice(now))
+        last = slices[-1]
+        before = len(last.ids)
+        last.ids.add(self._key(episode_id))
+        self._count += len(last.ids) - before
+        last.newest = now
 
     def __contains__(self, episode_id: object) -> bool:
         if not isinstance(episode_id, str):
             return False
         key = self._key(episode_id)
-        return any(key in ids for _, _, ids in reversed(self._slices))
+        return any(key in s.ids for s in reversed(self._slices))
 
     def __len__(self) -> int:
         return self._count
 
     def expire(self, now: float) -> None:
         slices = self._slices
-        while slices and (now - slices[0][1][0] >= self.remember_s
+        # A slice holds at most max_ids / SLICES ids, so dropping old ones always gets under.
+        while slices and (now - slices[0].newest >= self.remember_s
                           or (self._count > self.max_ids and len(slices) > 1)):
-            self._count -= len(slices.popleft()[2])
-        if self._count > self.max_ids and slices:  # one slice over the cap: start it afresh
-            self._count -= len(slices.pop()[2])
+            self._count -= len(slices.popleft().ids)
+
+
+class _Slice:
+    __slots__ = ("start", "newest", "ids")
+
+    def __init__(self, start: float) -> None:
+        self.start = start
+        self.newest = start
+        self.ids: set[int] = set()
 
 
 class MemoryStore:
