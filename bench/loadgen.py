@@ -20,8 +20,10 @@ from targets import (
     EPISODE_BUDGET,
     Target,
     cpu_seconds,
+    percentile,
     pinned,
     rss_bytes,
+    sse_data,
 )
 
 WRK_SCRIPT = BENCH_DIR / "wrk_chat.lua"
@@ -135,11 +137,7 @@ async def _one_stream(
             if resp.status != 200:
                 stats.errors.append(f"HTTP {resp.status}")
                 return
-            async for raw in resp.content:
-                line = raw.strip()
-                if not line.startswith(b"data:"):
-                    continue
-                payload = line[5:].strip()
+            async for payload in sse_data(resp.content):
                 if payload == b"[DONE]":
                     done = True
                     break
@@ -189,13 +187,6 @@ async def _streams(
     return stats
 
 
-def _pct(values: list[float], q: float) -> float | None:
-    if not values:
-        return None
-    ordered = sorted(values)
-    return round(ordered[min(len(ordered) - 1, int(q / 100 * len(ordered)))], 3)
-
-
 def stream_latency(target: Target, concurrency: int, rounds: int, chunks: int) -> dict[str, Any]:
     """TTFT and inter-chunk gaps over ``rounds`` of ``concurrency`` simultaneous streams."""
     # A discarded warm-up round: the first streams through a fresh server pay for lazy setup.
@@ -205,10 +196,10 @@ def stream_latency(target: Target, concurrency: int, rounds: int, chunks: int) -
         "streams": stats.streams,
         "completed": stats.completed,
         "errors": stats.errors[:10],
-        "ttft_p50_ms": _pct(stats.ttft_ms, 50),
-        "ttft_p99_ms": _pct(stats.ttft_ms, 99),
-        "gap_p50_ms": _pct(stats.gaps_ms, 50),
-        "gap_p99_ms": _pct(stats.gaps_ms, 99),
+        "ttft_p50_ms": percentile(stats.ttft_ms, 50),
+        "ttft_p99_ms": percentile(stats.ttft_ms, 99),
+        "gap_p50_ms": percentile(stats.gaps_ms, 50),
+        "gap_p99_ms": percentile(stats.gaps_ms, 99),
         "gap_mean_ms": round(statistics.fmean(stats.gaps_ms), 3) if stats.gaps_ms else None,
     }
 
@@ -239,7 +230,7 @@ def slow_streams(target: Target, count: int, chunks: int) -> dict[str, Any]:
         "seconds": round(time.monotonic() - started, 1),
         "rss_before_mib": round(baseline / mib, 1) if pid else None,
         "rss_peak_mib": round(peak[0] / mib, 1) if pid else None,
-        "gap_p99_ms": _pct(stats.gaps_ms, 99),
+        "gap_p99_ms": percentile(stats.gaps_ms, 99),
     }
 
 

@@ -102,13 +102,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
 
 
 def prepare_process() -> list[str]:
-    notes = []
-    if (os.cpu_count() or 1) > 1 and hasattr(os, "sched_setaffinity"):
-        os.sched_setaffinity(0, {int(tg.CLIENT_CORE)})
-    else:
-        notes.append("single core: servers and load generator share it")
-    if not shutil.which("taskset"):
-        notes.append("taskset not found: processes are not pinned")
+    notes = tg.pin_to_client_core("servers and load generator")
     soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
     want = hard if hard != resource.RLIM_INFINITY else 65536
     if soft < want:

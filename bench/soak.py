@@ -65,17 +65,6 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     return p.parse_args(argv)
 
 
-def pin_self() -> list[str]:
-    notes = []
-    if (os.cpu_count() or 1) > 1 and hasattr(os, "sched_setaffinity"):
-        os.sched_setaffinity(0, {int(tg.CLIENT_CORE)})
-    else:
-        notes.append("single core: proxy, upstream and agents share it")
-    if not shutil.which("taskset"):
-        notes.append("taskset not found: processes are not pinned")
-    return notes
-
-
 def start_proxy(workdir: Path, upstream: str, args: argparse.Namespace) -> tg.Target:
     port = tg.free_port()
     config = workdir / "soak.yaml"
@@ -130,13 +119,6 @@ def metric_values(text: str, names: tuple[str, ...]) -> dict[str, float]:
     return found
 
 
-def percentile(values: list[float], q: float) -> float | None:
-    if not values:
-        return None
-    ordered = sorted(values)
-    return round(ordered[min(len(ordered) - 1, int(q / 100 * len(ordered)))], 2)
-
-
 async def sample(
     load: AgentLoad | None, proxy: tg.Target, traj: Path, session: aiohttp.ClientSession,
     t0: float, last: dict[str, float],
@@ -170,8 +152,8 @@ async def sample(
         row |= {
             "calls_per_s": round(w.completed / span, 1),
             "scheduled_per_s": round(w.scheduled / span, 1),
-            "p50_ms": percentile(w.latencies_ms, 50),
-            "p99_ms": percentile(w.latencies_ms, 99),
+            "p50_ms": tg.percentile(w.latencies_ms, 50, 2),
+            "p99_ms": tg.percentile(w.latencies_ms, 99, 2),
             "max_ms": round(max(w.latencies_ms), 2) if w.latencies_ms else None,
             "ok": w.ok, "streams": w.streams, "rejected_403": w.rejected,
             "outcomes": w.outcomes, "errors": w.errors, "unsent": w.unsent,
@@ -335,7 +317,7 @@ def run_loop(coro: Any) -> Any:
 
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
-    notes = pin_self()
+    notes = tg.pin_to_client_core("proxy, upstream and agents")
     revision = git_revision()  # now: the tree may move on during a long run
     args.out.mkdir(parents=True, exist_ok=True)
     stamp = dt.datetime.now(dt.UTC).strftime("%Y%m%dT%H%M%SZ")

@@ -21,6 +21,7 @@ from typing import Any
 
 import aiohttp
 import orjson
+from targets import sse_data
 
 MODEL = "fake-model"
 SYSTEM = (
@@ -219,11 +220,7 @@ class AgentLoad:
                     data = orjson.loads(await resp.read())
                     return 200, data["choices"][0]["message"]["content"] or "", None
                 parts: list[str] = []
-                async for raw in resp.content:
-                    line = raw.strip()
-                    if not line.startswith(b"data:"):
-                        continue
-                    payload = line[5:].strip()
+                async for payload in sse_data(resp.content):
                     if payload == b"[DONE]":
                         return 200, "".join(parts), None
                     choices = orjson.loads(payload).get("choices") or []

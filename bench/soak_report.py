@@ -8,6 +8,8 @@ import statistics
 from html import escape
 from typing import TYPE_CHECKING, Any
 
+from targets import percentile
+
 from budgetproxy.analysis.svg import Series, line_chart
 
 if TYPE_CHECKING:
@@ -29,17 +31,12 @@ def fit_line(xs: list[float], ys: list[float]) -> tuple[float, float, float]:
     return slope, intercept, math.sqrt(resid / (n - 2) / sxx)
 
 
-def _pct(ordered: list[float], q: float) -> float | None:
-    if not ordered:
-        return None
-    return round(ordered[min(len(ordered) - 1, int(q / 100 * len(ordered)))], 2)
-
-
 def latency(load: AgentLoad, since_s: float) -> dict[str, Any]:
     pairs = load.all_latencies_ms
     values = sorted(pairs[i + 1] for i in range(0, len(pairs), 2) if pairs[i] >= since_s)
-    return {"calls": len(values), "p50_ms": _pct(values, 50), "p90_ms": _pct(values, 90),
-            "p99_ms": _pct(values, 99), "p999_ms": _pct(values, 99.9),
+    return {"calls": len(values), "p50_ms": percentile(values, 50, 2),
+            "p90_ms": percentile(values, 90, 2), "p99_ms": percentile(values, 99, 2),
+            "p999_ms": percentile(values, 99.9, 2),
             "max_ms": round(values[-1], 2) if values else None}
 
 

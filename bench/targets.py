@@ -14,6 +14,7 @@ import sys
 import time
 import urllib.error
 import urllib.request
+from collections.abc import AsyncIterable, AsyncIterator, Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -59,6 +60,35 @@ def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return int(s.getsockname()[1])
+
+
+def pin_to_client_core(shared: str) -> list[str]:
+    """Move this process (the load generator) to the client core; notes on what could not be
+    done. `shared` names what shares the one core on a single-core machine."""
+    notes = []
+    if (os.cpu_count() or 1) > 1 and hasattr(os, "sched_setaffinity"):
+        os.sched_setaffinity(0, {int(CLIENT_CORE)})
+    else:
+        notes.append(f"single core: {shared} share it")
+    if not shutil.which("taskset"):
+        notes.append("taskset not found: processes are not pinned")
+    return notes
+
+
+def percentile(values: Iterable[float], q: float, digits: int = 3) -> float | None:
+    """The q-th percentile (nearest rank, rounded), or None without values."""
+    ordered = sorted(values)
+    if not ordered:
+        return None
+    return round(ordered[min(len(ordered) - 1, int(q / 100 * len(ordered)))], digits)
+
+
+async def sse_data(lines: AsyncIterable[bytes]) -> AsyncIterator[bytes]:
+    """The payloads of an SSE body's `data:` lines, `[DONE]` included."""
+    async for raw in lines:
+        line = raw.strip()
+        if line.startswith(b"data:"):
+            yield line[5:].strip()
 
 
 def pinned(core: str, argv: list[str]) -> list[str]:
