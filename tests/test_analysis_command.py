@@ -11,22 +11,17 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from records_support import episode_record
 
 from budgetproxy.analysis import command
 from budgetproxy.analysis.passk import budgetmix_candidates
 
 
 def episode(eid: str, task: str, group: str | None, budget: int, **fields: Any) -> dict[str, Any]:
-    record: dict[str, Any] = {
-        "schema": 1, "type": "episode", "episode_id": eid, "task_id": task, "group": group,
-        "tags": {"policy": "rl"}, "model": "m", "budget": budget, "max_turns": 10,
-        "tier": f"{budget * 10}%", "disclosure": "hidden", "announced_budget": None,
-        "turns_used": budget, "outcome": "failure", "success_turn": None, "reward": 0.0,
-        "exhausted": True, "end_reason": "exhausted",
-        "started_at": "2026-11-30T10:00:00.000Z", "ended_at": "2026-11-30T10:01:00.000Z",
-    }  # fmt: skip
-    record.update(fields)
-    return record
+    return episode_record(eid, **{
+        "task_id": task, "group": group, "tags": {"policy": "rl"}, "budget": budget,
+        "tier": f"{budget * 10}%", "turns_used": budget, "exhausted": True,
+        "end_reason": "exhausted", **fields})
 
 
 def budgetmix_log(path: Path, groups_per_task: int = 30, tasks: int = 4) -> Path:

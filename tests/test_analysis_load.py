@@ -12,6 +12,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from records_support import episode_record
 
 from budgetproxy.analysis import load
 from budgetproxy.analysis.export import export_parquet
@@ -20,15 +21,10 @@ from budgetproxy.analysis.table import Budget, compute_cells
 
 
 def episode(eid: str, task: str = "t1", **fields: Any) -> dict[str, Any]:
-    record: dict[str, Any] = {
-        "schema": 1, "type": "episode", "episode_id": eid, "task_id": task, "group": "g",
-        "tags": {"split": "test"}, "model": "m", "budget": 5, "max_turns": 10, "tier": "50%",
-        "disclosure": "hidden", "announced_budget": None, "turns_used": 2, "outcome": "success",
-        "success_turn": 2, "reward": 1.0, "exhausted": False, "end_reason": "success",
-        "started_at": "2026-11-30T10:00:00.000Z", "ended_at": "2026-11-30T10:01:00.000Z",
-    }  # fmt: skip
-    record.update(fields)
-    return record
+    return episode_record(eid, **{
+        "task_id": task, "group": "g", "tags": {"split": "test"}, "turns_used": 2,
+        "outcome": "success", "success_turn": 2, "reward": 1.0, "end_reason": "success",
+        **fields})
 
 
 def turn(eid: str, n: int, **fields: Any) -> dict[str, Any]:

@@ -13,6 +13,7 @@ from typing import Any
 import pytest
 from hypothesis import given
 from hypothesis import strategies as st
+from records_support import episode_record
 
 from budgetproxy.analysis import load, report, svg
 from budgetproxy.analysis.progress import Progress
@@ -20,15 +21,7 @@ from budgetproxy.analysis.table import Budget, compute_cells, format_cells
 
 
 def episode(eid: str, task: str = "t1", **fields: Any) -> dict[str, Any]:
-    record: dict[str, Any] = {
-        "schema": 1, "type": "episode", "episode_id": eid, "task_id": task, "group": None,
-        "tags": {}, "model": "m", "budget": 5, "max_turns": 10, "tier": "50%",
-        "disclosure": "hidden", "announced_budget": None, "turns_used": 3, "outcome": "failure",
-        "success_turn": None, "reward": 0.0, "exhausted": False, "end_reason": "failure",
-        "started_at": "2026-11-30T10:00:00.000Z", "ended_at": "2026-11-30T10:01:00.000Z",
-    }  # fmt: skip
-    record.update(fields)
-    return record
+    return episode_record(eid, **{"task_id": task, "turns_used": 3, **fields})
 
 
 def loaded(con: Any, path: Path, records: list[dict[str, Any]]) -> Any:

@@ -15,6 +15,7 @@ from typing import Any
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
+from records_support import episode_record
 
 from budgetproxy.analysis import load
 from budgetproxy.analysis.passk import is_eligible, pass_at_k, succeeded_within, tier_to_turns
@@ -26,15 +27,8 @@ TURNS = "turns"
 
 
 def episode(eid: str, task: str | None = "t1", **fields: Any) -> dict[str, Any]:
-    record: dict[str, Any] = {
-        "schema": 1, "type": "episode", "episode_id": eid, "task_id": task, "group": None,
-        "tags": {}, "model": "m", "budget": 10, "max_turns": 10, "tier": "100%",
-        "disclosure": "hidden", "announced_budget": None, "turns_used": 10, "outcome": "failure",
-        "success_turn": None, "reward": 0.0, "exhausted": False, "end_reason": "failure",
-        "started_at": "2026-11-30T10:00:00.000Z", "ended_at": "2026-11-30T10:01:00.000Z",
-    }  # fmt: skip
-    record.update(fields)
-    return record
+    return episode_record(eid, **{"task_id": task, "budget": 10, "tier": "100%",
+                                  "turns_used": 10, **fields})
 
 
 def win(eid: str, turn: int, task: str | None = "t1", **fields: Any) -> dict[str, Any]:
