@@ -376,7 +376,6 @@ class ModelCalls:
             body = orjson.dumps(payload)
         call.conversation = conversation
         call.span = self.tracing.start(call.kind, call.model, headers)
-        reply: dict[str, Any] = {}
         try:
             if upstream.kind == "litellm":
                 await self._forward_litellm(call, upstream, payload, send)
