@@ -58,7 +58,13 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         "--repeat",
         type=int,
         default=None,
-        help="interleaved rounds per concurrency level, medians reported (default 2, 1 quick)",
+        help="interleaved rounds per concurrency level, medians reported (default 2, 1 quick);"
+        " ratios are medians of each round's ratio",
+    )
+    p.add_argument(
+        "--baseline",
+        default=None,
+        help="the row ratios are against (default forwarder; the targets are judged only then)",
     )
     p.add_argument(
         "--targets",
@@ -170,6 +176,10 @@ def main(argv: list[str] | None = None) -> int:
     names = [n.strip() for n in args.targets.split(",") if n.strip()]
     if args.no_litellm and "litellm" in names:
         names.remove("litellm")
+    if args.baseline is None:
+        args.baseline = report.BASELINE
+    elif args.baseline not in names:
+        raise SystemExit(f"--baseline {args.baseline} is not one of --targets")
     if not shutil.which("wrk"):
         raise SystemExit("wrk not found (apt-get install wrk)")
     notes = prepare_process()
@@ -222,9 +232,10 @@ def main(argv: list[str] | None = None) -> int:
     finally:
         for t in [*others, upstream]:
             tg.stop(t.proc)
-    summary = report.summarize(rows, levels)
+    summary = report.summarize(rows, levels, args.baseline)
     print()
-    print(report.table(rows, summary, levels))
+    print(f"ratios against {args.baseline}: medians of the {repeat} rounds' ratios")
+    print(report.table(rows, summary, levels, args.baseline))
     streams = report.stream_table(rows, summary)
     if streams:
         print(
@@ -237,7 +248,7 @@ def main(argv: list[str] | None = None) -> int:
         print(f"\nSlow streams: {args.streams} concurrent, one chunk a second")
         print(slow)
     print()
-    for line in report.verdicts(summary):
+    for line in report.verdicts(summary, args.baseline):
         print(line)
     for note in notes:
         print(f"note: {note}")
@@ -269,7 +280,8 @@ def main(argv: list[str] | None = None) -> int:
         "notes": notes,
         "targets": rows,
         "summary": summary,
-        "verdicts": report.verdicts(summary),
+        "baseline": args.baseline,
+        "verdicts": report.verdicts(summary, args.baseline),
     }
     path = args.out / f"bench-{stamp}.json"
     path.write_text(json.dumps(result, indent=2) + "\n")
