@@ -39,7 +39,7 @@ from opentelemetry.trace import (
 from budgetproxy import __version__
 from budgetproxy.config import TracingConfig, UpstreamConfig
 from budgetproxy.core.episode import EpisodeState, Grant
-from budgetproxy.otlp import OtlpBatchProcessor, build_exporter
+from budgetproxy.otlp import OtlpBatchProcessor, SpanEncoder, build_exporter
 
 log = logging.getLogger("budgetproxy.tracing")
 
@@ -100,9 +100,16 @@ def _parse_traceparent(value: bytes, state: bytes | None) -> SpanContext | None:
 
 
 class CallTrace:
-    """The trace context of one model call, drawn when it starts."""
+    """The trace context of one model call, drawn when it starts, and once it has finished,
+    what its span needs, kept as plain values until its batch is encoded."""
 
-    __slots__ = ("trace_id", "span_id", "parent", "sampled", "start_ns")
+    __slots__ = ("trace_id", "span_id", "parent", "sampled", "start_ns", "end_ns", "resource",
+                 "call")
+    scope = _SCOPE
+    # Set by Tracing.finish: the end, and the values _span_parts() takes.
+    end_ns: int
+    resource: Resource
+    call: tuple[Any, ...]
 
     def __init__(self, trace_id: int, span_id: int, parent: SpanContext | None,
                  sampled: bool) -> None:
@@ -114,6 +121,28 @@ class CallTrace:
 
     def traceparent(self) -> str:
         return f"00-{self.trace_id:032x}-{self.span_id:016x}-{'01' if self.sampled else '00'}"
+
+    def encode(self, enc: SpanEncoder) -> bytes:
+        """The finished call's Span message (see OtlpBatchProcessor.defer)."""
+        name, call_key, episode_key, outcome_key, extra, status = _span_parts(*self.call)
+        # The first three groups repeat across calls: encoded once per key, then reused.
+        per_call = enc.group(call_key)
+        if per_call is None:
+            per_call = enc.store_group(call_key, _upstream_attrs(*call_key))
+        per_episode = enc.group(episode_key)
+        if per_episode is None:
+            per_episode = enc.store_group(episode_key, _episode_attrs(*episode_key))
+        outcome = enc.group(outcome_key)
+        if outcome is None:
+            outcome = enc.store_group(outcome_key, _outcome_attrs(*outcome_key))
+        attrs = per_call + per_episode + outcome
+        if extra:
+            attrs += enc.attributes(b"\x4a", extra)
+        parent = self.parent
+        return enc.fields(
+            self.trace_id, self.span_id, parent.trace_state if parent is not None else None,
+            parent, name, SpanKind.CLIENT, self.start_ns, self.end_ns, attrs, status,
+        )
 
 
 class Tracing:
@@ -134,7 +163,7 @@ class Tracing:
         self._parent_based = False
         # Spans for our own OTLP processor are encoded here, without a ReadableSpan.
         self._direct = (processor if isinstance(processor, OtlpBatchProcessor)
-                        and processor.takes_encoded else None)
+                        and processor.takes_pending else None)
         propagators = os.environ.get("OTEL_PROPAGATORS", "tracecontext,baggage")
         # W3C trace context is read and written directly; other propagators go through the API.
         self._w3c = {p.strip() for p in propagators.split(",")} <= {"tracecontext", "baggage"}
@@ -233,63 +262,34 @@ class Tracing:
         status: int, error_class: str | None, reply: dict[str, Any],
         conversation: list[Any] | None = None,
     ) -> None:
-        """Build the finished call's span and hand it to the processor, if it was sampled."""
+        """Hand the finished call's span to the processor, if it was sampled. For the proxy's
+        own exporter only values are kept here; the batch is encoded on the export thread."""
         if ct is None or not ct.sampled or self.processor is None:
             return
         try:
-            op = _OPERATION.get(kind, kind)
-            # Three groups, in this order: fixed by upstream and model, fixed for an episode,
-            # and this call's own. The first two are encoded once and reused.
-            call_key = (op, model, upstream.name, upstream.kind, upstream.base_url)
-            episode_key = (episode_id, None) if state is None else (
-                episode_id, state.budget, state.disclosure, state.task_id)
-            attrs: dict[str, Any] = {"http.response.status_code": status}
-            if state is not None:
-                attrs["budgetproxy.remaining"] = state.remaining
-            if grant is not None:
-                attrs["budgetproxy.turn"] = grant.turn
-                attrs["budgetproxy.attempt"] = grant.attempt
-                attrs["budgetproxy.charged"] = grant.charged
-            usage = reply.get("usage")
-            if isinstance(usage, dict):
-                tin = usage.get("prompt_tokens", usage.get("input_tokens"))
-                tout = usage.get("completion_tokens", usage.get("output_tokens"))
-                if isinstance(tin, int):
-                    attrs["gen_ai.usage.input_tokens"] = tin
-                if isinstance(tout, int):
-                    attrs["gen_ai.usage.output_tokens"] = tout
+            end_ns = time.time_ns()
             finish_reason = reply.get("finish_reason")
-            if finish_reason:
-                attrs["gen_ai.response.finish_reasons"] = (str(finish_reason),)
-            span_status = _UNSET
-            if error_class is not None or status >= 500:
-                attrs["error.type"] = error_class or str(status)
-                span_status = _ERROR
-            if self.capture_content:
-                self._content(attrs, conversation, reply, finish_reason)
-            name = f"{op} {model}"
+            content = (self._content(conversation, reply, finish_reason)
+                       if self.capture_content else None)
+            # Values now, not the episode state: it changes with the episode's next turns.
+            call = (kind, model, upstream, episode_id,
+                    None if state is None else (state.budget, state.disclosure, state.task_id),
+                    None if state is None else state.remaining, grant, status, error_class,
+                    reply.get("usage"), finish_reason, content)
             direct = self._direct
             if direct is not None:
-                enc = direct.encoder
-                parent = ct.parent
-                per_call = enc.group(call_key)
-                if per_call is None:
-                    per_call = enc.store_group(call_key, _upstream_attrs(*call_key))
-                per_episode = enc.group(episode_key)
-                if per_episode is None:
-                    per_episode = enc.store_group(episode_key, _episode_attrs(*episode_key))
-                encoded = per_call + per_episode + enc.attributes(b"\x4a", attrs)
-                direct.add_encoded(self.resource, _SCOPE, enc.fields(
-                    ct.trace_id, ct.span_id, parent.trace_state if parent is not None else None,
-                    parent, name, SpanKind.CLIENT, ct.start_ns, time.time_ns(), encoded,
-                    span_status,
-                ))
+                ct.end_ns = end_ns
+                ct.resource = self.resource
+                ct.call = call
+                direct.defer(ct)
                 return
+            name, call_key, episode_key, outcome_key, extra, span_status = _span_parts(*call)
             span = ReadableSpan(
                 name, self._context(ct), ct.parent, self.resource,
-                {**_upstream_attrs(*call_key), **_episode_attrs(*episode_key), **attrs},
+                {**_upstream_attrs(*call_key), **_episode_attrs(*episode_key),
+                 **_outcome_attrs(*outcome_key), **extra},
                 kind=SpanKind.CLIENT,
-                status=span_status, start_time=ct.start_ns, end_time=time.time_ns(),
+                status=span_status, start_time=ct.start_ns, end_time=end_ns,
                 instrumentation_scope=_SCOPE,
             )
             self.processor.on_end(span)
@@ -297,8 +297,9 @@ class Tracing:
             log.debug("span end failed", exc_info=True)
 
     @staticmethod
-    def _content(attrs: dict[str, Any], conversation: list[Any] | None, reply: dict[str, Any],
-                 finish_reason: Any) -> None:
+    def _content(conversation: list[Any] | None, reply: dict[str, Any],
+                 finish_reason: Any) -> dict[str, Any]:
+        attrs: dict[str, Any] = {}
         if conversation:
             attrs["gen_ai.input.messages"] = orjson.dumps(
                 [_message_parts(m) for m in conversation if isinstance(m, dict)]
@@ -309,6 +310,7 @@ class Tracing:
             if finish_reason:
                 out["finish_reason"] = finish_reason
             attrs["gen_ai.output.messages"] = orjson.dumps([out]).decode()
+        return attrs
 
     def shutdown(self) -> None:
         if self.processor is not None:
@@ -316,6 +318,30 @@ class Tracing:
                 self.processor.shutdown()
             except Exception:
                 log.warning("tracing shutdown failed", exc_info=True)
+
+
+def _span_parts(
+    kind: str, model: str | None, upstream: UpstreamConfig, episode_id: str | None,
+    episode: tuple[int, str, str | None] | None, remaining: int | None, grant: Grant | None,
+    status: int, error_class: str | None, usage: Any, finish_reason: Any,
+    content: dict[str, Any] | None,
+) -> tuple[str, tuple[Any, ...], tuple[Any, ...], tuple[Any, ...], dict[str, Any], Status]:
+    """A finished call's span name, the keys of its three repeating attribute groups (fixed
+    by upstream and model, fixed for an episode, the call's small values), its other
+    attributes (tokens, content) and its status. Both span paths build from these."""
+    op = _OPERATION.get(kind, kind)
+    error_type = error_class or str(status) if error_class is not None or status >= 500 else None
+    outcome_key = (
+        status, remaining,
+        None if grant is None else (grant.turn, grant.attempt, grant.charged),
+        str(finish_reason) if finish_reason else None, error_type,
+    )
+    extra = _token_attrs(usage)
+    if content:
+        extra.update(content)
+    return (f"{op} {model}", (op, model, upstream.name, upstream.kind, upstream.base_url),
+            (episode_id, None) if episode is None else (episode_id, *episode), outcome_key,
+            extra, _UNSET if error_type is None else _ERROR)
 
 
 def _upstream_attrs(op: str, model: str | None, upstream: str, kind: str,
@@ -341,6 +367,35 @@ def _episode_attrs(episode_id: str | None, budget: int | None = None,
         out["budgetproxy.disclosure"] = disclosure
         if task_id:
             out["budgetproxy.task_id"] = task_id
+    return out
+
+
+def _outcome_attrs(status: int, remaining: int | None,
+                   grant: tuple[int, int, bool] | None, finish_reason: str | None,
+                   error_type: str | None) -> dict[str, Any]:
+    """A span's attributes from the call's small, repeating values (the third group)."""
+    out: dict[str, Any] = {"http.response.status_code": status}
+    if remaining is not None:
+        out["budgetproxy.remaining"] = remaining
+    if grant is not None:
+        out["budgetproxy.turn"], out["budgetproxy.attempt"], out["budgetproxy.charged"] = grant
+    if finish_reason:
+        out["gen_ai.response.finish_reasons"] = (finish_reason,)
+    if error_type is not None:
+        out["error.type"] = error_type
+    return out
+
+
+def _token_attrs(usage: Any) -> dict[str, Any]:
+    """Token usage attributes from an OpenAI-style (or Responses/Messages) usage object."""
+    out: dict[str, Any] = {}
+    if isinstance(usage, dict):
+        tin = usage.get("prompt_tokens", usage.get("input_tokens"))
+        tout = usage.get("completion_tokens", usage.get("output_tokens"))
+        if isinstance(tin, int):
+            out["gen_ai.usage.input_tokens"] = tin
+        if isinstance(tout, int):
+            out["gen_ai.usage.output_tokens"] = tout
     return out
 
 

@@ -165,6 +165,32 @@ def test_a_full_queue_drops_instead_of_growing(monkeypatch: pytest.MonkeyPatch) 
     assert processor.sent == 0
 
 
+def test_a_span_that_cannot_be_encoded_costs_only_itself(receiver: FakeUpstream) -> None:
+    """Deferred spans are encoded on the export thread: a failure there is counted and the
+    rest of the batch still goes out."""
+    resource = Resource.create({"service.name": "x"})
+    spans = [_span(i, {"i": i}, resource=resource) for i in range(3)]
+    counts: list[tuple[str, int]] = []
+
+    class Deferred:
+        def __init__(self, span: ReadableSpan | None) -> None:
+            self.span, self.resource, self.scope = span, resource, None
+
+        def encode(self, encoder: SpanEncoder) -> bytes:
+            if self.span is None:
+                raise ValueError("not a span")
+            return encoder.span(self.span)
+
+    processor = OtlpBatchProcessor(build_exporter(), lambda result, n: counts.append((result, n)))
+    for item in (Deferred(spans[0]), Deferred(None), Deferred(spans[1]), Deferred(spans[2])):
+        processor.defer(item)
+    processor.force_flush()
+    assert receiver.traces == [SpanEncoder().request(spans)]
+    assert (processor.sent, processor.failed) == (3, 1)
+    assert sorted(counts) == [("exported", 3), ("failed", 1)]
+    processor.shutdown()
+
+
 def test_negative_zero_is_not_served_from_the_cache() -> None:
     resource = Resource.create({"service.name": "z"})
     _same_as_sdk([_span(0, {"x": 0.0}, resource=resource),
