@@ -572,7 +572,7 @@ class ModelCalls:
         *, charged: bool,
     ) -> None:
         st = call.state
-        if st is None or call.episode_id is None:
+        if st is None or call.episode_id is None or not self.recorder.keeps_turns:
             return
         grant = call.grant
         forwarded = grant is not None and grant.kind is GrantKind.FORWARD
