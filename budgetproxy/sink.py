@@ -90,7 +90,6 @@ class JsonlSink:
         self._path: Path | None = None
         self._written = 0
         self._seq = 0
-        self.records_written = 0
 
     @property
     def path(self) -> Path | None:
@@ -151,7 +150,6 @@ class JsonlSink:
                 # A small batch is one write to the page cache: cheaper inline than the thread
                 # hand-off and GIL ping-pong a worker thread would cost per batch.
                 self._write_batch(lines)
-                self.records_written += len(lines)
             for _ in batch:
                 queue.task_done()
             if None in batch:
