@@ -84,6 +84,8 @@ def load_together(rows: list[tg.Target], connections: int,
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     names = [n.strip() for n in args.targets.split(",") if n.strip()]
+    if len(set(names)) != len(names):
+        raise SystemExit("--targets names a row twice")
     if len(names) < 2:
         raise SystemExit("name at least two rows: a baseline and one to compare")
     if not shutil.which("wrk"):

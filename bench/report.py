@@ -28,7 +28,13 @@ def _paired_ratio(
         if runs and base_runs and len(runs) == len(base_runs)
         else [(row.get(key), base.get(key))]
     )
-    ratios = [(b / v if invert else v / b) for v, b in pairs if v and b]
+    # A round the row answered nothing in is a ratio of 0, not a round to skip; CPU per
+    # request (`invert`) has no value then, and a baseline without one compares nothing.
+    ratios = [
+        (b / v if invert else v / b)
+        for v, b in pairs
+        if b and v is not None and (v or not invert)
+    ]
     return round(statistics.median(ratios), 3) if ratios else None
 
 
@@ -147,9 +153,12 @@ def table(
     return _grid(lines)
 
 
-def stream_table(rows: dict[str, dict[str, Any]], summary: dict[str, dict[str, Any]]) -> str:
+def stream_table(
+    rows: dict[str, dict[str, Any]], summary: dict[str, dict[str, Any]], baseline: str = BASELINE
+) -> str:
+    per = "+/fwd" if baseline == BASELINE else "+/base"
     lines = [
-        ["target", "streams ok", "TTFT p50", "TTFT +", "+/fwd", "gap p50", "gap p99", "gap p99 +"]
+        ["target", "streams ok", "TTFT p50", "TTFT +", per, "gap p50", "gap p99", "gap p99 +"]
     ]
     for name, row in rows.items():
         st = row.get("streams")

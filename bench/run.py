@@ -233,10 +233,12 @@ def main(argv: list[str] | None = None) -> int:
         for t in [*others, upstream]:
             tg.stop(t.proc)
     summary = report.summarize(rows, levels, args.baseline)
+    if args.baseline not in rows or rows[args.baseline].get("skip"):
+        notes.append(f"no ratios: the baseline row {args.baseline} was not measured")
     print()
     print(f"ratios against {args.baseline}: medians of the {repeat} rounds' ratios")
     print(report.table(rows, summary, levels, args.baseline))
-    streams = report.stream_table(rows, summary)
+    streams = report.stream_table(rows, summary, args.baseline)
     if streams:
         print(
             f"\nStreams: {rounds} round(s) of 10 concurrent, {STREAM_CHUNKS} chunks "

@@ -4,10 +4,11 @@ Spans are not made through the SDK's Tracer on the hot path: that, with the SDK'
 encoder, added 60-90% to a call's CPU time. When a call starts, the proxy draws the span's ids
 and asks the configured sampler (`OTEL_TRACES_SAMPLER`), continuing the agent's trace when its
 request carried a W3C `traceparent`, so the upstream request carries this span's context.
-When the call has finished, its span is built from what the call knows: encoded straight to
-OTLP bytes for the proxy's own exporter (`otlp.py`), or as an SDK `ReadableSpan` for whatever
-span processor the embedding code passes to `BudgetProxy`. Both carry the same attributes in
-the same order; the tests compare them byte for byte. Unsampled calls build nothing.
+When the call has finished, its span's values are kept: for the proxy's own exporter
+(`otlp.py`) its export thread encodes them straight to OTLP bytes with the rest of the batch;
+for whatever span processor the embedding code passes to `BudgetProxy`, an SDK `ReadableSpan`
+is built at once. Both carry the same attributes in the same order; the tests compare them
+byte for byte. Unsampled calls build nothing.
 """
 
 from __future__ import annotations
@@ -161,7 +162,7 @@ class Tracing:
         # rule); `parentbased_*` follow a remote parent's sampled flag. None: ask the sampler.
         self._bound: int | None = None
         self._parent_based = False
-        # Spans for our own OTLP processor are encoded here, without a ReadableSpan.
+        # Spans for our own OTLP processor are queued as values, without a ReadableSpan.
         self._direct = (processor if isinstance(processor, OtlpBatchProcessor)
                         and processor.takes_pending else None)
         propagators = os.environ.get("OTEL_PROPAGATORS", "tracecontext,baggage")
@@ -271,11 +272,14 @@ class Tracing:
             finish_reason = reply.get("finish_reason")
             content = (self._content(conversation, reply, finish_reason)
                        if self.capture_content else None)
-            # Values now, not the episode state: it changes with the episode's next turns.
+            # Values now, not the episode state or the grant: they belong to the episode,
+            # which moves on while the span waits for its batch. (The usage dict is the
+            # parsed reply's, which nothing changes after the call.)
             call = (kind, model, upstream, episode_id,
                     None if state is None else (state.budget, state.disclosure, state.task_id),
-                    None if state is None else state.remaining, grant, status, error_class,
-                    reply.get("usage"), finish_reason, content)
+                    None if state is None else state.remaining,
+                    None if grant is None else (grant.turn, grant.attempt, grant.charged),
+                    status, error_class, reply.get("usage"), finish_reason, content)
             direct = self._direct
             if direct is not None:
                 ct.end_ns = end_ns
@@ -322,7 +326,8 @@ class Tracing:
 
 def _span_parts(
     kind: str, model: str | None, upstream: UpstreamConfig, episode_id: str | None,
-    episode: tuple[int, str, str | None] | None, remaining: int | None, grant: Grant | None,
+    episode: tuple[int, str, str | None] | None, remaining: int | None,
+    grant: tuple[int, int, bool] | None,
     status: int, error_class: str | None, usage: Any, finish_reason: Any,
     content: dict[str, Any] | None,
 ) -> tuple[str, tuple[Any, ...], tuple[Any, ...], tuple[Any, ...], dict[str, Any], Status]:
@@ -331,11 +336,8 @@ def _span_parts(
     attributes (tokens, content) and its status. Both span paths build from these."""
     op = _OPERATION.get(kind, kind)
     error_type = error_class or str(status) if error_class is not None or status >= 500 else None
-    outcome_key = (
-        status, remaining,
-        None if grant is None else (grant.turn, grant.attempt, grant.charged),
-        str(finish_reason) if finish_reason else None, error_type,
-    )
+    outcome_key = (status, remaining, grant, str(finish_reason) if finish_reason else None,
+                   error_type)
     extra = _token_attrs(usage)
     if content:
         extra.update(content)

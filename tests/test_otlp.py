@@ -245,3 +245,32 @@ def test_proxy_spans_encoded_directly_match_the_sdk_path(
     assert len(spans) == 12
     assert ours == encode_spans(spans)
     direct.shutdown()
+
+
+def test_a_queued_span_keeps_the_values_its_call_ended_with(receiver: FakeUpstream) -> None:
+    """Spans wait for their batch as values: the episode moving on meanwhile (its next turn,
+    a reused grant) must not change what the finished call's span says."""
+    from budgetproxy.config import UpstreamConfig
+    from budgetproxy.core.episode import EpisodeState, Grant, GrantKind
+    from budgetproxy.tracing import Tracing
+
+    processor = OtlpBatchProcessor(build_exporter())
+    tracing = Tracing(processor, resource=Resource.create({"service.name": "later"}))
+    st = EpisodeState(episode_id="ep-1", budget=10, max_turns=20, disclosure="hidden",
+                      turns_used=3)
+    grant = Grant(kind=GrantKind.FORWARD, turn=3, attempt=1, charged=True)
+    ct = tracing.start("chat", "m", {})
+    assert ct is not None
+    tracing.finish(ct, kind="chat", model="m", upstream=UpstreamConfig(base_url="http://u/v1"),
+                   episode_id="ep-1", state=st, grant=grant, status=200, error_class=None,
+                   reply={"usage": None, "finish_reason": "stop"})
+    st.turns_used, grant.turn, grant.attempt = 9, 9, 2  # after finish(), before the export
+    processor.force_flush()
+    req = ExportTraceServiceRequest()
+    req.ParseFromString(receiver.traces[-1])
+    (span,) = [s for rs in req.resource_spans for ss in rs.scope_spans for s in ss.spans]
+    attrs = {a.key: a.value for a in span.attributes}
+    assert attrs["budgetproxy.turn"].int_value == 3
+    assert attrs["budgetproxy.attempt"].int_value == 1
+    assert attrs["budgetproxy.remaining"].int_value == 7
+    processor.shutdown()
