@@ -148,11 +148,12 @@ class ModelCalls:
         finally:
             if self.metrics is not None:
                 total = time.perf_counter() - call.t0
-                m = self.metrics
-                m.child(m.request_duration, route).observe(total)
-                m.child(m.requests, route, str(call.http_status)).inc()
+                duration, overhead, requests = self.metrics.call_children(route,
+                                                                          call.http_status)
+                duration.observe(total)
+                requests.inc()
                 if call.upstream is not None:
-                    m.child(m.overhead, route).observe(max(0.0, total - call.t_upstream))
+                    overhead.observe(max(0.0, total - call.t_upstream))
 
     def _episode_id(self, headers: dict[bytes, bytes], path_episode: str | None) -> str | None:
         eid: str | None = None
@@ -551,19 +552,19 @@ class ModelCalls:
         usage = reply.get("usage")
         m = self.metrics
         if m is not None and isinstance(usage, dict):
-            label = m.model_label(call.model)
+            tokens_in, tokens_out = m.token_children(call.model)
             tin = usage.get("prompt_tokens", usage.get("input_tokens"))
             tout = usage.get("completion_tokens", usage.get("output_tokens"))
             if isinstance(tin, int):
-                m.child(m.tokens, label, "input").inc(tin)
+                tokens_in.inc(tin)
             if isinstance(tout, int):
-                m.child(m.tokens, label, "output").inc(tout)
+                tokens_out.inc(tout)
         grant, st = call.grant, call.state
         if grant is None or st is None:
             return reply
         charged = grant.charged and not self._refunded(call)
         if charged and m is not None:
-            m.child(m.turns, tier_label(st.budget, st.max_turns), st.disclosure).inc()
+            m.turns_child(st.budget, st.max_turns, st.disclosure).inc()
         await self._record_turn(call, call.conversation, reply, charged=grant.charged)
         return reply
 

@@ -17,6 +17,8 @@ from typing import Any
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 
+from budgetproxy.core.budget import tier_label
+
 LATENCY_BUCKETS = (
     0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0,
     60.0, 120.0, 300.0, 600.0,
@@ -25,6 +27,9 @@ OVERHEAD_BUCKETS = (
     0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 1.0,
 )
 MAX_MODEL_LABELS = 32
+# Entries of the per-call-site child caches keyed by client-chosen values (model names,
+# budgets); past this, children are looked up without being remembered under that key.
+_MAX_CACHED = 4096
 
 
 class _DeferredCounter:
@@ -198,6 +203,10 @@ class Metrics:
         )
         self._models: set[str] = set()
         self._children: dict[tuple[int, tuple[str, ...]], Any] = {}
+        # The children one model call updates, by what picks them: one lookup per call site.
+        self._call_children: dict[tuple[str, int], tuple[Any, Any, Any]] = {}
+        self._token_children: dict[str | None, tuple[Any, Any]] = {}
+        self._turn_children: dict[tuple[int, int | None, str], Any] = {}
         self._episode_labels: set[tuple[str, str]] = set()
 
     OUTCOMES = ("success", "failure", "exhausted", "abandoned")
@@ -241,6 +250,36 @@ class Metrics:
                 found = deferred(found)
                 self._deferred.append(found)
             self._children[key] = found
+        return found
+
+    def call_children(self, route: str, status: int) -> tuple[Any, Any, Any]:
+        """A model call's request-duration, overhead and requests{route, code} children."""
+        found = self._call_children.get((route, status))
+        if found is None:
+            found = (self.child(self.request_duration, route), self.child(self.overhead, route),
+                     self.child(self.requests, route, str(status)))
+            self._call_children[(route, status)] = found  # routes and statuses are few
+        return found
+
+    def token_children(self, model: str | None) -> tuple[Any, Any]:
+        """The input and output token counters for a model's calls."""
+        found = self._token_children.get(model)
+        if found is None:
+            label = self.model_label(model)
+            found = (self.child(self.tokens, label, "input"),
+                     self.child(self.tokens, label, "output"))
+            if len(self._token_children) < _MAX_CACHED:
+                self._token_children[model] = found
+        return found
+
+    def turns_child(self, budget: int, max_turns: int | None, arm: str) -> Any:
+        """The charged-turns counter of an episode's tier and arm."""
+        key = (budget, max_turns, arm)
+        found = self._turn_children.get(key)
+        if found is None:
+            found = self.child(self.turns, tier_label(budget, max_turns), arm)
+            if len(self._turn_children) < _MAX_CACHED:
+                self._turn_children[key] = found
         return found
 
     def flush(self) -> None:

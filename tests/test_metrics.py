@@ -62,3 +62,33 @@ def test_updates_wait_for_a_flush_and_apply_once() -> None:
     # reading through the registry flushes
     assert reg.get_sample_value("budgetproxy_turns_total",
                                 {"tier": "50%", "disclosure": "hidden"}) == 3
+
+
+def test_call_site_children_are_the_labelled_series_and_stay_bounded() -> None:
+    registry = CollectorRegistry()
+    m = Metrics(registry)
+    m.turns_child(5, 20, "hidden").inc()
+    m.turns_child(5, 20, "hidden").inc()
+    m.turns_child(7, None, "disclosed").inc()
+    tokens_in, tokens_out = m.token_children("qwen3-4b")
+    tokens_in.inc(100)
+    tokens_out.inc(7)
+    duration, overhead, requests = m.call_children("/v1/chat/completions", 403)
+    requests.inc()
+    duration.observe(0.01)
+    overhead.observe(0.001)
+    text = _exposition(registry).decode()
+    assert 'budgetproxy_turns_total{disclosure="hidden",tier="25%"} 2.0' in text
+    assert 'budgetproxy_turns_total{disclosure="disclosed",tier="n/a"} 1.0' in text
+    assert 'budgetproxy_tokens_total{direction="input",model="qwen3-4b"} 100.0' in text
+    assert 'budgetproxy_requests_total{code="403",route="/v1/chat/completions"} 1.0' in text
+    assert ('budgetproxy_request_duration_seconds_count{route="/v1/chat/completions"} 1.0'
+            in text)
+    # Client-chosen model names and budgets bound both the labels and the caches.
+    for i in range(5000):
+        m.token_children(f"model-{i}")[0].inc()
+        m.turns_child(i + 1, None, "hidden")
+    assert len(m._token_children) <= 4096 and len(m._turn_children) <= 4096
+    text = _exposition(registry).decode()
+    assert len(re.findall(r'budgetproxy_tokens_total\{direction="input"', text)) == 33
+    assert 'budgetproxy_tokens_total{direction="input",model="other"}' in text
