@@ -11,8 +11,10 @@ row's in every round; the median of those ratios is the figure, with the spread 
     python bench/overhead.py        # observability: metrics, tracing unsampled / 10% / all
     python bench/overhead.py --targets bp+episodes-bare,budgetproxy+episodes --rounds 7
 
-A row's capacity ratio (first row's CPU per request over its own) is the throughput ratio a
-dedicated core would show when the server is CPU-bound, as the rows here are.
+A row's capacity ratio is the first row's CPU per request over its own. Servers taking turns on
+one core resume with cold caches, which costs rows that run more Python proportionally more, so
+the ratios are somewhat lower than a dedicated core shows (bench/run.py): use them to attribute
+costs between rows, and run.py to judge the targets.
 """
 
 from __future__ import annotations
