@@ -42,13 +42,14 @@ DEFAULT_TARGETS = (
 
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
-    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0],
+                                formatter_class=argparse.ArgumentDefaultsHelpFormatter)
     p.add_argument("--targets", default=DEFAULT_TARGETS,
                    help="comma-separated rows (bench/targets.py); the first is the baseline")
-    p.add_argument("--rounds", type=int, default=5)
+    p.add_argument("--rounds", type=int, default=5, help="rounds of load, all rows at once")
     p.add_argument("--seconds", type=float, default=10.0, help="load per round")
     p.add_argument("--connections", type=int, default=8, help="wrk connections per row")
-    p.add_argument("--out", type=Path, default=tg.BENCH_DIR / "results")
+    p.add_argument("--out", type=Path, default=tg.BENCH_DIR / "results", help="results folder")
     return p.parse_args(argv)
 
 
@@ -92,9 +93,14 @@ def main(argv: list[str] | None = None) -> int:
         raise SystemExit("name at least two rows: a baseline and one to compare")
     if not shutil.which("wrk"):
         raise SystemExit("wrk not found (apt-get install wrk)")
+    unknown = [n for n in names if n != "forwarder" and n not in tg.BUDGETPROXY_VARIANTS]
+    if unknown:
+        raise SystemExit(f"unknown row(s) {', '.join(unknown)}; choose from forwarder, "
+                         + ", ".join(tg.BUDGETPROXY_VARIANTS))
     missing = tg.budgetproxy_missing()
     if missing:
         raise SystemExit(missing)
+    stamp = dt.datetime.now(dt.UTC).strftime("%Y%m%dT%H%M%SZ")
     notes = tg.pin_to_client_core("load generators")
     workdir = Path(tempfile.mkdtemp(prefix="budgetproxy-overhead-"))
     upstream = tg.start_upstream(workdir, 8, 0.0)
@@ -145,7 +151,6 @@ def main(argv: list[str] | None = None) -> int:
     for note in notes:
         print(f"note: {note}")
     args.out.mkdir(parents=True, exist_ok=True)
-    stamp = dt.datetime.now(dt.UTC).strftime("%Y%m%dT%H%M%SZ")
     path = args.out / f"overhead-{stamp}.json"
     path.write_text(json.dumps({
         "schema": 1, "started_at": stamp, "baseline": base, "rounds": args.rounds,

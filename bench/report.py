@@ -90,6 +90,8 @@ def verdicts(summary: dict[str, dict[str, Any]], baseline: str = BASELINE) -> li
     baseline."""
     if baseline != BASELINE:
         return [f"targets not judged: ratios are against {baseline}, not the {BASELINE}"]
+    if "rps_vs_baseline_c32" not in summary.get(BASELINE, {}):
+        return [f"targets not judged: no {BASELINE} row measured at c=32"]
     lines = []
     for name, floor in TARGETS.items():
         s = summary.get(name, {})

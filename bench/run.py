@@ -176,6 +176,14 @@ def main(argv: list[str] | None = None) -> int:
     names = [n.strip() for n in args.targets.split(",") if n.strip()]
     if args.no_litellm and "litellm" in names:
         names.remove("litellm")
+    # Checked before anything starts, so a typo leaves no server behind.
+    known = {*ALL_TARGETS, *tg.BUDGETPROXY_VARIANTS}
+    unknown = [n for n in names if n not in known]
+    if unknown:
+        raise SystemExit(f"unknown target(s) {', '.join(unknown)}; choose from "
+                         + ", ".join(sorted(known)))
+    if len(set(names)) != len(names):
+        raise SystemExit("--targets names a row twice")
     if args.baseline is None:
         args.baseline = report.BASELINE
     elif args.baseline not in names:
@@ -236,7 +244,8 @@ def main(argv: list[str] | None = None) -> int:
     if args.baseline not in rows or rows[args.baseline].get("skip"):
         notes.append(f"no ratios: the baseline row {args.baseline} was not measured")
     print()
-    print(f"ratios against {args.baseline}: medians of the {repeat} rounds' ratios")
+    print(f"ratios against {args.baseline}: "
+          + (f"medians of the {repeat} rounds' ratios" if repeat > 1 else "one round"))
     print(report.table(rows, summary, levels, args.baseline))
     streams = report.stream_table(rows, summary, args.baseline)
     if streams:
