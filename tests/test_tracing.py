@@ -154,6 +154,60 @@ def test_spans_export_over_otlp_http(upstream: FakeUpstream, tmp_path: Path) -> 
     assert attrs["gen_ai.conversation.id"].string_value == "otlp-1"
 
 
+def test_a_busy_proxy_sends_full_batches_and_loses_none_at_shutdown(
+        upstream: FakeUpstream, tmp_path: Path) -> None:
+    """Full batches leave while the proxy serves; what is queued at SIGTERM leaves at
+    shutdown. Every call's span arrives."""
+    upstream.reset()
+    port = _free_port()
+    env = {**os.environ,
+           "OTEL_EXPORTER_OTLP_ENDPOINT": upstream.base_url.removesuffix("/v1"),
+           "OTEL_BSP_MAX_EXPORT_BATCH_SIZE": "4", "OTEL_BSP_SCHEDULE_DELAY": "60000"}
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "budgetproxy", "serve", "--upstream", upstream.base_url,
+         "--port", str(port), "--log-dir", str(tmp_path)],
+        env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+    )
+    try:
+        deadline = time.monotonic() + 20
+        client = openai.OpenAI(base_url=f"http://127.0.0.1:{port}/v1", api_key="k",
+                               max_retries=0)
+        sent = 0
+        while sent < 10:
+            try:
+                client.chat.completions.create(
+                    model="fake-model", messages=[{"role": "user", "content": f"hi {sent}"}],
+                    extra_headers={"X-Episode-Id": f"busy-{sent}"})
+                sent += 1
+            except openai.APIConnectionError:
+                assert sent == 0 and time.monotonic() < deadline, "proxy did not start"
+                time.sleep(0.1)
+        exported = 0.0
+        while exported < 8 and time.monotonic() < deadline:
+            time.sleep(0.05)
+            text = httpx.get(f"http://127.0.0.1:{port}/metrics").text
+            exported = sum(float(line.split()[-1]) for line in text.splitlines()
+                           if line.startswith('budgetproxy_trace_spans_total{result="exported"}'))
+        # two full batches, long before the 60 s schedule delay would send anything
+        assert exported == 8
+        proc.send_signal(signal.SIGTERM)
+        assert proc.wait(20) == 0
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    ids = []
+    for body in upstream.traces:
+        req = ExportTraceServiceRequest()
+        req.ParseFromString(body)
+        for rs in req.resource_spans:
+            for ss in rs.scope_spans:
+                for sp in ss.spans:
+                    attrs = {a.key: a.value for a in sp.attributes}
+                    ids.append(attrs["gen_ai.conversation.id"].string_value)
+    assert sorted(ids) == sorted(f"busy-{i}" for i in range(10))
+    assert len(upstream.traces) == 3  # 4 + 4 while serving, 2 at shutdown
+
+
 def _proxy(upstream: FakeUpstream, tmp_path: Path, exporter: InMemorySpanExporter,
            **tracing: object) -> ProxyServer:
     cfg = load_config(None, {"upstreams": [{"base_url": upstream.base_url}],
