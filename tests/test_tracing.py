@@ -11,7 +11,9 @@ import subprocess
 import sys
 import time
 from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
+from typing import Any
 
 import httpx
 import openai
@@ -103,44 +105,48 @@ def _free_port() -> int:
         return int(s.getsockname()[1])
 
 
-def test_spans_export_over_otlp_http(upstream: FakeUpstream, tmp_path: Path) -> None:
-    upstream.reset()  # the fake upstream is the collector too (POST /v1/traces)
+@contextmanager
+def _served(upstream: FakeUpstream, tmp_path: Path,
+            **env: str) -> Iterator[tuple[subprocess.Popen[bytes], openai.OpenAI, int]]:
+    """`budgetproxy serve` in its own process with these OTEL_* settings, once it answers."""
     port = _free_port()
-    env = {**os.environ,
-           "OTEL_EXPORTER_OTLP_ENDPOINT": upstream.base_url.removesuffix("/v1"),
-           "OTEL_SERVICE_NAME": "budgetproxy-test", "OTEL_BSP_SCHEDULE_DELAY": "100"}
     proc = subprocess.Popen(
         [sys.executable, "-m", "budgetproxy", "serve", "--upstream", upstream.base_url,
          "--port", str(port), "--log-dir", str(tmp_path)],
-        env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+        env={**os.environ, **env}, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
     )
     try:
         deadline = time.monotonic() + 20
-        client = openai.OpenAI(base_url=f"http://127.0.0.1:{port}/v1", api_key="k",
-                               max_retries=0)
         while True:
             try:
-                client.chat.completions.create(
-                    model="fake-model", messages=[{"role": "user", "content": "hi"}],
-                    extra_headers={"X-Episode-Id": "otlp-1"})
-                break
-            except openai.APIConnectionError:
-                assert time.monotonic() < deadline, "proxy did not start"
-                time.sleep(0.1)
-        # the export is counted on /metrics once the collector has taken it
-        exported = 0.0
-        while exported < 1 and time.monotonic() < deadline:
+                if httpx.get(f"http://127.0.0.1:{port}/healthz").status_code == 200:
+                    break
+            except httpx.TransportError:
+                pass
+            assert time.monotonic() < deadline, "proxy did not start"
             time.sleep(0.1)
-            text = httpx.get(f"http://127.0.0.1:{port}/metrics").text
-            exported = sum(float(line.split()[-1]) for line in text.splitlines()
-                           if line.startswith('budgetproxy_trace_spans_total{result="exported"}'))
-        assert exported == 1
-        assert 'budgetproxy_trace_spans_total{result="dropped"} 0.0' in text
-        proc.send_signal(signal.SIGTERM)
-        assert proc.wait(20) == 0
+        yield proc, openai.OpenAI(base_url=f"http://127.0.0.1:{port}/v1", api_key="k",
+                                  max_retries=0), port
     finally:
         if proc.poll() is None:
             proc.kill()
+
+
+def _exported(port: int, at_least: int) -> tuple[float, str]:
+    """Spans counted as exported on /metrics (once the collector has taken them), waiting up
+    to 20 s for `at_least`; and the metrics text."""
+    deadline = time.monotonic() + 20
+    exported, text = 0.0, ""
+    while exported < at_least and time.monotonic() < deadline:
+        time.sleep(0.05)
+        text = httpx.get(f"http://127.0.0.1:{port}/metrics").text
+        exported = sum(float(line.split()[-1]) for line in text.splitlines()
+                       if line.startswith('budgetproxy_trace_spans_total{result="exported"}'))
+    return exported, text
+
+
+def _received(upstream: FakeUpstream) -> list[tuple[str | None, Any]]:
+    """(service.name, span) for every span the fake collector was sent."""
     spans = []
     for body in upstream.traces:
         req = ExportTraceServiceRequest()
@@ -148,7 +154,25 @@ def test_spans_export_over_otlp_http(upstream: FakeUpstream, tmp_path: Path) -> 
         for rs in req.resource_spans:
             service = {a.key: a.value.string_value for a in rs.resource.attributes}
             for ss in rs.scope_spans:
-                spans.extend((service.get("service.name"), s) for s in ss.spans)
+                spans.extend((service.get("service.name"), sp) for sp in ss.spans)
+    return spans
+
+
+def test_spans_export_over_otlp_http(upstream: FakeUpstream, tmp_path: Path) -> None:
+    upstream.reset()  # the fake upstream is the collector too (POST /v1/traces)
+    with _served(upstream, tmp_path,
+                 OTEL_EXPORTER_OTLP_ENDPOINT=upstream.base_url.removesuffix("/v1"),
+                 OTEL_SERVICE_NAME="budgetproxy-test",
+                 OTEL_BSP_SCHEDULE_DELAY="100") as (proc, client, port):
+        client.chat.completions.create(
+            model="fake-model", messages=[{"role": "user", "content": "hi"}],
+            extra_headers={"X-Episode-Id": "otlp-1"})
+        exported, text = _exported(port, 1)
+        assert exported == 1
+        assert 'budgetproxy_trace_spans_total{result="dropped"} 0.0' in text
+        proc.send_signal(signal.SIGTERM)
+        assert proc.wait(20) == 0
+    spans = _received(upstream)
     assert [(svc, s.name) for svc, s in spans] == [("budgetproxy-test", "chat fake-model")]
     attrs = {a.key: a.value for a in spans[0][1].attributes}
     assert attrs["gen_ai.conversation.id"].string_value == "otlp-1"
@@ -159,51 +183,20 @@ def test_a_busy_proxy_sends_full_batches_and_loses_none_at_shutdown(
     """Full batches leave while the proxy serves; what is queued at SIGTERM leaves at
     shutdown. Every call's span arrives."""
     upstream.reset()
-    port = _free_port()
-    env = {**os.environ,
-           "OTEL_EXPORTER_OTLP_ENDPOINT": upstream.base_url.removesuffix("/v1"),
-           "OTEL_BSP_MAX_EXPORT_BATCH_SIZE": "4", "OTEL_BSP_SCHEDULE_DELAY": "60000"}
-    proc = subprocess.Popen(
-        [sys.executable, "-m", "budgetproxy", "serve", "--upstream", upstream.base_url,
-         "--port", str(port), "--log-dir", str(tmp_path)],
-        env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-    )
-    try:
-        deadline = time.monotonic() + 20
-        client = openai.OpenAI(base_url=f"http://127.0.0.1:{port}/v1", api_key="k",
-                               max_retries=0)
-        sent = 0
-        while sent < 10:
-            try:
-                client.chat.completions.create(
-                    model="fake-model", messages=[{"role": "user", "content": f"hi {sent}"}],
-                    extra_headers={"X-Episode-Id": f"busy-{sent}"})
-                sent += 1
-            except openai.APIConnectionError:
-                assert sent == 0 and time.monotonic() < deadline, "proxy did not start"
-                time.sleep(0.1)
-        exported = 0.0
-        while exported < 8 and time.monotonic() < deadline:
-            time.sleep(0.05)
-            text = httpx.get(f"http://127.0.0.1:{port}/metrics").text
-            exported = sum(float(line.split()[-1]) for line in text.splitlines()
-                           if line.startswith('budgetproxy_trace_spans_total{result="exported"}'))
+    with _served(upstream, tmp_path,
+                 OTEL_EXPORTER_OTLP_ENDPOINT=upstream.base_url.removesuffix("/v1"),
+                 OTEL_BSP_MAX_EXPORT_BATCH_SIZE="4",
+                 OTEL_BSP_SCHEDULE_DELAY="60000") as (proc, client, port):
+        for i in range(10):
+            client.chat.completions.create(
+                model="fake-model", messages=[{"role": "user", "content": f"hi {i}"}],
+                extra_headers={"X-Episode-Id": f"busy-{i}"})
         # two full batches, long before the 60 s schedule delay would send anything
-        assert exported == 8
+        assert _exported(port, 8)[0] == 8
         proc.send_signal(signal.SIGTERM)
         assert proc.wait(20) == 0
-    finally:
-        if proc.poll() is None:
-            proc.kill()
-    ids = []
-    for body in upstream.traces:
-        req = ExportTraceServiceRequest()
-        req.ParseFromString(body)
-        for rs in req.resource_spans:
-            for ss in rs.scope_spans:
-                for sp in ss.spans:
-                    attrs = {a.key: a.value for a in sp.attributes}
-                    ids.append(attrs["gen_ai.conversation.id"].string_value)
+    ids = [{a.key: a.value for a in sp.attributes}["gen_ai.conversation.id"].string_value
+           for _, sp in _received(upstream)]
     assert sorted(ids) == sorted(f"busy-{i}" for i in range(10))
     assert len(upstream.traces) == 3  # 4 + 4 while serving, 2 at shutdown
 
@@ -323,38 +316,20 @@ def test_sampling_decisions_are_the_sdks(monkeypatch: pytest.MonkeyPatch, sample
 
 def test_an_unreachable_collector_costs_no_call_and_no_stuck_shutdown(
         upstream: FakeUpstream, tmp_path: Path) -> None:
-    port, dead = _free_port(), _free_port()  # nothing listens on `dead`
-    env = {**os.environ, "OTEL_EXPORTER_OTLP_ENDPOINT": f"http://127.0.0.1:{dead}",
-           "OTEL_BSP_SCHEDULE_DELAY": "100"}
-    proc = subprocess.Popen(
-        [sys.executable, "-m", "budgetproxy", "serve", "--upstream", upstream.base_url,
-         "--port", str(port), "--log-dir", str(tmp_path)],
-        env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-    )
-    try:
-        client = openai.OpenAI(base_url=f"http://127.0.0.1:{port}/v1", api_key="k",
-                               max_retries=0)
-        deadline = time.monotonic() + 20
-        answered = 0
-        while answered < 20:
-            try:
-                t = time.monotonic()
-                client.chat.completions.create(
-                    model="fake-model", messages=[{"role": "user", "content": "hi"}],
-                    extra_headers={"X-Episode-Id": "no-collector"})
-                assert time.monotonic() - t < 1.0  # export retries never hold a call
-                answered += 1
-                time.sleep(0.05)
-            except openai.APIConnectionError:
-                assert time.monotonic() < deadline, "proxy did not start"
-                time.sleep(0.1)
+    dead = _free_port()  # nothing listens on it
+    with _served(upstream, tmp_path, OTEL_EXPORTER_OTLP_ENDPOINT=f"http://127.0.0.1:{dead}",
+                 OTEL_BSP_SCHEDULE_DELAY="100") as (proc, client, _):
+        for _ in range(20):
+            t = time.monotonic()
+            client.chat.completions.create(
+                model="fake-model", messages=[{"role": "user", "content": "hi"}],
+                extra_headers={"X-Episode-Id": "no-collector"})
+            assert time.monotonic() - t < 1.0  # export retries never hold a call
+            time.sleep(0.05)
         t = time.monotonic()
         proc.send_signal(signal.SIGTERM)
         assert proc.wait(30) == 0
         assert time.monotonic() - t < 10  # the export gives up after 5 s
-    finally:
-        if proc.poll() is None:
-            proc.kill()
     turns = [line for f in tmp_path.glob("*.jsonl") for line in f.read_text().splitlines()
              if '"type":"turn"' in line.replace(" ", "")]
     assert len(turns) == 20  # nothing lost
