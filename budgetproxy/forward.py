@@ -43,6 +43,7 @@ from budgetproxy.wire import (
     conversation_of,
     read_reply,
     spec_from_headers,
+    token_counts,
     validate_payload,
 )
 
@@ -553,11 +554,10 @@ class ModelCalls:
         m = self.metrics
         if m is not None and isinstance(usage, dict):
             tokens_in, tokens_out = m.token_children(call.model)
-            tin = usage.get("prompt_tokens", usage.get("input_tokens"))
-            tout = usage.get("completion_tokens", usage.get("output_tokens"))
-            if isinstance(tin, int):
+            tin, tout = token_counts(usage)
+            if tin is not None:
                 tokens_in.inc(tin)
-            if isinstance(tout, int):
+            if tout is not None:
                 tokens_out.inc(tout)
         grant, st = call.grant, call.state
         if grant is None or st is None:

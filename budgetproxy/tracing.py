@@ -41,6 +41,7 @@ from budgetproxy import __version__
 from budgetproxy.config import TracingConfig, UpstreamConfig
 from budgetproxy.core.episode import EpisodeState, Grant
 from budgetproxy.otlp import OtlpBatchProcessor, SpanEncoder, build_exporter
+from budgetproxy.wire import token_counts
 
 log = logging.getLogger("budgetproxy.tracing")
 
@@ -391,13 +392,11 @@ def _outcome_attrs(status: int, remaining: int | None,
 def _token_attrs(usage: Any) -> dict[str, Any]:
     """Token usage attributes from an OpenAI-style (or Responses/Messages) usage object."""
     out: dict[str, Any] = {}
-    if isinstance(usage, dict):
-        tin = usage.get("prompt_tokens", usage.get("input_tokens"))
-        tout = usage.get("completion_tokens", usage.get("output_tokens"))
-        if isinstance(tin, int):
-            out["gen_ai.usage.input_tokens"] = tin
-        if isinstance(tout, int):
-            out["gen_ai.usage.output_tokens"] = tout
+    tin, tout = token_counts(usage)
+    if tin is not None:
+        out["gen_ai.usage.input_tokens"] = tin
+    if tout is not None:
+        out["gen_ai.usage.output_tokens"] = tout
     return out
 
 

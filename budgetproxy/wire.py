@@ -115,6 +115,16 @@ def conversation_of(kind: str, payload: dict[str, Any]) -> list[Any]:
     return inp if isinstance(inp, list) else [{"role": "user", "content": inp}]
 
 
+def token_counts(usage: Any) -> tuple[int | None, int | None]:
+    """Input and output tokens of a usage object (Chat/Completions names, or Responses and
+    Messages ones); None where it gives no whole number."""
+    if not isinstance(usage, dict):
+        return None, None
+    tin = usage.get("prompt_tokens", usage.get("input_tokens"))
+    tout = usage.get("completion_tokens", usage.get("output_tokens"))
+    return (tin if isinstance(tin, int) else None), (tout if isinstance(tout, int) else None)
+
+
 def read_reply(kind: str, data: bytes) -> dict[str, Any]:
     try:
         obj = orjson.loads(data)
