@@ -99,7 +99,7 @@ class Metrics:
     def __init__(self, registry: CollectorRegistry, turn_buckets: int = 64) -> None:
         self._deferred: list[_DeferredCounter | _DeferredHistogram] = []
         # Registered before the families, so a collection flushes before it reads them.
-        registry.register(_Flusher(self))
+        registry.register(self.flusher())
         ep = ("tier", "disclosure")
         self.turns = Counter(
             "budgetproxy_turns", "Charged turns forwarded upstream.", ep, registry=registry
@@ -254,11 +254,12 @@ class Metrics:
 
     def call_children(self, route: str, status: int) -> tuple[Any, Any, Any]:
         """A model call's request-duration, overhead and requests{route, code} children."""
-        found = self._call_children.get((route, status))
+        key = (route, status)
+        found = self._call_children.get(key)
         if found is None:
             found = (self.child(self.request_duration, route), self.child(self.overhead, route),
                      self.child(self.requests, route, str(status)))
-            self._call_children[(route, status)] = found  # routes and statuses are few
+            self._call_children[key] = found  # routes and statuses are few
         return found
 
     def token_children(self, model: str | None) -> tuple[Any, Any]:
