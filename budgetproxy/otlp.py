@@ -4,12 +4,12 @@ The SDK's exporter builds a protobuf object per span, per attribute and per valu
 serialising: about 60 µs a span, a quarter of what the proxy spends on a whole call. This module
 writes the same `ExportTraceServiceRequest` bytes directly (field numbers from
 opentelemetry/proto/trace/v1/trace.proto), reusing the bytes of attribute pairs it has seen
-before, and hands them to the SDK exporter's HTTP client, so endpoint, headers, TLS,
-compression, timeouts and retries stay the SDK's and follow the standard `OTEL_*` variables.
-`OtlpBatchProcessor` queues finished spans, encodes and sends them in batches from one
-thread. Spans
-it does not handle (events, links) and SDK versions whose exporter lacks the client it uses
-fall back to the SDK's own encoder. The tests check the bytes against that encoder.
+before (and of whole attribute groups, for callers that name them by the values fixing them),
+and hands them to the SDK exporter's HTTP client, so endpoint, headers, TLS, compression,
+timeouts and retries stay the SDK's and follow the standard `OTEL_*` variables.
+`OtlpBatchProcessor` queues finished spans, encodes and sends them in batches from one thread.
+Spans it does not handle (events, links) and SDK versions whose exporter lacks the client it
+uses fall back to the SDK's own encoder. The tests check the bytes against that encoder.
 """
 
 from __future__ import annotations
@@ -46,7 +46,11 @@ _FLAGS_REMOTE_PARENT = b"\x85\x01" + _PACK_I(0x300)
 _VARINTS = [bytes([n]) for n in range(128)]
 _KV_CACHE_MAX = 8192
 _TRUE, _FALSE = object(), object()  # cache keys for bool values
+_NO_GROUP = object()
 _PACK_TIMES = struct.Struct("<BQBQ").pack  # Span.start/end_time_unix_nano (fields 7, 8)
+# Span.trace_id and span_id (fields 1, 2): tags and lengths, then the ids big-endian.
+_PACK_IDS = struct.Struct(">2sQQ2sQ").pack
+_LOW_64 = (1 << 64) - 1
 SHUTDOWN_TIMEOUT_S = 5.0
 
 
@@ -91,6 +95,8 @@ class _Encoded:
 def _varint(n: int) -> bytes:
     if n < 128:
         return _VARINTS[n]
+    if n < 16384:  # a span's length
+        return bytes(((n & 0x7F) | 0x80, n >> 7))
     out = bytearray()
     while n > 0x7F:
         out.append((n & 0x7F) | 0x80)
@@ -138,14 +144,38 @@ def _key_value(key: str, value: Any) -> bytes:
     return kb + _ld(b"\x12", _any_value(value))
 
 
+def status_field(status: Status | None) -> bytes:
+    """A Span.status field (field 15)."""
+    if status is None:
+        return b""
+    if status.description:
+        return _ld(b"\x7a", _ld(b"\x12", status.description.encode())
+                   + _STATUS_CODE[id(status.status_code)])
+    return _STATUS[id(status.status_code)]
+
+
+def span_message(trace_id: int, span_id: int, parent: SpanContext | None, head: bytes,
+                 start: int, end: int, attributes: bytes, status: bytes) -> bytes:
+    """A Span message without trace state from encoded parts: `head` is its name and kind
+    fields (SpanEncoder.head), `attributes` its KeyValues, `status` its status_field()."""
+    ids = _PACK_IDS(b"\x0a\x10", trace_id >> 64, trace_id & _LOW_64, b"\x12\x08", span_id)
+    times = _PACK_TIMES(0x39, start, 0x41, end)
+    if parent is None:
+        return b"".join((ids, head, times, attributes, status, _FLAGS))
+    return b"".join((ids, b"\x22\x08", parent.span_id.to_bytes(8, "big"), head, times,
+                     attributes, status, _FLAGS_REMOTE_PARENT if parent.is_remote else _FLAGS))
+
+
 class SpanEncoder:
     """Encodes SDK spans to an ExportTraceServiceRequest, caching repeated attribute pairs."""
 
     def __init__(self) -> None:
         self._kv: dict[bytes, dict[str, dict[Any, bytes]]] = {}  # tag -> name -> value -> bytes
         self._heads: dict[tuple[int, int], tuple[bytes, bytes, Resource, Any]] = {}
-        self._groups: dict[Any, bytes] = {}
-        self._names: dict[str, bytes] = {}
+        self._memo: dict[Any, Any] = {}
+        self._names: dict[tuple[str, int], bytes] = {}
+        self._ints: dict[str, dict[int, bytes]] = {}
+        self._span_prefixes: dict[int, bytes] = {}
 
     def attributes(self, tag: bytes, attrs: Mapping[str, Any] | None) -> bytes:
         """Encoded KeyValues (each under `tag`), reusing the bytes of pairs seen before."""
@@ -201,46 +231,59 @@ class SpanEncoder:
         end: int | None, attributes: bytes, status: Status | None,
     ) -> bytes:
         """A Span message from its parts; `attributes` are encoded KeyValues (field 9)."""
+        if not trace_state and start and end:
+            return span_message(trace_id, span_id, parent, self.head(name, kind), start, end,
+                                attributes, status_field(status))
         out = [b"\x0a\x10", trace_id.to_bytes(16, "big"), b"\x12\x08", span_id.to_bytes(8, "big")]
         if trace_state:
             out.append(_ld(b"\x1a", ",".join(f"{k}={v}" for k, v in trace_state.items()).encode()))
         if parent is not None:
             out += (b"\x22\x08", parent.span_id.to_bytes(8, "big"))
-        if name:
-            nb = self._names.get(name)
-            if nb is None:
-                if len(self._names) >= _KV_CACHE_MAX:
-                    self._names.clear()
-                nb = self._names[name] = _ld(b"\x2a", name.encode())
-            out.append(nb)
-        out.append(_KIND[id(kind)])
-        if start and end:
-            out.append(_PACK_TIMES(0x39, start, 0x41, end))
-        else:
-            if start:
-                out += (b"\x39", _PACK_Q(start))
-            if end:
-                out += (b"\x41", _PACK_Q(end))
-        out.append(attributes)
-        if status is not None:
-            if status.description:
-                out.append(_ld(b"\x7a", _ld(b"\x12", status.description.encode())
-                               + _STATUS_CODE[id(status.status_code)]))
-            else:
-                out.append(_STATUS[id(status.status_code)])
-        out.append(_FLAGS_REMOTE_PARENT if parent is not None and parent.is_remote else _FLAGS)
+        out.append(self.head(name, kind))
+        if start:
+            out += (b"\x39", _PACK_Q(start))
+        if end:
+            out += (b"\x41", _PACK_Q(end))
+        out += (attributes, status_field(status),
+                _FLAGS_REMOTE_PARENT if parent is not None and parent.is_remote else _FLAGS)
         return b"".join(out)
 
-    def group(self, key: Any) -> bytes | None:
-        """Encoded span attributes stored under `key` by store_group(), if still cached."""
-        return self._groups.get(key)
+    def head(self, name: str, kind: SpanKind) -> bytes:
+        """A span's name and kind fields (5, 6)."""
+        key = (name, id(kind))
+        hb = self._names.get(key)
+        if hb is None:
+            if len(self._names) >= _KV_CACHE_MAX:
+                self._names.clear()
+            hb = self._names[key] = (_ld(b"\x2a", name.encode()) if name else b"") + _KIND[id(kind)]
+        return hb
 
-    def store_group(self, key: Any, attrs: Mapping[str, Any]) -> bytes:
-        """Encode a group of span attributes the caller names by a key that fixes them."""
-        if len(self._groups) >= _KV_CACHE_MAX:
-            self._groups.clear()
-        blob = self._groups[key] = self.attributes(b"\x4a", attrs)
-        return blob
+    def int_attribute(self, key: str, value: int) -> bytes:
+        """One span attribute (field 9) with a whole-number value, cached for small ones."""
+        if type(value) is not int:  # bools (True == 1) and subclasses are encoded as they are
+            return _ld(b"\x4a", _key_value(key, value))
+        by_value = self._ints.get(key)
+        if by_value is None:
+            if len(self._ints) >= _KV_CACHE_MAX:
+                self._ints.clear()
+            by_value = self._ints[key] = {}
+        kv = by_value.get(value)
+        if kv is None:
+            kv = _ld(b"\x4a", _key_value(key, value))
+            if -1 <= value < 1 << 20 and len(by_value) < _KV_CACHE_MAX:
+                by_value[value] = kv
+        return kv
+
+    def recall(self, key: Any) -> Any:
+        """What remember() stored under `key`, if it is still cached; else None."""
+        return self._memo.get(key)
+
+    def remember(self, key: Any, value: Any) -> Any:
+        """Keep encoded parts under a key the caller chose because it fixes them."""
+        if len(self._memo) >= _KV_CACHE_MAX:
+            self._memo.clear()
+        self._memo[key] = value
+        return value
 
     def _head(self, resource: Resource, scope: InstrumentationScope | None) -> tuple[bytes, bytes]:
         """The encoded Resource and InstrumentationScope, cached per (resource, scope)."""
@@ -268,16 +311,30 @@ class SpanEncoder:
 
     def assemble(self, items: Sequence[tuple[Resource, Any, bytes]]) -> bytes:
         """ExportTraceServiceRequest bytes from encoded spans, grouped by resource, then scope."""
-        # Grouped by identity: Resource hashes by serialising itself to JSON, per call.
+        # Grouped by identity: Resource hashes by serialising itself to JSON, per call. Spans
+        # come in runs sharing both (all of the proxy's own do): looked up once per run.
         groups: dict[int, tuple[Resource, dict[int, tuple[Any, list[bytes]]]]] = {}
-        for resource, scope, span in items:
-            scopes = groups.get(id(resource))
-            if scopes is None:
-                scopes = groups[id(resource)] = (resource, {})
-            entry = scopes[1].get(id(scope))
-            if entry is None:
-                entry = scopes[1][id(scope)] = (scope, [])
-            entry[1].append(_ld(b"\x12", span))
+        resource: Any = _NO_GROUP
+        scope: Any = _NO_GROUP
+        encoded: list[bytes] = []
+        prefixes = self._span_prefixes
+        for span_resource, span_scope, span in items:
+            if span_resource is not resource or span_scope is not scope:
+                resource, scope = span_resource, span_scope
+                scopes = groups.get(id(resource))
+                if scopes is None:
+                    scopes = groups[id(resource)] = (resource, {})
+                entry = scopes[1].get(id(scope))
+                if entry is None:
+                    entry = scopes[1][id(scope)] = (scope, [])
+                encoded = entry[1]
+            n = len(span)
+            prefix = prefixes.get(n)
+            if prefix is None:  # ScopeSpans.spans (field 2), by length: a few hundred of them
+                prefix = b"\x12" + _varint(n)
+                if n < 16384:
+                    prefixes[n] = prefix
+            encoded += (prefix, span)
         out = []
         for resource, by_scope in groups.values():
             body = []
@@ -358,7 +415,15 @@ class OtlpBatchProcessor(SpanProcessor):
 
     def defer(self, span: PendingSpan) -> None:
         """Queue a finished span to be encoded with its batch, on the export thread."""
-        self._enqueue(self._pending, span)
+        pending = self._pending  # _enqueue(), inlined: this runs on every sampled call
+        if self._closed:
+            return
+        if len(pending) + len(self._slow) >= self.max_queue:
+            self._drop()
+            return
+        pending.append(span)
+        if len(pending) >= self.max_batch and not self._wake.is_set():
+            self._wake.set()
 
     def _enqueue(self, queue: deque[Any], item: Any) -> None:
         if self._closed:

@@ -40,7 +40,13 @@ from opentelemetry.trace import (
 from budgetproxy import __version__
 from budgetproxy.config import TracingConfig, UpstreamConfig
 from budgetproxy.core.episode import EpisodeState, Grant
-from budgetproxy.otlp import OtlpBatchProcessor, SpanEncoder, build_exporter
+from budgetproxy.otlp import (
+    OtlpBatchProcessor,
+    SpanEncoder,
+    build_exporter,
+    span_message,
+    status_field,
+)
 from budgetproxy.wire import token_counts
 
 log = logging.getLogger("budgetproxy.tracing")
@@ -125,26 +131,53 @@ class CallTrace:
         return f"00-{self.trace_id:032x}-{self.span_id:016x}-{'01' if self.sampled else '00'}"
 
     def encode(self, enc: SpanEncoder) -> bytes:
-        """The finished call's Span message (see OtlpBatchProcessor.defer)."""
-        name, call_key, episode_key, outcome_key, extra, status = _span_parts(*self.call)
-        # The first three groups repeat across calls: encoded once per key, then reused.
-        per_call = enc.group(call_key)
-        if per_call is None:
-            per_call = enc.store_group(call_key, _upstream_attrs(*call_key))
-        per_episode = enc.group(episode_key)
-        if per_episode is None:
-            per_episode = enc.store_group(episode_key, _episode_attrs(*episode_key))
-        outcome = enc.group(outcome_key)
+        """The finished call's Span message (see OtlpBatchProcessor.defer). Built from parts
+        cached under the values that fix them: what the upstream, model and episode fix, and
+        the call's small values; only ids, times and token counts are encoded per span."""
+        (kind, model, upstream, episode_id, episode, remaining, grant, status, error_class,
+         usage, finish_reason, content) = self.call
+        fixed_key = (_FIXED, kind, model, upstream.name, upstream.kind, upstream.base_url,
+                     episode_id, episode)
+        fixed = enc.recall(fixed_key)
+        if fixed is None:
+            op = _OPERATION.get(kind, kind)
+            fixed = enc.remember(fixed_key, (
+                enc.head(f"{op} {model}", SpanKind.CLIENT),
+                enc.attributes(b"\x4a", {
+                    **_upstream_attrs(op, model, upstream.name, upstream.kind, upstream.base_url),
+                    **(_episode_attrs(episode_id) if episode is None
+                       else _episode_attrs(episode_id, *episode))}),
+            ))
+        reason = _finish_reason(finish_reason)
+        outcome_key = (_OUTCOME, status, remaining, grant, reason, error_class)
+        outcome = enc.recall(outcome_key)
         if outcome is None:
-            outcome = enc.store_group(outcome_key, _outcome_attrs(*outcome_key))
-        attrs = per_call + per_episode + outcome
-        if extra:
-            attrs += enc.attributes(b"\x4a", extra)
+            error_type = _error_type(status, error_class)
+            outcome = enc.remember(outcome_key, (
+                enc.attributes(b"\x4a", _outcome_attrs(status, remaining, grant, reason,
+                                                         error_type)),
+                status_field(_UNSET if error_type is None else _ERROR),
+            ))
+        attrs = [fixed[1], outcome[0]]
+        tin, tout = token_counts(usage)
+        if tin is not None:
+            attrs.append(enc.int_attribute("gen_ai.usage.input_tokens", tin))
+        if tout is not None:
+            attrs.append(enc.int_attribute("gen_ai.usage.output_tokens", tout))
+        if content:
+            attrs.append(enc.attributes(b"\x4a", content))
         parent = self.parent
-        return enc.fields(
-            self.trace_id, self.span_id, parent.trace_state if parent is not None else None,
-            parent, name, SpanKind.CLIENT, self.start_ns, self.end_ns, attrs, status,
-        )
+        if parent is not None and parent.trace_state:
+            return enc.fields(self.trace_id, self.span_id, parent.trace_state, parent,
+                              f"{_OPERATION.get(kind, kind)} {model}", SpanKind.CLIENT,
+                              self.start_ns, self.end_ns, b"".join(attrs),
+                              _UNSET if _error_type(status, error_class) is None else _ERROR)
+        return span_message(self.trace_id, self.span_id, parent, fixed[0], self.start_ns,
+                            self.end_ns, b"".join(attrs), outcome[1])
+
+
+# Distinct first elements of CallTrace.encode's cache keys.
+_FIXED, _OUTCOME = object(), object()
 
 
 class Tracing:
@@ -334,17 +367,28 @@ def _span_parts(
 ) -> tuple[str, tuple[Any, ...], tuple[Any, ...], tuple[Any, ...], dict[str, Any], Status]:
     """A finished call's span name, the keys of its three repeating attribute groups (fixed
     by upstream and model, fixed for an episode, the call's small values), its other
-    attributes (tokens, content) and its status. Both span paths build from these."""
+    attributes (tokens, content) and its status: the ReadableSpan path's parts. CallTrace.encode
+    builds the same attributes from the same helpers; the tests compare the two byte for byte."""
     op = _OPERATION.get(kind, kind)
-    error_type = error_class or str(status) if error_class is not None or status >= 500 else None
-    outcome_key = (status, remaining, grant, str(finish_reason) if finish_reason else None,
-                   error_type)
+    error_type = _error_type(status, error_class)
+    outcome_key = (status, remaining, grant, _finish_reason(finish_reason), error_type)
     extra = _token_attrs(usage)
     if content:
         extra.update(content)
     return (f"{op} {model}", (op, model, upstream.name, upstream.kind, upstream.base_url),
             (episode_id, None) if episode is None else (episode_id, *episode), outcome_key,
             extra, _UNSET if error_type is None else _ERROR)
+
+
+def _error_type(status: int, error_class: str | None) -> str | None:
+    """The span's error.type: the upstream failure's class, or a 5xx status; else None."""
+    if error_class is None and status < 500:
+        return None
+    return error_class or str(status)
+
+
+def _finish_reason(value: Any) -> str | None:
+    return (value if type(value) is str else str(value)) if value else None
 
 
 def _upstream_attrs(op: str, model: str | None, upstream: str, kind: str,

@@ -54,8 +54,10 @@ def test_proxy_shaped_spans_match_the_sdk_encoder() -> None:
             trace_state=TraceState([("vendor", "x")]) if i % 7 == 0 else None)
         for i in range(40)
     ]
-    # a second resource, as when spans of two providers share an exporter
-    spans += [_span(99, {"a": 1}, resource=Resource.create({"service.name": "other"}))]
+    # a second resource, as when spans of two providers share an exporter, between spans of
+    # the first: each resource and scope is still sent once, with all of its spans
+    spans += [_span(99, {"a": 1}, resource=Resource.create({"service.name": "other"})),
+              _span(100, {"a": 2}, resource=resource, scope=scope)]
     _same_as_sdk(spans)
 
 
@@ -197,10 +199,12 @@ def test_negative_zero_is_not_served_from_the_cache() -> None:
                   _span(1, {"x": -0.0}, resource=resource)])
 
 
+@pytest.mark.parametrize("capture_content", [False, True])
 def test_proxy_spans_encoded_directly_match_the_sdk_path(
-        receiver: FakeUpstream, monkeypatch: pytest.MonkeyPatch) -> None:
+        receiver: FakeUpstream, monkeypatch: pytest.MonkeyPatch, capture_content: bool) -> None:
     """The two ways Tracing builds a span: OTLP bytes for its own exporter, a ReadableSpan for
-    any other processor. Same calls in, the same protobuf out."""
+    any other processor. Same calls in, the same protobuf out: with and without content, a
+    parent or the parent's trace state, and with the encoder's caches cold and warm."""
     from budgetproxy.config import UpstreamConfig
     from budgetproxy.core.episode import EpisodeState, Grant, GrantKind
     from budgetproxy.tracing import Tracing
@@ -209,12 +213,13 @@ def test_proxy_spans_encoded_directly_match_the_sdk_path(
     resource = Resource.create({"service.name": "same"})
     direct = OtlpBatchProcessor(build_exporter())
     memory = InMemorySpanExporter()
-    fast = Tracing(direct, resource=resource, capture_content=True)
-    slow = Tracing(SimpleSpanProcessor(memory), resource=resource, capture_content=True)
+    fast = Tracing(direct, resource=resource, capture_content=capture_content)
+    slow = Tracing(SimpleSpanProcessor(memory), resource=resource,
+                   capture_content=capture_content)
     assert fast._direct is direct and slow._direct is None
     up = UpstreamConfig(base_url="http://127.0.0.1:9/v1")
     calls: list[dict[str, Any]] = []
-    for i in range(12):
+    for i in range(24):
         st = EpisodeState(episode_id=f"ep-{i % 3}", budget=10 + i % 2, max_turns=20,
                           disclosure="disclosed" if i % 2 else "hidden",
                           task_id="t1" if i % 4 else None)
@@ -223,15 +228,17 @@ def test_proxy_spans_encoded_directly_match_the_sdk_path(
             episode_id=st.episode_id if i % 6 else None, state=st if i % 6 else None,
             grant=Grant(kind=GrantKind.FORWARD, turn=i, attempt=1 + i % 2, charged=i % 3 > 0)
             if i % 6 else None,
-            status=200 if i % 7 else 502, error_class=None if i % 7 else "status_5xx",
-            reply={"usage": {"prompt_tokens": 5 * i, "completion_tokens": i},
+            status=200 if i % 7 else 502,
+            error_class=None if i % 7 else "status_5xx" if i % 14 else None,
+            reply={"usage": {"prompt_tokens": 5 * i, "completion_tokens": i} if i % 8 else None,
                    "finish_reason": "stop" if i % 2 else None,
                    "message": {"role": "assistant", "content": f"answer {i}"}},
             conversation=[{"role": "user", "content": f"question {i}"}],
         ))
-    headers = {b"traceparent": b"00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01"}
+    parent = {b"traceparent": b"00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01"}
+    headers = [{}, parent, {**parent, b"tracestate": b"vendor=1,other=x"}]
     for i, call in enumerate(calls):
-        ct = fast.start(call["kind"], call["model"], headers if i % 2 else {})
+        ct = fast.start(call["kind"], call["model"], headers[i % 3])
         assert ct is not None
         fast.finish(ct, **call)
         slow.finish(ct, **call)
@@ -242,7 +249,7 @@ def test_proxy_spans_encoded_directly_match_the_sdk_path(
         part.ParseFromString(body)
         ours.MergeFrom(part)
     spans = list(memory.get_finished_spans())
-    assert len(spans) == 12
+    assert len(spans) == 24
     assert ours == encode_spans(spans)
     direct.shutdown()
 
