@@ -336,6 +336,16 @@ class ModelCalls:
                 out["x-api-key"] = key.decode("latin-1")
         return out
 
+    def _settled(self, call: _Call, charged: bool) -> tuple[bool, int | None]:
+        """Whether a turn reserved as `charged` stays charged once settled (a refunded one does
+        not), and the turns its episode has left after it: what its log record and span say."""
+        st = call.state
+        if st is None:
+            return charged, None
+        if charged and self._refunded(call):
+            return False, min(st.budget, st.remaining + 1)
+        return charged, st.remaining
+
     def _refunded(self, call: _Call) -> bool:
         """Whether settling gives this call's turn back (core.episode.settle's rule)."""
         return (
@@ -388,9 +398,12 @@ class ModelCalls:
             await self._settle(call)
             reply = await self._after(call)
             if call.span is not None and call.span.sampled:
+                grant = call.grant
+                charged, remaining = self._settled(call, grant is not None and grant.charged)
                 self.tracing.finish(
                     call.span, kind=call.kind, model=call.model, upstream=upstream,
-                    episode_id=call.episode_id, state=call.state, grant=call.grant,
+                    episode_id=call.episode_id, state=call.state, grant=grant,
+                    charged=charged, remaining=remaining,
                     status=call.http_status, error_class=call.error_class, reply=reply,
                     conversation=conversation,
                 )
@@ -583,9 +596,7 @@ class ModelCalls:
             seen = 0
         turn = grant.turn if grant is not None and grant.kind is GrantKind.FORWARD else (
             st.turns_used + 1)
-        remaining = st.remaining
-        if charged and self._refunded(call):
-            remaining = min(st.budget, remaining + 1)
+        charged, remaining = self._settled(call, charged)
         reply = reply or {}
         await self.recorder.turn(
             {
@@ -608,7 +619,7 @@ class ModelCalls:
                 "usage": reply.get("usage"),
                 "budget": st.budget,
                 "remaining": remaining,
-                "charged": charged and not self._refunded(call),
+                "charged": charged,
                 "disclosure": {"arm": st.disclosure, "text": call.disclosure_text},
                 "task_id": st.task_id,
                 "group": st.group,

@@ -19,6 +19,7 @@ import random
 import time
 from collections.abc import Callable
 from typing import Any
+from urllib.parse import urlsplit
 
 import orjson
 from opentelemetry import propagate, trace
@@ -295,10 +296,13 @@ class Tracing:
         self, ct: CallTrace | None, *, kind: str, model: str | None, upstream: UpstreamConfig,
         episode_id: str | None, state: EpisodeState | None, grant: Grant | None,
         status: int, error_class: str | None, reply: dict[str, Any],
-        conversation: list[Any] | None = None,
+        conversation: list[Any] | None = None, charged: bool | None = None,
+        remaining: int | None = None,
     ) -> None:
         """Hand the finished call's span to the processor, if it was sampled. For the proxy's
-        own exporter only values are kept here; the batch is encoded on the export thread."""
+        own exporter only values are kept here; the batch is encoded on the export thread.
+        `charged` and `remaining` are the turn's once settled (a refund changes both); by
+        default the grant's and the episode state's."""
         if ct is None or not ct.sampled or self.processor is None:
             return
         try:
@@ -311,8 +315,9 @@ class Tracing:
             # parsed reply's, which nothing changes after the call.)
             call = (kind, model, upstream, episode_id,
                     None if state is None else (state.budget, state.disclosure, state.task_id),
-                    None if state is None else state.remaining,
-                    None if grant is None else (grant.turn, grant.attempt, grant.charged),
+                    remaining if remaining is not None or state is None else state.remaining,
+                    None if grant is None else (
+                        grant.turn, grant.attempt, grant.charged if charged is None else charged),
                     status, error_class, reply.get("usage"), finish_reason, content)
             direct = self._direct
             if direct is not None:
@@ -398,9 +403,22 @@ def _upstream_attrs(op: str, model: str | None, upstream: str, kind: str,
         "gen_ai.operation.name": op,
         "gen_ai.provider.name": "openai" if kind == "openai" else "litellm",
         "gen_ai.request.model": model or "",
-        "server.address": base_url,
+        **_server_attrs(base_url),
         "budgetproxy.upstream": upstream,
     }
+
+
+def _server_attrs(base_url: str) -> dict[str, Any]:
+    """server.address (the host) and server.port of an upstream base URL, per the conventions."""
+    try:
+        url = urlsplit(base_url)
+        port = url.port or {"http": 80, "https": 443}.get(url.scheme)
+    except ValueError:
+        return {"server.address": base_url}
+    out: dict[str, Any] = {"server.address": url.hostname or base_url}
+    if port is not None:
+        out["server.port"] = port
+    return out
 
 
 def _episode_attrs(episode_id: str | None, budget: int | None = None,

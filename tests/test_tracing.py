@@ -85,6 +85,39 @@ def test_one_genai_span_per_model_call(traced, upstream: FakeUpstream) -> None:
     assert tp.split("-")[1] == format(spans[1].context.trace_id, "032x")
 
 
+def test_a_refunded_turns_span_says_what_its_log_record_says(traced, upstream: FakeUpstream,
+                                                             tmp_path: Path) -> None:
+    """An upstream 5xx gives the turn back: the span must not report it charged."""
+    srv, exporter = traced
+    client = openai.OpenAI(base_url=srv.url + "/v1", api_key="k", max_retries=0)
+    with pytest.raises(openai.InternalServerError):
+        client.chat.completions.create(
+            model="fake-model", messages=[{"role": "user", "content": "hi"}],
+            extra_headers={"X-Episode-Id": "refund-1", "X-Episode-Budget": "5",
+                           "X-Fake-Status": "500"},
+        )
+    client.chat.completions.create(model="fake-model", messages=[{"role": "user", "content": "hi"}],
+                                   extra_headers={"X-Episode-Id": "refund-1"})
+    failed, ok = (dict(s.attributes or {}) for s in exporter.get_finished_spans())
+    assert failed["error.type"] == "status_5xx"
+    assert failed["budgetproxy.charged"] is False and failed["budgetproxy.remaining"] == 5
+    assert ok["budgetproxy.charged"] is True and ok["budgetproxy.remaining"] == 4
+    srv.stop()  # the log is flushed
+    turns = [json.loads(line) for f in sorted(tmp_path.glob("*.jsonl"))
+             for line in f.read_text().splitlines() if '"type":"turn"' in line]
+    assert [(t["charged"], t["remaining"]) for t in turns] == [(False, 5), (True, 4)]
+
+
+def test_spans_name_the_upstream_host_and_port(traced, upstream: FakeUpstream) -> None:
+    srv, exporter = traced
+    openai.OpenAI(base_url=srv.url + "/v1", api_key="k").chat.completions.create(
+        model="fake-model", messages=[{"role": "user", "content": "hi"}])
+    (span,) = exporter.get_finished_spans()
+    attrs = dict(span.attributes or {})
+    assert attrs["server.address"] == "127.0.0.1"
+    assert attrs["server.port"] == int(upstream.base_url.rsplit(":", 1)[1].split("/")[0])
+
+
 def test_telemetry_failure_never_fails_a_call(upstream: FakeUpstream, tmp_path: Path) -> None:
     class Broken(SimpleSpanProcessor):
         def on_end(self, span: ReadableSpan) -> None:
