@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import logging
 import os
+import shutil
 import sys
 import tempfile
 from typing import Any
@@ -53,9 +54,16 @@ def _serve(args: argparse.Namespace) -> int:
     if config.server.workers > 1:
         from budgetproxy.workers import run_workers
 
-        # Set before any worker imports prometheus_client, which reads it at import time.
-        os.environ.setdefault(ENV_MULTIPROC_DIR, tempfile.mkdtemp(prefix="budgetproxy-prom-"))
-        return run_workers(config)
+        # Set before any worker imports prometheus_client, which reads it at import time. A
+        # directory made here is removed on exit; one the user named is theirs to keep.
+        own_dir = None
+        if not os.environ.get(ENV_MULTIPROC_DIR):
+            own_dir = os.environ[ENV_MULTIPROC_DIR] = tempfile.mkdtemp(prefix="budgetproxy-prom-")
+        try:
+            return run_workers(config)
+        finally:
+            if own_dir is not None:
+                shutil.rmtree(own_dir, ignore_errors=True)
     from budgetproxy.server import run_foreground
 
     return run_foreground(config)

@@ -359,6 +359,20 @@ def test_live_pass_at_t_curve(run: Run) -> None:
         assert curve == pytest.approx({t: success_within(tier, arm, t) for t in range(1, 65)})
 
 
+def test_the_readmes_pass_at_t_query(run: Run) -> None:
+    """The Monitoring section's PromQL for a pooled Pass@(1,T), run as printed (T = 8) and with
+    other bucket bounds, gives success within T over the finished, non-abandoned episodes."""
+    readme = (Path(__file__).resolve().parent.parent / "README.md").read_text()
+    blocks = re.findall(r"```promql\n(.*?)```", readme, re.S)
+    (query,) = [b for b in blocks if "episode_turns_bucket" in b]
+    assert 'le="8.0"' in query
+    for t in (1, 4, 8, 20):
+        got = {(r["metric"]["tier"], r["metric"]["disclosure"]): float(r["value"][1])
+               for r in run.prom.query(query.replace('le="8.0"', f'le="{t}.0"'), run.at)}
+        assert got == pytest.approx({(tier, arm): success_within(tier, arm, t)
+                                     for tier, arm in ARMS}), t
+
+
 @pytest.mark.parametrize("title", ["Success within T (chosen T)", "Success within T over time"])
 def test_success_within_chosen_t(run: Run, title: str) -> None:
     ts = (1, 2, 4, 5, 8, 10, 20)

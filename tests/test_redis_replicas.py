@@ -262,6 +262,31 @@ def test_workers_share_budgets_and_merge_metrics(tmp_path: Path, fake: FakeUpstr
         drop_prefix(prefix)
 
 
+def test_workers_remove_the_metrics_directory_they_made(tmp_path: Path,
+                                                       fake: FakeUpstream) -> None:
+    require_redis()
+    prefix = new_prefix()
+    tmp = tmp_path / "tmp"
+    tmp.mkdir()
+    cfg = write_config(tmp_path / "w.yaml", fake.base_url,
+                       trajectories={"dir": str(tmp_path / "traj")},
+                       store={"key_prefix": prefix})
+    env = {k: v for k, v in os.environ.items() if k != "PROMETHEUS_MULTIPROC_DIR"}
+    proc = ProxyProcess(cfg, tmp_path / "w.log", extra=["--workers", "2", "--store", REDIS_URL])
+    proc.env = {**env, "TMPDIR": str(tmp)}
+    try:
+        proc.start()
+        r = httpx.post(f"{proc.base_url}/chat/completions", timeout=10, json={
+            "model": "fake-model", "messages": [{"role": "user", "content": "hi"}]})
+        assert r.status_code == 200
+        (made,) = tmp.glob("budgetproxy-prom-*")
+        assert any(made.glob("*.db"))  # the workers wrote their metrics there
+    finally:
+        assert proc.stop() == 0
+        drop_prefix(prefix)
+    assert not any(tmp.iterdir())
+
+
 def test_workers_with_the_memory_store_are_refused(fake: FakeUpstream) -> None:
     done = subprocess.run(
         [sys.executable, "-m", "budgetproxy", "serve", "--workers", "2", "--upstream",
