@@ -5,7 +5,7 @@ encoder, added 60-90% to a call's CPU time. When a call starts, the proxy draws 
 and asks the configured sampler (`OTEL_TRACES_SAMPLER`), continuing the agent's trace when its
 request carried a W3C `traceparent`, so the upstream request carries this span's context.
 When the call has finished, its span's values are kept: for the proxy's own exporter
-(`otlp.py`) its export thread encodes them straight to OTLP bytes with the rest of the batch;
+(`otlp_export.py`) its export thread encodes them straight to OTLP bytes with the rest of the batch;
 for whatever span processor the embedding code passes to `BudgetProxy`, an SDK `ReadableSpan`
 is built at once. Both carry the same attributes in the same order; the tests compare them
 byte for byte. Unsampled calls build nothing.
@@ -41,13 +41,8 @@ from opentelemetry.trace import (
 from budgetproxy import __version__
 from budgetproxy.config import TracingConfig, UpstreamConfig
 from budgetproxy.core.episode import EpisodeState, Grant
-from budgetproxy.otlp import (
-    OtlpBatchProcessor,
-    SpanEncoder,
-    build_exporter,
-    span_message,
-    status_field,
-)
+from budgetproxy.otlp import SpanEncoder, span_message, status_field
+from budgetproxy.otlp_export import OtlpBatchProcessor, build_exporter
 from budgetproxy.wire import token_counts
 
 log = logging.getLogger("budgetproxy.tracing")
