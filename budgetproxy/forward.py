@@ -387,7 +387,7 @@ class ModelCalls:
         if not body:
             body = orjson.dumps(payload)
         call.conversation = conversation
-        call.span = self.tracing.start(call.kind, call.model, headers)
+        call.span = self.tracing.start(call.kind, call.model, headers, call.episode_id)
         try:
             if upstream.kind == "litellm":
                 await self._forward_litellm(call, upstream, payload, send)

@@ -3,7 +3,9 @@
 Spans are not made through the SDK's Tracer on the hot path: that, with the SDK's OTLP
 encoder, added 60-90% to a call's CPU time. When a call starts, the proxy draws the span's ids
 and asks the configured sampler (`OTEL_TRACES_SAMPLER`), continuing the agent's trace when its
-request carried a W3C `traceparent`, so the upstream request carries this span's context.
+request carried a W3C `traceparent`, so the upstream request carries this span's context;
+an episode's calls that start traces share their trace ids' low 64 bits, so a ratio sampler
+keeps or drops a whole episode.
 When the call has finished, its span's values are kept: for the proxy's own exporter
 (`otlp_export.py`) its export thread encodes them straight to OTLP bytes with the rest of the batch;
 for whatever span processor the embedding code passes to `BudgetProxy`, an SDK `ReadableSpan`
@@ -13,6 +15,8 @@ byte for byte. Unsampled calls build nothing.
 
 from __future__ import annotations
 
+import functools
+import hashlib
 import logging
 import os
 import random
@@ -232,13 +236,24 @@ class Tracing:
     def enabled(self) -> bool:
         return self.processor is not None
 
-    def start(self, kind: str, model: str | None, headers: dict[bytes, bytes]) -> CallTrace | None:
-        """Draw this call's span context; None when tracing is off or fails."""
+    def start(self, kind: str, model: str | None, headers: dict[bytes, bytes],
+              episode_id: str | None = None) -> CallTrace | None:
+        """Draw this call's span context; None when tracing is off or fails.
+
+        A call that starts a trace in an episode gets a trace id whose low 64 bits are the
+        episode's (a hash of its id) and whose high 64 bits are random: ids stay unique, and
+        ratio samplers, which decide on those low bits (ours, the SDK's, and any downstream
+        service's), take or leave an episode's calls together."""
         if self.processor is None:
             return None
         try:
             parent = self._parent(headers)
-            trace_id = parent.trace_id if parent is not None else random.getrandbits(128) or 1
+            if parent is not None:
+                trace_id = parent.trace_id
+            elif episode_id is not None:
+                trace_id = (random.getrandbits(64) << 64 | _episode_bits(episode_id)) or 1
+            else:
+                trace_id = random.getrandbits(128) or 1
             if self._bound is not None:
                 if parent is not None and self._parent_based:
                     sampled = parent.trace_flags.sampled
@@ -378,6 +393,12 @@ def _span_parts(
     return (f"{op} {model}", (op, model, upstream.name, upstream.kind, upstream.base_url),
             (episode_id, None) if episode is None else (episode_id, *episode), outcome_key,
             extra, _UNSET if error_type is None else _ERROR)
+
+
+@functools.lru_cache(maxsize=4096)
+def _episode_bits(episode_id: str) -> int:
+    """64 bits fixed by an episode id, the same on every replica and after restarts."""
+    return int.from_bytes(hashlib.blake2b(episode_id.encode(), digest_size=8).digest(), "big")
 
 
 def _error_type(status: int, error_class: str | None) -> str | None:

@@ -303,6 +303,38 @@ def test_sampler_from_the_environment(upstream: FakeUpstream, tmp_path: Path,
     assert 20 <= sampled <= 80, sampled  # 50 expected; binomial sd ~6
 
 
+def test_a_ratio_sampler_takes_whole_episodes_on_every_replica(
+        upstream: FakeUpstream, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """With 10% of traces sampled, an operator should see 10% of episodes with every turn,
+    not a tenth of each episode's turns; two replicas sharing episodes must agree."""
+    monkeypatch.setenv("OTEL_TRACES_SAMPLER", "parentbased_traceidratio")
+    monkeypatch.setenv("OTEL_TRACES_SAMPLER_ARG", "0.5")
+    exporter = InMemorySpanExporter()
+    episodes, turns = 40, 3
+    with (_proxy(upstream, tmp_path / "a", exporter) as a,
+          _proxy(upstream, tmp_path / "b", exporter) as b):
+        for turn in range(turns):
+            for e in range(episodes):
+                replica = (a, b)[(e + turn) % 2]
+                _chat(replica, {"X-Episode-Id": f"whole-{e}"}, content=f"turn {turn}")
+        for i in range(60):  # calls outside episodes are sampled one by one, as before
+            _chat((a, b)[i % 2], {}, content=f"loose {i}")
+    spans = exporter.get_finished_spans()
+    per_episode: dict[str, int] = {}
+    loose = 0
+    for span in spans:
+        eid = (span.attributes or {}).get("gen_ai.conversation.id")
+        if eid is None:
+            loose += 1
+        else:
+            per_episode[str(eid)] = per_episode.get(str(eid), 0) + 1
+    assert set(per_episode.values()) == {turns}, per_episode  # all of an episode's turns
+    assert 8 <= len(per_episode) <= 32, len(per_episode)  # 20 expected; binomial sd ~3
+    assert 12 <= loose <= 48, loose  # 30 expected; sd ~4
+    # every call still starts its own trace
+    assert len({span.context.trace_id for span in spans}) == len(spans)
+
+
 def test_content_only_when_enabled(upstream: FakeUpstream, tmp_path: Path) -> None:
     exporter = InMemorySpanExporter()
     with _proxy(upstream, tmp_path, exporter, capture_content=True) as srv:
@@ -341,7 +373,7 @@ def test_sampling_decisions_are_the_sdks(monkeypatch: pytest.MonkeyPatch, sample
             headers[b"traceparent"] = f"00-{tid:032x}-{i + 1:016x}-0{int(flags)}".encode()
             parent = trace.set_span_in_context(NonRecordingSpan(SpanContext(
                 tid, i + 1, is_remote=True, trace_flags=TraceFlags(int(flags)))))
-        ct = tracing.start("chat", "m", headers)
+        ct = tracing.start("chat", "m", headers, f"ep-{i % 17}" if i % 2 else None)
         assert ct is not None
         expected = sdk.should_sample(parent or Context(), ct.trace_id, "chat m").decision
         assert ct.sampled == expected.is_sampled(), (i, ct.trace_id)
