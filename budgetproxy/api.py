@@ -85,6 +85,18 @@ def _not_found(episode_id: str) -> ProxyError:
                       param="episode_id")
 
 
+def _episode_route_methods(path: str) -> str | None:
+    """The method the episode API route matching `path` (under /v1/) takes, or None."""
+    parts = path.split("/")
+    if parts == ["episodes"]:
+        return "POST"
+    if len(parts) == 2 and parts[1]:
+        return "GET"
+    if len(parts) == 3 and parts[1] and parts[2] in ("outcome", "end"):
+        return "POST"
+    return None
+
+
 def build_api(
     config: Config,
     store: EpisodeStore,
@@ -271,6 +283,15 @@ def build_api(
                    include_in_schema=False)
     async def passthrough(request: Request, path: str) -> Response:
         check_auth(request)
+        if path == "episodes" or path.startswith("episodes/"):
+            # The episode API is the proxy's own: a wrong method or an unknown sub-route is
+            # answered here, never sent upstream.
+            allowed = _episode_route_methods(path)
+            if allowed is None:
+                raise ProxyError(404, "not_found", f"No route /v1/{path}")
+            raise ProxyError(405, "method_not_allowed",
+                             f"/v1/{path} takes {allowed}, not {request.method}",
+                             headers={"allow": allowed})
         body = await request.body()
         if len(body) > config.server.max_body_bytes:
             raise ProxyError(413, "request_too_large", "Request body exceeds the limit of "

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import importlib.util
 import logging
 import os
 import shutil
@@ -11,7 +12,13 @@ import tempfile
 from typing import Any
 
 from budgetproxy import __version__
-from budgetproxy.config import ENV_CONFIG_FILE, ENV_MULTIPROC_DIR, ConfigError, load_config
+from budgetproxy.config import (
+    ENV_CONFIG_FILE,
+    ENV_MULTIPROC_DIR,
+    Config,
+    ConfigError,
+    load_config,
+)
 
 
 def _serve_overrides(args: argparse.Namespace) -> dict[str, Any]:
@@ -37,6 +44,25 @@ def _serve_overrides(args: argparse.Namespace) -> dict[str, Any]:
     return over
 
 
+def _installed(package: str) -> bool:
+    try:
+        return importlib.util.find_spec(package) is not None
+    except (ImportError, ValueError):
+        return False
+
+
+def _missing_package(config: Config) -> str | None:
+    """What the config needs from an extra that is not installed, said in one line, checked
+    before serving (a worker that failed to import would be restarted again and again)."""
+    if config.store.kind == "redis" and not _installed("redis"):
+        return "store.kind: redis needs the redis package: pip install 'budgetproxy[redis]'"
+    for i, u in enumerate(config.upstreams):
+        if u.kind == "litellm" and not _installed("litellm"):
+            return (f"upstreams[{i}].kind: litellm needs the litellm package: "
+                    "pip install 'budgetproxy[litellm]'")
+    return None
+
+
 def _serve(args: argparse.Namespace) -> int:
     path = args.config or os.environ.get(ENV_CONFIG_FILE)
     try:
@@ -48,6 +74,10 @@ def _serve(args: argparse.Namespace) -> int:
         print("budgetproxy: bad config: upstreams: no upstream configured; pass --upstream URL "
               "(an OpenAI-compatible base URL ending in /v1) or list upstreams in the config",
               file=sys.stderr)
+        return 2
+    missing = _missing_package(config)
+    if missing:
+        print(f"budgetproxy: {missing}", file=sys.stderr)
         return 2
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: "
                         "%(message)s")

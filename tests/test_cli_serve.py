@@ -80,6 +80,32 @@ def test_no_upstream_is_a_config_error(tmp_path: Path) -> None:
     assert len(lines) == 1 and "upstreams" in lines[0], err
 
 
+@pytest.mark.parametrize(
+    ("package", "args", "key"),
+    [("redis", ["--workers", "2", "--store", "redis://127.0.0.1:6379/0"], "store.kind"),
+     ("redis", ["--store", "redis://127.0.0.1:6379/0"], "store.kind")],
+)
+def test_a_missing_extra_is_one_line_not_a_worker_crash_loop(
+    tmp_path: Path, package: str, args: list[str], key: str
+) -> None:
+    """As if the package were not installed (an import of it fails): one line naming the key
+    and the extra, exit 2, before any worker starts."""
+    code = (f"import sys; sys.modules[{package!r}] = None; from budgetproxy.cli import main; "
+            f"raise SystemExit(main(sys.argv[1:]))")
+    proc = subprocess.Popen(
+        [sys.executable, "-c", code, "serve", "--upstream", "http://127.0.0.1:9/v1",
+         "--port", "0", *args],
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=tmp_path)
+    try:
+        out, err = proc.communicate(timeout=30)
+    finally:
+        proc.kill()
+    assert proc.returncode == 2, (out, err)
+    lines = [ln for ln in err.splitlines() if ln.strip()]
+    assert len(lines) == 1 and key in lines[0] and f"budgetproxy[{package}]" in lines[0], err
+    assert out == ""
+
+
 @pytest.fixture()
 def served(
     upstream: FakeUpstream, tmp_path: Path

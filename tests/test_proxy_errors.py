@@ -241,6 +241,26 @@ def test_the_proxys_own_route_errors_are_openai_shaped(
     assert_openai_error(r, status, code)
 
 
+@pytest.mark.parametrize(
+    ("method", "path", "status", "allow"),
+    [("DELETE", "/v1/episodes/e-1", 405, "GET"), ("PUT", "/v1/episodes", 405, "POST"),
+     ("GET", "/v1/episodes/e-1/outcome", 405, "POST"), ("GET", "/v1/episodes/e-1/end", 405, "POST"),
+     ("GET", "/episodes/e-1/v1/episodes/e-1/outcome", 405, "POST"),
+     ("POST", "/v1/episodes/e-1/nothing", 404, None), ("GET", "/v1/episodes/", 404, None)],
+)
+def test_the_episode_api_is_never_sent_upstream(
+    faulty: Proxy, upstream: FakeUpstream, method: str, path: str, status: int, allow: str | None
+) -> None:
+    """/v1/episodes is the proxy's own: a wrong method or sub-route is its error, not a
+    pass-through call the upstream answers."""
+    before = len(upstream.requests)
+    with faulty.http() as http:
+        r = http.request(method, path, json={} if method in ("POST", "PUT") else None)
+    assert_openai_error(r, status, "method_not_allowed" if status == 405 else "not_found")
+    assert r.headers.get("allow") == allow
+    assert len(upstream.requests) == before
+
+
 @pytest.fixture(scope="module")
 def guarded(proxy: ProxyFactory, upstream: FakeUpstream) -> Proxy:
     return proxy({"auth": {"keys": ["proxy-key-1", "proxy-key-2"]},
