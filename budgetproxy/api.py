@@ -205,20 +205,8 @@ def build_api(
                              param="episode_id")
         await recorder.episode_started(st)
         base = str(request.base_url).rstrip("/")
-        return _json(
-            {
-                "episode_id": eid,
-                "budget": st.budget,
-                "max_turns": st.max_turns,
-                "tier": tier_label(st.budget, st.max_turns),
-                "disclosure": st.disclosure,
-                "announced_budget": st.announced_budget,
-                "task_id": st.task_id,
-                "group": st.group,
-                "base_url": f"{base}/episodes/{eid}/v1",
-            },
-            201,
-        )
+        # The contract's fields, with the rest of what GET answers: one shape for both.
+        return _json({**episode_view(st), "base_url": f"{base}/episodes/{eid}/v1"}, 201)
 
     @app.get("/v1/episodes/{episode_id}")
     async def get_episode(request: Request, episode_id: str) -> Response:

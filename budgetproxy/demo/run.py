@@ -246,8 +246,10 @@ def run_demo(s: DemoSettings, out: TextIO = sys.stdout, err: TextIO = sys.stderr
     print(table, file=out)
     print("\n".join(outcome.summary), file=out)
     turns = sum(r.turns for r in outcome.results)
-    print(f"\n{len(outcome.results)} episodes, {turns:,} turns in {outcome.seconds:.0f}s. "
-          f"Left in {s.out}:", file=out)
+    refused = sum(r.exhausted for r in outcome.results)
+    # The log has a turn record for each refused call too: the two counts differ by those.
+    print(f"\n{len(outcome.results)} episodes, {turns:,} turns answered and {refused:,} calls "
+          f"refused for a spent budget in {outcome.seconds:.0f}s. Left in {s.out}:", file=out)
     for name, what in (("report.html", "the HTML report"),
                        ("trajectories/", "the proxy's JSONL trajectories"),
                        ("metrics.txt", "a /metrics snapshot (Prometheus text)"),

@@ -541,12 +541,24 @@ class FakeUpstream(LocalAiohttpServer):
 
 def main(argv: Sequence[str] | None = None) -> int:
     """Run the fake upstream standalone (for benchmarks and manual runs)."""
-    parser = argparse.ArgumentParser(prog="python -m budgetproxy.testing.fake_upstream")
-    parser.add_argument("--host", default="127.0.0.1")
-    parser.add_argument("--port", type=int, default=8000)
-    parser.add_argument("--model", action="append", dest="models", help="repeatable")
-    parser.add_argument("--chunks", type=int, default=4, help="default content chunks a stream")
-    parser.add_argument("--chunk-gap-ms", type=float, default=0.0, help="default pause between")
+    parser = argparse.ArgumentParser(
+        prog="python -m budgetproxy.testing.fake_upstream",
+        description="A fake OpenAI-compatible model server: deterministic answers (it echoes the "
+        "last message) to any model name, SSE streams, tool calls, fault injection by X-Fake-* "
+        "request headers; it also takes OTLP/HTTP spans on POST /v1/traces. Prints its base URL.",
+    )
+    parser.add_argument("--host", default="127.0.0.1",
+                        help="address to listen on (default 127.0.0.1)")
+    parser.add_argument("--port", type=int, default=8000,
+                        help="port to listen on; 0: any free port (default 8000)")
+    parser.add_argument("--model", action="append", dest="models",
+                        help="a model name GET /v1/models lists; repeatable (default fake-model)")
+    parser.add_argument("--chunks", type=int, default=4,
+                        help="content chunks per streamed answer (default 4; X-Fake-Chunks "
+                        "overrides)")
+    parser.add_argument("--chunk-gap-ms", type=float, default=0.0,
+                        help="ms between streamed chunks (default 0; X-Fake-Chunk-Gap-Ms "
+                        "overrides)")
     parser.add_argument("--record", action="store_true", help="keep every request in memory")
     args = parser.parse_args(argv)
     upstream = FakeUpstream(
