@@ -305,18 +305,26 @@ class SpanEncoder:
                 if n < 16384:
                     prefixes[n] = prefix
             encoded += (prefix, span)
-        out = []
+        # One flat list of pieces, joined once: each message's length is summed from its
+        # pieces, not measured on a joined copy. (A 512-span request is ~180 KB; nested joins
+        # made five such copies a batch, each a fresh allocation the C library maps and
+        # unmaps: ~0.45 page faults per span.)
+        out: list[bytes] = []
         for resource, by_scope in groups.values():
-            body = []
+            rs: list[bytes] = []
             res = b""
             for scope, encoded in by_scope.values():
                 res, sc = self._head(resource, scope)
-                inner = [_ld(b"\x0a", sc), *encoded]
-                if scope is not None and scope.schema_url:
-                    inner.append(_ld(b"\x1a", scope.schema_url.encode()))
-                body.append(_ld(b"\x12", b"".join(inner)))
-            rs = res + b"".join(body)
-            if resource.schema_url:
-                rs += _ld(b"\x1a", resource.schema_url.encode())
-            out.append(_ld(b"\x0a", rs))
+                tail = (_ld(b"\x1a", scope.schema_url.encode())
+                        if scope is not None and scope.schema_url else b"")
+                head = _ld(b"\x0a", sc)
+                n = len(head) + sum(map(len, encoded)) + len(tail)
+                rs += (b"\x12", _VARINTS[n] if n < 128 else _varint(n), head)
+                rs += encoded
+                rs.append(tail)
+            tail = _ld(b"\x1a", resource.schema_url.encode()) if resource.schema_url else b""
+            n = len(res) + sum(map(len, rs)) + len(tail)
+            out += (b"\x0a", _VARINTS[n] if n < 128 else _varint(n), res)
+            out += rs
+            out.append(tail)
         return b"".join(out)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import tracemalloc
 from typing import Any
 
 from hypothesis import given, settings
@@ -80,3 +81,26 @@ def test_negative_zero_is_not_served_from_the_cache() -> None:
     resource = Resource.create({"service.name": "z"})
     _same_as_sdk([make_span(0, {"x": 0.0}, resource=resource),
                   make_span(1, {"x": -0.0}, resource=resource)])
+
+
+def test_a_batch_is_assembled_with_one_copy_of_its_bytes() -> None:
+    """Each nested join used to copy the whole request (five ~180 KB copies per 512-span
+    batch, each mapped and unmapped by the C library: page faults on every batch). The
+    request's bytes are now made once."""
+    resource = Resource.create({"service.name": "one-copy"})
+    encoder = SpanEncoder()
+    items = [(resource, None, encoder.span(make_span(i, {"i": i, "text": "x" * 200},
+                                                      resource=resource)))
+             for i in range(512)]
+    encoder.assemble(items)  # warm the encoder's caches
+    tracemalloc.start()
+    try:
+        body = encoder.assemble(items)
+        _, peak = tracemalloc.get_traced_memory()
+    finally:
+        tracemalloc.stop()
+    assert len(body) > 100_000
+    assert peak < 2 * len(body), (peak, len(body))  # the bytes, and join's piece table
+    ours = ExportTraceServiceRequest()
+    ours.ParseFromString(body)
+    assert sum(len(ss.spans) for rs in ours.resource_spans for ss in rs.scope_spans) == 512
