@@ -9,6 +9,13 @@ under callgrind, so the load is light (8 connections) and start-up takes ~30 s p
 
     python bench/instructions.py                                   # observability ablation
     python bench/instructions.py --targets forwarder,budgetproxy+episodes --seconds 20
+    python bench/instructions.py --cache-sim 1048576   # also: misses of a simulated 1 MB cache
+
+With `--cache-sim BYTES` callgrind also simulates the first-level caches and a last-level cache
+of BYTES (16-way, 64-byte lines; about a core's L2), and each row reports its misses per request
+there: a repeatable view of how much memory a request touches, which instruction counts miss.
+Under callgrind the proxy answers ~50 calls a second, so per-batch work (a trace export every
+5 s) weighs far more per call than at full load.
 
 Rows are the budgetproxy variants of bench/targets.py (and `forwarder`, the bare Starlette +
 aiohttp baseline); ratios are against the first row.
@@ -47,6 +54,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--connections", type=int, default=8)
     p.add_argument("--repeat", type=int, default=1, help="rounds over all targets")
     p.add_argument("--out", type=Path, default=tg.BENCH_DIR / "results")
+    p.add_argument("--cache-sim", type=int, metavar="BYTES", default=0,
+                   help="also simulate caches, the last level of BYTES, and report its misses")
     p.add_argument("--keep", action="store_true",
                    help="keep the callgrind files (for callgrind_annotate) and logs")
     return p.parse_args(argv)
@@ -59,13 +68,17 @@ def _control(pid: int, action: str) -> None:
         raise RuntimeError(f"callgrind_control {action} {pid} failed: {out.stdout} {out.stderr}")
 
 
-def _dumped_instructions(prefix: Path) -> int:
-    """The `summary:` count of the latest dump callgrind wrote for ``prefix``."""
+def _dumped_events(prefix: Path) -> dict[str, int]:
+    """The `summary:` counts, by event (Ir, and with cache simulation D1mr, DLmr ...), of the
+    latest dump callgrind wrote for ``prefix``."""
     dumps = sorted(prefix.parent.glob(prefix.name + ".*"), key=lambda p: p.stat().st_mtime)
     for path in reversed(dumps):
+        events = ["Ir"]
         for line in path.read_text(errors="replace").splitlines():
-            if line.startswith("summary:"):
-                return int(line.split()[1])
+            if line.startswith("events:"):
+                events = line.split()[1:]
+            elif line.startswith("summary:"):
+                return dict(zip(events, map(int, line.split()[1:]), strict=False))
     raise RuntimeError(f"no callgrind dump with a summary for {prefix}")
 
 
@@ -73,8 +86,9 @@ def count(workdir: Path, upstream: str, name: str, args: argparse.Namespace,
           round_no: int) -> dict[str, Any]:
     slug = f"{name.replace('+', '-')}-{round_no}"
     prefix = workdir / f"{slug}.callgrind"
-    wrapper = ["valgrind", "--tool=callgrind", "--cache-sim=no",
-               f"--callgrind-out-file={prefix}"]
+    cache = (["--cache-sim=yes", f"--LL={args.cache_sim},16,64"] if args.cache_sim
+             else ["--cache-sim=no"])
+    wrapper = ["valgrind", "--tool=callgrind", *cache, f"--callgrind-out-file={prefix}"]
     if name == "forwarder":
         target = tg.start_forwarder(workdir, upstream, wrapper, ready_timeout=300)
     else:
@@ -87,13 +101,17 @@ def count(workdir: Path, upstream: str, name: str, args: argparse.Namespace,
         res = loadgen.run_wrk(target, args.connections, args.seconds)
         _control(target.pid, "-d")
         time.sleep(0.5)
-        instructions = _dumped_instructions(prefix)
+        events = _dumped_events(prefix)
     finally:
         tg.stop(target.proc)
     if not res.requests or res.errors:
         return {"skip": f"{res.requests} requests, {res.errors} errors"}
-    return {"requests": res.requests, "instructions": instructions,
-            "per_request": instructions / res.requests}
+    out = {"requests": res.requests, "instructions": events["Ir"],
+           "per_request": events["Ir"] / res.requests}
+    if args.cache_sim:
+        ll = sum(events.get(e, 0) for e in ("ILmr", "DLmr", "DLmw"))
+        out |= {"events": events, "ll_misses_per_request": ll / res.requests}
+    return out
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -128,8 +146,10 @@ def main(argv: list[str] | None = None) -> int:
         else:
             shutil.rmtree(tmp, ignore_errors=True)
     base = _median(rows[names[0]])
-    print(f"\n{'target':28} {'requests':>9} {'instr/req':>11} {'x ' + names[0]:>12}")
-    print("-" * 64)
+    ll_base = _median(rows[names[0]], "ll_misses_per_request")
+    print(f"\n{'target':28} {'requests':>9} {'instr/req':>11} {'x ' + names[0]:>12}"
+          + (f" {'LL misses/req':>14} {'x ' + names[0]:>12}" if args.cache_sim else ""))
+    print("-" * (64 + (28 if args.cache_sim else 0)))
     summary = {}
     for name in names:
         per = _median(rows[name])
@@ -140,7 +160,12 @@ def main(argv: list[str] | None = None) -> int:
         ratio = per / base if base else None
         summary[name] = {"instructions_per_request": round(per),
                          "ratio": round(ratio, 3) if ratio else None}
-        print(f"{name:28} {reqs:>9} {per / 1000:>10.0f}k {ratio or 0:>11.3f}x")
+        line = f"{name:28} {reqs:>9} {per / 1000:>10.0f}k {ratio or 0:>11.3f}x"
+        ll = _median(rows[name], "ll_misses_per_request")
+        if ll is not None:
+            summary[name]["ll_misses_per_request"] = round(ll)
+            line += f" {ll:>14.0f} {ll / ll_base if ll_base else 0:>11.3f}x"
+        print(line)
     args.out.mkdir(parents=True, exist_ok=True)
     out = args.out / f"instructions-{stamp}.json"
     out.write_text(json.dumps({"stamp": stamp, "args": {k: str(v) for k, v in
@@ -150,8 +175,8 @@ def main(argv: list[str] | None = None) -> int:
     return 0
 
 
-def _median(runs: list[dict[str, Any]]) -> float | None:
-    vals = sorted(r["per_request"] for r in runs if "per_request" in r)
+def _median(runs: list[dict[str, Any]], key: str = "per_request") -> float | None:
+    vals = sorted(r[key] for r in runs if key in r)
     return vals[len(vals) // 2] if vals else None
 
 
