@@ -12,6 +12,8 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import gzip
+import json
+import logging
 import os
 import shutil
 import time
@@ -21,6 +23,37 @@ from typing import Any, Protocol
 import orjson
 
 _INLINE_MAX_RECORDS = 256
+
+log = logging.getLogger("budgetproxy.sink")
+
+
+def record_line(record: dict[str, Any]) -> bytes:
+    """One JSONL line for a record, whatever the agent put in it.
+
+    orjson refuses integers over 64 bits and nesting deeper than 254 levels, both of which an
+    agent's request (or an outcome's metadata) can carry; the standard library writes those.
+    What neither can write keeps the record's scalar fields, so every turn still has its line,
+    and names what was left out under "unencodable"."""
+    try:
+        return orjson.dumps(record) + b"\n"
+    except (TypeError, ValueError):
+        pass
+    try:
+        text = json.dumps(record, ensure_ascii=False, allow_nan=False, default=str,
+                          separators=(",", ":"))
+        return text.encode() + b"\n"
+    except (TypeError, ValueError, RecursionError):
+        pass
+    kept = {k: v for k, v in record.items()
+            if v is None or isinstance(v, str | bool | float)
+            or (isinstance(v, int) and -(1 << 63) <= v < 1 << 63)}
+    kept["unencodable"] = sorted(set(record) - set(kept))
+    try:
+        return orjson.dumps(kept) + b"\n"
+    except (TypeError, ValueError):  # a str with lone surrogates, say
+        kept = {k: v for k, v in kept.items() if not isinstance(v, str) and k != "unencodable"}
+        kept["unencodable"] = sorted(set(record) - set(kept))
+        return orjson.dumps(kept) + b"\n"
 
 
 class TrajectorySink(Protocol):
@@ -139,17 +172,20 @@ class JsonlSink:
                 await asyncio.sleep(self._linger)
             while not queue.empty() and len(batch) < 4096:
                 batch.append(queue.get_nowait())
-            lines = [orjson.dumps(r) + b"\n" for r in batch if r is not None]
-            if lines and (
-                self._written + sum(map(len, lines)) >= self._max_bytes
-                or len(lines) > _INLINE_MAX_RECORDS
-            ):
-                # Rotation (maybe gzip) or a large batch: keep the event loop free.
-                await asyncio.to_thread(self._write_batch, lines)
-            elif lines:
-                # A small batch is one write to the page cache: cheaper inline than the thread
-                # hand-off and GIL ping-pong a worker thread would cost per batch.
-                self._write_batch(lines)
+            try:
+                lines = [record_line(r) for r in batch if r is not None]
+                if lines and (
+                    self._written + sum(map(len, lines)) >= self._max_bytes
+                    or len(lines) > _INLINE_MAX_RECORDS
+                ):
+                    # Rotation (maybe gzip) or a large batch: keep the event loop free.
+                    await asyncio.to_thread(self._write_batch, lines)
+                elif lines:
+                    # A small batch is one write to the page cache: cheaper inline than the
+                    # thread hand-off and GIL ping-pong a worker thread would cost per batch.
+                    self._write_batch(lines)
+            except Exception:  # the writer outlives a failed batch: later records still land
+                log.exception("could not write %d trajectory records", len(batch))
             for _ in batch:
                 queue.task_done()
             if None in batch:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import json
 from pathlib import Path
 
 import orjson
@@ -56,3 +57,37 @@ async def test_rotation_keeps_every_record(tmp_path: Path) -> None:
     await sink.close()
     assert len(list(tmp_path.glob("trajectories-*.jsonl"))) > 1
     assert sorted(r["i"] for r in _lines(tmp_path)) == list(range(50))
+
+
+def _nested(depth: int) -> list[object]:
+    out: list[object] = []
+    cur = out
+    for _ in range(depth):
+        nxt: list[object] = []
+        cur.append(nxt)
+        cur = nxt
+    return out
+
+
+@pytest.mark.asyncio
+async def test_records_orjson_cannot_write_are_written_and_the_writer_lives_on(
+        tmp_path: Path) -> None:
+    """An agent's request can carry what orjson refuses (integers over 64 bits, nesting past
+    254 levels): such a record used to end the writer task, silently, and every later record
+    with it; calls then waited on a full queue and SIGTERM hung."""
+    sink = JsonlSink(tmp_path, max_file_bytes=1 << 30, gzip_rotated=False, queue_size=3)
+    await sink.start()
+    await sink.put({"i": 0, "big": 10**30})
+    await sink.put({"i": 1, "deep": _nested(300)})
+    await sink.put({"i": 2, "deep": _nested(5000), "big": 10**30, "text": "kept"})
+    await sink.put({"i": 3, "bad": "\udc80"})
+    for i in range(4, 20):  # more than the queue holds: the writer must still be draining it
+        await sink.put({"i": i})
+    await asyncio.wait_for(sink.close(), 5)
+    lines = [json.loads(line) for path in sorted(tmp_path.glob("trajectories-*.jsonl"))
+             for line in path.read_bytes().splitlines()]
+    assert [r["i"] for r in lines] == list(range(20))
+    assert lines[0]["big"] == 10**30
+    assert lines[1]["deep"] == _nested(300)  # written whole, by the standard library
+    assert lines[2]["unencodable"] == ["big", "deep"] and lines[2]["text"] == "kept"
+    assert lines[3]["unencodable"] == ["bad"]
