@@ -6,7 +6,7 @@ import asyncio
 import logging
 import time
 import uuid
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
 import aiohttp
 import orjson
@@ -14,11 +14,11 @@ from fastapi import Body, FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import Response
 from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_latest
-from pydantic import BaseModel, ConfigDict, Field, StrictBool
+from pydantic import AfterValidator, BaseModel, ConfigDict, Field, StrictBool
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from budgetproxy.config import Config
-from budgetproxy.core.budget import tier_label
+from budgetproxy.core.budget import TURNS_MAX, tier_label
 from budgetproxy.core.episode import EpisodeState, FinishStatus, OutcomeReport
 from budgetproxy.core.spec import EpisodeSpec, SpecError, new_episode
 from budgetproxy.errors import ProxyError, checked_episode_id
@@ -29,24 +29,34 @@ from budgetproxy.upstream import UpstreamPool
 log = logging.getLogger("budgetproxy")
 
 
+def _loggable(value: dict[str, Any]) -> dict[str, Any]:
+    """Free-form JSON (tags, metadata) the trajectory log and the stores can write as is."""
+    try:
+        orjson.dumps(value)
+    except (TypeError, ValueError):
+        raise ValueError("must be JSON with integers within 64 bits and at most 250 levels "
+                         "of nesting") from None
+    return value
+
+
 class EpisodeCreate(BaseModel):
     model_config = ConfigDict(extra="forbid")
     episode_id: str | None = None
-    budget: int | None = Field(None, ge=1, strict=True)
-    max_turns: int | None = Field(None, ge=1, strict=True)
+    budget: int | None = Field(None, ge=1, le=TURNS_MAX, strict=True)
+    max_turns: int | None = Field(None, ge=1, le=TURNS_MAX, strict=True)
     task_id: str | None = None
     group: str | None = None
     disclosure: Literal["hidden", "disclosed"] | None = None
-    announced_budget: int | None = Field(None, ge=1, strict=True)
-    tags: dict[str, Any] = Field(default_factory=dict)
+    announced_budget: int | None = Field(None, ge=1, le=TURNS_MAX, strict=True)
+    tags: Annotated[dict[str, Any], AfterValidator(_loggable)] = Field(default_factory=dict)
 
 
 class OutcomeBody(BaseModel):
     model_config = ConfigDict(extra="forbid")
     success: StrictBool
-    reward: float | None = Field(None, allow_inf_nan=False)
-    success_turn: int | None = Field(None, ge=1, strict=True)
-    metadata: dict[str, Any] = Field(default_factory=dict)
+    reward: float | None = Field(None, allow_inf_nan=False, strict=True)
+    success_turn: int | None = Field(None, ge=1, le=TURNS_MAX, strict=True)
+    metadata: Annotated[dict[str, Any], AfterValidator(_loggable)] = Field(default_factory=dict)
 
 
 def episode_view(st: EpisodeState) -> dict[str, Any]:

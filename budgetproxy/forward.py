@@ -295,9 +295,10 @@ class ModelCalls:
         model = call.model or ""
         extra = [(b"x-episode-exhausted", b"true")]
         if call.stream:
-            so = payload.get("stream_options") or {}
+            so = payload.get("stream_options")
+            usage = isinstance(so, dict) and bool(so.get("include_usage"))
             data = (
-                synthetic.chat_completion_stream(model, reason, bool(so.get("include_usage")))
+                synthetic.chat_completion_stream(model, reason, usage)
                 if call.kind == "chat"
                 else synthetic.text_completion_stream(model, reason)
             )
@@ -384,11 +385,11 @@ class ModelCalls:
                                              "include_usage": True}
                 drop_usage = True
                 body = b""
-        if not body:
-            body = orjson.dumps(payload)
         call.conversation = conversation
         call.span = self.tracing.start(call.kind, call.model, headers, call.episode_id)
         try:
+            if not body:
+                body = self._encode(call, payload)
             if upstream.kind == "litellm":
                 await self._forward_litellm(call, upstream, payload, send)
             else:
@@ -407,6 +408,19 @@ class ModelCalls:
                     status=call.http_status, error_class=call.error_class, reply=reply,
                     conversation=conversation,
                 )
+
+    @staticmethod
+    def _encode(call: _Call, payload: dict[str, Any]) -> bytes:
+        """The rewritten body's bytes. What the proxy parsed it can write, except nesting past
+        orjson's 254 levels: that call is refused, its turn given back, and its record kept."""
+        try:
+            return orjson.dumps(payload)
+        except (TypeError, ValueError):
+            call.result = SettleResult.REFUNDABLE
+            call.status = "rejected"
+            call.http_status = 400
+            raise invalid_request("Request body nests arrays and objects too deeply to be "
+                                  "rewritten (at most 254 levels)") from None
 
     async def _forward_litellm(
         self, call: _Call, upstream: UpstreamConfig, payload: dict[str, Any], send: Send

@@ -44,9 +44,9 @@ def record_line(record: dict[str, Any]) -> bytes:
         return text.encode() + b"\n"
     except (TypeError, ValueError, RecursionError):
         pass
-    kept = {k: v for k, v in record.items()
-            if v is None or isinstance(v, str | bool | float)
-            or (isinstance(v, int) and -(1 << 63) <= v < 1 << 63)}
+    kept: dict[str, Any] = {k: v for k, v in record.items()
+                            if v is None or isinstance(v, str | bool | float)
+                            or (isinstance(v, int) and -(1 << 63) <= v < 1 << 63)}
     kept["unencodable"] = sorted(set(record) - set(kept))
     try:
         return orjson.dumps(kept) + b"\n"

@@ -6,6 +6,7 @@ from typing import Any
 
 import orjson
 
+from budgetproxy.core.budget import TURNS_MAX
 from budgetproxy.core.spec import EpisodeSpec
 from budgetproxy.errors import invalid_request
 
@@ -39,28 +40,39 @@ def _int_header(headers: dict[bytes, bytes], name: bytes, param: str) -> int | N
     raw = headers.get(name)
     if raw is None or raw == b"":
         return None
-    try:
-        value = int(raw)
-    except ValueError:
+    digits = raw.strip()
+    if not digits.isdigit():  # bytes.isdigit: ASCII digits only (no sign, "_" or spaces)
         raise invalid_request(
-            f"Header {name.decode().title()} must be a positive integer, got {raw.decode()!r}",
-            param,
-        ) from None
-    if value < 1:
-        raise invalid_request(f"Header {name.decode().title()} must be at least 1", param)
+            f"Header {name.decode().title()} must be a positive integer, "
+            f"got {raw.decode('latin-1')!r}", param)
+    value = int(digits)
+    if not 1 <= value <= TURNS_MAX:
+        raise invalid_request(
+            f"Header {name.decode().title()} must be between 1 and {TURNS_MAX}", param)
     return value
+
+
+def _text_header(headers: dict[bytes, bytes], name: bytes, param: str) -> str | None:
+    raw = headers.get(name)
+    if not raw:
+        return None
+    try:
+        return raw.decode()
+    except UnicodeDecodeError:
+        raise invalid_request(f"Header {name.decode().title()} must be UTF-8 text",
+                              param) from None
 
 
 def spec_from_headers(episode_id: str, headers: dict[bytes, bytes]) -> EpisodeSpec:
     arm_raw = headers.get(b"x-episode-disclosure")
-    arm = arm_raw.decode().strip().lower() if arm_raw else None
+    arm = arm_raw.decode("latin-1").strip().lower() if arm_raw else None
     if arm not in (None, "hidden", "disclosed"):
         raise invalid_request(
             f"Header X-Episode-Disclosure must be 'hidden' or 'disclosed', got {arm!r}",
             "disclosure",
         )
-    task = headers.get(b"x-episode-task")
-    group = headers.get(b"x-episode-group")
+    task = _text_header(headers, b"x-episode-task", "task_id")
+    group = _text_header(headers, b"x-episode-group", "group")
     return EpisodeSpec(
         episode_id=episode_id,
         budget=_int_header(headers, _SPEC_HEADERS["budget"], "budget"),
@@ -68,8 +80,8 @@ def spec_from_headers(episode_id: str, headers: dict[bytes, bytes]) -> EpisodeSp
         announced_budget=_int_header(
             headers, _SPEC_HEADERS["announced_budget"], "announced_budget"
         ),
-        task_id=task.decode() if task else None,
-        group=group.decode() if group else None,
+        task_id=task,
+        group=group,
         disclosure=arm,  # type: ignore[arg-type]
     )
 

@@ -5,6 +5,10 @@ from __future__ import annotations
 import hashlib
 from fractions import Fraction
 
+# The largest turn count accepted anywhere (budgets, max_turns, success_turn): a count of turns
+# past two billion is a mistake, and every store, log reader and dashboard handles this one.
+TURNS_MAX = 2**31 - 1
+
 
 def round_half_up(x: Fraction) -> int:
     """Round a non-negative exact fraction to the nearest integer, halves going up."""

@@ -1,0 +1,135 @@
+"""Input found by throwing odd requests at a running proxy: each got a 500, a hang, a charged
+turn that was never forwarded, or stopped the trajectory log. Each must be a clear 400 (or
+a normal answer), the turn accounted for, and the log still written afterwards."""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+import httpx
+import pytest
+from conftest import Proxy, ProxyFactory, assert_openai_error, chat_body, new_id
+
+
+def _nested(depth: int) -> list[Any]:
+    out: list[Any] = []
+    cur = out
+    for _ in range(depth):
+        nxt: list[Any] = []
+        cur.append(nxt)
+        cur = nxt
+    return out
+
+
+def _post(proxy: Proxy, path: str, body: Any, headers: dict[str, Any] | None = None
+          ) -> httpx.Response:
+    return proxy.http().post(path, content=json.dumps(body),
+                             headers={"content-type": "application/json", **(headers or {})})
+
+
+def _still_logging(proxy: Proxy) -> None:
+    """A normal call afterwards is answered and its turn record reaches the log."""
+    eid = new_id("after")
+    r = _post(proxy, "/v1/chat/completions", chat_body("still there?"), {"X-Episode-Id": eid})
+    assert r.status_code == 200, r.text
+    assert proxy.wait_records(1, type="turn", episode_id=eid), "the trajectory log stopped"
+
+
+@pytest.fixture(scope="module")
+def disclosed(proxy: ProxyFactory) -> Proxy:
+    return proxy({"disclosure": {"mode": "disclosed"}})
+
+
+@pytest.mark.parametrize(("header", "value"), [
+    ("X-Episode-Task", b"\xff\xfe"), ("X-Episode-Group", b"\xe9t\xe9"),
+    ("X-Episode-Budget", b"\xff"), ("X-Episode-Disclosure", b"\xff"),
+])
+def test_header_bytes_that_are_not_utf8_are_a_400(default_proxy: Proxy, header: str,
+                                                 value: bytes) -> None:
+    r = _post(default_proxy, "/v1/chat/completions", chat_body(),
+              {"X-Episode-Id": new_id("bytes"), header: value})
+    assert_openai_error(r, 400, "invalid_request")
+
+
+@pytest.mark.parametrize("value", ["100000000000000000000", "2147483648", "+3", "1_0", "0x10"])
+def test_budget_headers_take_plain_turn_counts(default_proxy: Proxy, value: str) -> None:
+    r = _post(default_proxy, "/v1/chat/completions", chat_body(),
+              {"X-Episode-Id": new_id("count"), "X-Episode-Budget": value})
+    assert_openai_error(r, 400, "invalid_request", "budget")
+
+
+def test_a_body_too_deep_to_rewrite_is_a_400_and_gives_its_turn_back(disclosed: Proxy) -> None:
+    """The disclosed arm re-encodes the body, which orjson cannot past 254 levels: the call
+    was a 500 whose turn stayed charged, with no record."""
+    eid = new_id("deep")
+    body = chat_body("deep") | {"x": _nested(300)}
+    r = _post(disclosed, "/v1/chat/completions", body, {"X-Episode-Id": eid,
+                                                        "X-Episode-Budget": "3"})
+    assert_openai_error(r, 400, "invalid_request")
+    ep = disclosed.episode(eid)
+    assert ep["turns_used"] == 0 and ep["remaining"] == 3
+    (rec,) = disclosed.wait_records(1, type="turn", episode_id=eid)
+    assert rec["status"] == "rejected" and rec["http_status"] == 400
+    r = _post(disclosed, "/v1/chat/completions", chat_body("shallow"), {"X-Episode-Id": eid})
+    assert r.status_code == 200 and r.headers["x-episode-turn"] == "1"
+    _still_logging(disclosed)
+
+
+def test_a_forwarded_body_orjson_cannot_log_still_gets_its_record(default_proxy: Proxy
+                                                                   ) -> None:
+    """The hidden arm forwards the body untouched; its record carries the agent's messages,
+    300 levels deep: that record used to end the trajectory writer."""
+    eid = new_id("deeplog")
+    message = {"role": "user", "content": "hi", "x": _nested(300)}
+    r = _post(default_proxy, "/v1/chat/completions",
+              {"model": "m1", "messages": [message]}, {"X-Episode-Id": eid})
+    assert r.status_code == 200, r.text
+    (rec,) = default_proxy.wait_records(1, type="turn", episode_id=eid)
+    assert rec["request_messages"][0]["x"] == _nested(300)
+    _still_logging(default_proxy)
+
+
+@pytest.mark.parametrize(("path", "body"), [
+    ("/v1/episodes", {"budget": 100000000000000000000}),
+    ("/v1/episodes", {"max_turns": 2**31}),
+    ("/v1/episodes", {"tags": {"a": 100000000000000000000}}),
+    ("/v1/episodes", {"tags": {"a": _nested(300)}}),
+])
+def test_episode_fields_the_log_cannot_hold_are_a_400(default_proxy: Proxy, path: str,
+                                                      body: dict[str, Any]) -> None:
+    """These were created, then answered 500 (plain text) on every GET."""
+    eid = new_id("big")
+    r = _post(default_proxy, path, {"episode_id": eid, **body})
+    assert_openai_error(r, 400, "invalid_request")
+    assert default_proxy.http().get(f"/v1/episodes/{eid}").status_code == 404
+    _still_logging(default_proxy)
+
+
+@pytest.mark.parametrize("body", [
+    {"success": True, "reward": "1.5"}, {"success": True, "reward": True},
+    {"success": True, "metadata": {"x": _nested(300)}},
+    {"success": True, "metadata": {"n": 100000000000000000000}},
+    {"success": True, "success_turn": 2**31},
+])
+def test_outcome_fields_are_taken_as_typed(default_proxy: Proxy, body: dict[str, Any]) -> None:
+    eid = new_id("typed")
+    assert _post(default_proxy, "/v1/episodes", {"episode_id": eid}).status_code == 201
+    r = _post(default_proxy, f"/v1/episodes/{eid}/outcome", body)
+    assert_openai_error(r, 400, "invalid_request")
+    assert default_proxy.episode(eid)["status"] == "active"
+    assert _post(default_proxy, f"/v1/episodes/{eid}/outcome",
+                 {"success": True, "reward": 1}).status_code == 200  # an int is a number
+    _still_logging(default_proxy)
+
+
+def test_finish_mode_with_odd_stream_options_still_finishes(proxy: ProxyFactory) -> None:
+    finishing = proxy({"budget": {"on_exhausted": "finish"}})
+    eid = new_id("finish")
+    headers = {"X-Episode-Id": eid, "X-Episode-Budget": "1"}
+    assert _post(finishing, "/v1/chat/completions", chat_body("one"), headers).status_code == 200
+    r = _post(finishing, "/v1/chat/completions",
+              chat_body("two", stream=True, stream_options=[1]), headers)
+    assert r.status_code == 200, r.text
+    assert r.headers["x-episode-exhausted"] == "true"
+    assert r.text.rstrip().endswith("data: [DONE]")
