@@ -21,7 +21,7 @@ from budgetproxy.config import Config
 from budgetproxy.core.budget import TURNS_MAX, tier_label
 from budgetproxy.core.episode import EpisodeState, FinishStatus, OutcomeReport
 from budgetproxy.core.spec import EpisodeSpec, SpecError, new_episode
-from budgetproxy.errors import ProxyError, checked_episode_id
+from budgetproxy.errors import ProxyError, checked_episode_id, request_too_large
 from budgetproxy.recorder import Recorder
 from budgetproxy.store.base import EpisodeStore, StoreUnavailable
 from budgetproxy.upstream import UpstreamPool
@@ -143,7 +143,8 @@ def build_api(
     @app.exception_handler(StarletteHTTPException)
     async def _http_error(_: Request, exc: StarletteHTTPException) -> Response:
         # Unknown routes and methods are the proxy's own errors too: OpenAI-shaped.
-        code = {404: "not_found", 405: "method_not_allowed"}.get(exc.status_code, "http_error")
+        code = {404: "not_found", 405: "method_not_allowed",
+                413: "request_too_large"}.get(exc.status_code, "http_error")
         return _error(ProxyError(exc.status_code, code, str(exc.detail),
                                  headers=dict(exc.headers or {})))
 
@@ -292,8 +293,7 @@ def build_api(
                              headers={"allow": allowed})
         body = await request.body()
         if len(body) > config.server.max_body_bytes:
-            raise ProxyError(413, "request_too_large", "Request body exceeds the limit of "
-                             f"{config.server.max_body_bytes} bytes (server.max_body_bytes)")
+            raise request_too_large(config.server.max_body_bytes)
         model = None
         if body and request.headers.get("content-type", "").startswith("application/json"):
             try:

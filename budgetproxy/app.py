@@ -11,11 +11,13 @@ from typing import Any
 
 from opentelemetry.sdk.trace import SpanProcessor
 from prometheus_client import CollectorRegistry
+from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from budgetproxy.api import build_api
-from budgetproxy.asgi import Receive, Scope, Send
+from budgetproxy.asgi import Receive, Scope, Send, send_error
 from budgetproxy.config import ENV_MULTIPROC_DIR, Config
-from budgetproxy.core.ids import split_episode_prefix
+from budgetproxy.core.ids import is_valid_episode_id, split_episode_prefix
+from budgetproxy.errors import invalid_episode_id, request_too_large
 from budgetproxy.forward import ModelCalls
 from budgetproxy.metrics import Metrics
 from budgetproxy.recorder import Recorder
@@ -126,6 +128,9 @@ class BudgetProxy:
                     if tail in MODEL_ROUTES and scope["method"] == "POST":
                         await self.calls.handle(scope, receive, send, tail, eid)
                         return
+                    if not is_valid_episode_id(eid):  # other routes ignore the id, not a bad one
+                        await send_error(send, invalid_episode_id())
+                        return
                     scope = dict(scope)
                     scope["path"] = tail
                     scope["raw_path"] = tail.encode()
@@ -138,6 +143,14 @@ class BudgetProxy:
     async def _timed_api(self, scope: Scope, receive: Receive, send: Send) -> None:
         t0 = time.perf_counter()
         status = 500
+        if scope["method"] in ("POST", "PUT", "PATCH"):
+            # The episode API and pass-through routes take no more than model calls do.
+            limit = self.config.server.max_body_bytes
+            declared = dict(scope["headers"]).get(b"content-length", b"0")
+            if declared.isdigit() and int(declared) > limit:
+                await send_error(send, request_too_large(limit))
+                return
+            receive = _limited(receive, limit)
 
         async def send_status(message: Any) -> None:
             nonlocal status
@@ -228,3 +241,20 @@ class BudgetProxy:
 def create_app(config: Config, **kwargs: Any) -> BudgetProxy:
     """Build the proxy for `config`; nothing starts until the server runs its lifespan."""
     return BudgetProxy(config, **kwargs)
+
+
+def _limited(receive: Receive, limit: int) -> Receive:
+    """`receive`, refusing a body that grows past `limit` bytes (chunked uploads say no size
+    up front): the route's error handler answers 413."""
+    seen = 0
+
+    async def limited() -> Any:
+        nonlocal seen
+        message = await receive()
+        if message["type"] == "http.request":
+            seen += len(message.get("body", b""))
+            if seen > limit:
+                raise StarletteHTTPException(413, request_too_large(limit).message)
+        return message
+
+    return limited

@@ -5,7 +5,7 @@ from __future__ import annotations
 from collections.abc import Awaitable, Callable, MutableMapping
 from typing import Any
 
-from budgetproxy.errors import ProxyError
+from budgetproxy.errors import ProxyError, request_too_large
 
 Scope = MutableMapping[str, Any]
 Message = MutableMapping[str, Any]
@@ -17,24 +17,17 @@ class ClientGone(Exception):
     """The client disconnected before its request body arrived."""
 
 
-def _too_large(limit: int) -> ProxyError:
-    return ProxyError(
-        413, "request_too_large", f"Request body exceeds the limit of {limit} bytes "
-        "(server.max_body_bytes)",
-    )
-
-
 async def read_body(receive: Receive, headers: dict[bytes, bytes], limit: int) -> bytes:
     declared = headers.get(b"content-length")
     if declared is not None and declared.isdigit() and int(declared) > limit:
-        raise _too_large(limit)
+        raise request_too_large(limit)
     msg = await receive()
     if msg["type"] == "http.disconnect":
         raise ClientGone()
     body: bytes = msg.get("body", b"")
     if not msg.get("more_body"):
         if len(body) > limit:
-            raise _too_large(limit)
+            raise request_too_large(limit)
         return body
     chunks = [body]
     size = len(body)
@@ -45,7 +38,7 @@ async def read_body(receive: Receive, headers: dict[bytes, bytes], limit: int) -
         part = msg.get("body", b"")
         size += len(part)
         if size > limit:
-            raise _too_large(limit)
+            raise request_too_large(limit)
         chunks.append(part)
         if not msg.get("more_body"):
             return b"".join(chunks)

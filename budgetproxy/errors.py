@@ -61,6 +61,11 @@ class ProxyError(Exception):
         return out
 
 
+def request_too_large(limit: int) -> ProxyError:
+    return ProxyError(413, "request_too_large", f"Request body exceeds the limit of {limit} "
+                      "bytes (server.max_body_bytes)")
+
+
 def invalid_request(message: str, param: str | None = None) -> ProxyError:
     return ProxyError(400, "invalid_request", message, param=param)
 

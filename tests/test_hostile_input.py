@@ -133,3 +133,37 @@ def test_finish_mode_with_odd_stream_options_still_finishes(proxy: ProxyFactory)
     assert r.status_code == 200, r.text
     assert r.headers["x-episode-exhausted"] == "true"
     assert r.text.rstrip().endswith("data: [DONE]")
+
+
+@pytest.fixture(scope="module")
+def small_bodies(proxy: ProxyFactory) -> Proxy:
+    return proxy({"server": {"max_body_bytes": 1000}})
+
+
+@pytest.mark.parametrize("chunked", [False, True])
+@pytest.mark.parametrize("route", ["create", "outcome"])
+def test_the_episode_api_keeps_to_the_body_limit(small_bodies: Proxy, chunked: bool,
+                                                 route: str) -> None:
+    """Model calls answered 413 past server.max_body_bytes; the episode API took 5 MB."""
+    eid = new_id("limit")
+    if route == "outcome":
+        assert _post(small_bodies, "/v1/episodes", {"episode_id": eid}).status_code == 201
+        path, body = f"/v1/episodes/{eid}/outcome", {"success": True, "metadata": {}}
+    else:
+        path, body = "/v1/episodes", {"episode_id": eid, "tags": {}}
+    key = "metadata" if route == "outcome" else "tags"
+    body[key] = {"pad": "x" * 5000}
+    data = json.dumps(body).encode()
+    content: Any = iter([data[:600], data[600:]]) if chunked else data
+    r = small_bodies.http().post(path, content=content,
+                                 headers={"content-type": "application/json"})
+    assert_openai_error(r, 413, "request_too_large")
+    body[key] = {"pad": "x" * 100}
+    assert _post(small_bodies, path, body).status_code in (200, 201)
+
+
+@pytest.mark.parametrize("path", ["/episodes/bad%20id/v1/models", "/episodes/bad!id/v1/episodes"])
+def test_a_bad_id_in_the_path_prefix_is_a_400_on_every_route(default_proxy: Proxy,
+                                                             path: str) -> None:
+    r = default_proxy.http().get(path)
+    assert_openai_error(r, 400, "invalid_episode_id")
