@@ -10,7 +10,7 @@ from typing import Annotated, Any, Literal
 
 import aiohttp
 import orjson
-from fastapi import Body, FastAPI, Request
+from fastapi import Body, Depends, FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import Response
 from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_latest
@@ -156,6 +156,9 @@ def build_api(
         if auth_keys and request.headers.get("authorization") not in auth_keys:
             raise ProxyError(401, "invalid_api_key", "Missing or invalid API key for this proxy")
 
+    # A dependency, so that a request without a valid key is a 401 before its body is judged.
+    authorized = [Depends(check_auth)]
+
     async def end_and_record(episode_id: str, report: OutcomeReport | None) -> Response:
         done = await store.finish(episode_id, report, time.time())
         if done.status is None or done.state is None:
@@ -192,11 +195,10 @@ def build_api(
             return Response("metrics are disabled\n", status_code=404)
         return Response(generate_latest(registry), media_type=CONTENT_TYPE_LATEST)
 
-    @app.post("/v1/episodes", status_code=201)
+    @app.post("/v1/episodes", status_code=201, dependencies=authorized)
     async def create_episode(
         request: Request, body: EpisodeCreate | None = Body(None)  # noqa: B008
     ) -> Response:
-        check_auth(request)
         if body is None:
             if (await request.body()).strip():
                 raise ProxyError(400, "invalid_request", "Request body must be a JSON object")
@@ -219,9 +221,8 @@ def build_api(
         # The contract's fields, with the rest of what GET answers: one shape for both.
         return _json({**episode_view(st), "base_url": f"{base}/episodes/{eid}/v1"}, 201)
 
-    @app.get("/v1/episodes/{episode_id}")
+    @app.get("/v1/episodes/{episode_id}", dependencies=authorized)
     async def get_episode(request: Request, episode_id: str) -> Response:
-        check_auth(request)
         st = await store.get(checked_episode_id(episode_id))
         if st is None:
             if await store.is_known(episode_id):
@@ -229,11 +230,10 @@ def build_api(
             raise _not_found(episode_id)
         return _json(episode_view(st))
 
-    @app.post("/v1/episodes/{episode_id}/outcome")
+    @app.post("/v1/episodes/{episode_id}/outcome", dependencies=authorized)
     async def report_outcome(
         request: Request, episode_id: str, body: OutcomeBody = Body()  # noqa: B008
     ) -> Response:
-        check_auth(request)
         checked_episode_id(episode_id)
         if body.success_turn is not None:
             st = await store.get(episode_id)
@@ -247,17 +247,15 @@ def build_api(
                                success_turn=body.success_turn, metadata=body.metadata)
         return await end_and_record(episode_id, report)
 
-    @app.post("/v1/episodes/{episode_id}/end")
+    @app.post("/v1/episodes/{episode_id}/end", dependencies=authorized)
     async def end_episode(request: Request, episode_id: str) -> Response:
-        check_auth(request)
         return await end_and_record(checked_episode_id(episode_id), None)
 
-    @app.get("/v1/models")
+    @app.get("/v1/models", dependencies=authorized)
     async def list_models(request: Request) -> Response:
-        check_auth(request)
         merged: dict[str, dict[str, Any]] = {}
 
-        async def fetch(u: Any) -> list[dict[str, Any]]:
+        async def fetch(u: Any) -> list[dict[str, Any]] | None:
             if u.kind != "openai":
                 return [{"id": m, "object": "model", "owned_by": u.name} for m in u.models
                         if "*" not in m]
@@ -266,22 +264,26 @@ def build_api(
                 async with pool.session.get(f"{u.base_url}/models", headers=headers,
                                             timeout=aiohttp.ClientTimeout(total=10)) as r:
                     if r.status != 200:
-                        return []
+                        log.warning("upstream %s answered %d to GET /models", u.name, r.status)
+                        return None
                     data = orjson.loads(await r.read()).get("data", [])
                     return [m for m in data if isinstance(m, dict) and "id" in m]
             except (aiohttp.ClientError, TimeoutError, orjson.JSONDecodeError, AttributeError):
                 log.warning("could not list models of upstream %s", u.name)
-                return []
+                return None
 
-        for models in await asyncio.gather(*(fetch(u) for u in pool.upstreams)):
-            for m in models:
+        answers = await asyncio.gather(*(fetch(u) for u in pool.upstreams))
+        if answers and all(a is None for a in answers):
+            raise ProxyError(502, "upstream_unreachable",
+                             "No upstream answered GET /models")
+        for models in answers:
+            for m in models or ():
                 merged.setdefault(m["id"], m)
         return _json({"object": "list", "data": list(merged.values())})
 
     @app.api_route("/v1/{path:path}", methods=["GET", "POST", "PUT", "PATCH", "DELETE"],
-                   include_in_schema=False)
+                   include_in_schema=False, dependencies=authorized)
     async def passthrough(request: Request, path: str) -> Response:
-        check_auth(request)
         if path == "episodes" or path.startswith("episodes/"):
             # The episode API is the proxy's own: a wrong method or an unknown sub-route is
             # answered here, never sent upstream.

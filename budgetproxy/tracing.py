@@ -97,7 +97,9 @@ def _parse_traceparent(value: bytes, state: bytes | None) -> SpanContext | None:
     if not trace_id or not span_id:
         return None
     trace_state = None
-    if state:
+    # W3C asks that at least 512 characters of tracestate be kept; past 4 KB it is dropped
+    # unread (the SDK would log the whole of it as invalid).
+    if state and len(state) <= 4096:
         try:
             trace_state = TraceState.from_header([state.decode("latin-1")])
         except Exception:

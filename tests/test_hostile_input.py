@@ -167,3 +167,42 @@ def test_a_bad_id_in_the_path_prefix_is_a_400_on_every_route(default_proxy: Prox
                                                              path: str) -> None:
     r = default_proxy.http().get(path)
     assert_openai_error(r, 400, "invalid_episode_id")
+
+
+def test_without_a_key_it_is_401_before_the_body_is_judged(proxy: ProxyFactory) -> None:
+    guarded = proxy({"auth": {"keys": ["k1"]}})
+    r = _post(guarded, "/v1/episodes", {"budget": "not a number"})
+    assert_openai_error(r, 401, "invalid_api_key")
+    r = _post(guarded, "/v1/episodes", {"budget": "not a number"},
+              {"Authorization": "Bearer k1"})
+    assert_openai_error(r, 400, "invalid_request", "budget")
+
+
+def test_listing_models_with_every_upstream_down_is_a_502(proxy: ProxyFactory) -> None:
+    from conftest import free_port
+
+    down = proxy({"upstreams": [{"name": "gone",
+                                 "base_url": f"http://127.0.0.1:{free_port()}/v1"}]})
+    r = down.http().get("/v1/models")
+    assert_openai_error(r, 502, "upstream_unreachable")
+
+
+def test_a_huge_tracestate_is_dropped_without_logging_it(
+        upstream: Any, tmp_path: Any, caplog: pytest.LogCaptureFixture) -> None:
+    from opentelemetry.sdk.trace.export import SimpleSpanProcessor
+    from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
+
+    from budgetproxy.config import load_config
+    from budgetproxy.server import ProxyServer
+
+    exporter = InMemorySpanExporter()
+    cfg = load_config(None, {"upstreams": [{"base_url": upstream.base_url}],
+                             "trajectories": {"dir": str(tmp_path)}})
+    with ProxyServer(cfg, span_processor=SimpleSpanProcessor(exporter)) as srv:
+        r = httpx.post(srv.url + "/v1/chat/completions", json=chat_body(), headers={
+            "traceparent": "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01",
+            "tracestate": "v=" + "x" * 8000})
+    assert r.status_code == 200, r.text
+    assert not any(len(rec.getMessage()) > 2000 for rec in caplog.records)
+    (span,) = exporter.get_finished_spans()
+    assert span.parent is not None and span.parent.trace_id == 0x4bf92f3577b34da6a3ce929d0e0e4736
