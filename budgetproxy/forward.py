@@ -160,7 +160,7 @@ class ModelCalls:
         eid: str | None = None
         for name in self.id_headers:
             raw = headers.get(name)
-            if raw:
+            if raw is not None:  # an empty id is a bad id, not none: it would go uncounted
                 eid = raw.decode("latin-1")
                 break
         if path_episode is not None:

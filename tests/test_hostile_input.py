@@ -206,3 +206,10 @@ def test_a_huge_tracestate_is_dropped_without_logging_it(
     assert not any(len(rec.getMessage()) > 2000 for rec in caplog.records)
     (span,) = exporter.get_finished_spans()
     assert span.parent is not None and span.parent.trace_id == 0x4bf92f3577b34da6a3ce929d0e0e4736
+
+
+def test_an_empty_episode_id_is_a_400_not_an_uncounted_call(default_proxy: Proxy) -> None:
+    """An unset variable in a header template sends X-Episode-Id: "" — counting nothing and
+    enforcing no budget would hide that."""
+    r = _post(default_proxy, "/v1/chat/completions", chat_body(), {"X-Episode-Id": ""})
+    assert_openai_error(r, 400, "invalid_episode_id")
