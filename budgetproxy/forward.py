@@ -573,10 +573,14 @@ class ModelCalls:
     async def _after(self, call: _Call) -> dict[str, Any]:
         """Read the reply back for tokens and the log; runs once the client has its answer."""
         reply: dict[str, Any] = {"message": None, "finish_reason": None, "usage": None}
-        if call.events is not None:
-            reply = assemble(call.events)
-        elif call.data:
-            reply = read_reply(call.kind, call.data)
+        try:
+            if call.events is not None:
+                reply = assemble(call.events)
+            elif call.data:
+                reply = read_reply(call.kind, call.data)
+        except Exception:  # an odd reply costs its details in the log, never its record
+            log.warning("could not read back the reply to %s (%s); its turn is logged without "
+                        "it", call.route, call.episode_id, exc_info=True)
         usage = reply.get("usage")
         m = self.metrics
         if m is not None and isinstance(usage, dict):

@@ -76,31 +76,41 @@ def assemble(events: list[bytes]) -> dict[str, Any]:
             continue
         if not isinstance(obj, dict):
             continue
-        if obj.get("usage"):
+        if isinstance(obj.get("usage"), dict):
             usage = obj["usage"]
-        for choice in obj.get("choices") or ():
+        choices = obj.get("choices")
+        # Upstreams are not all well-formed: every field is type-checked before it is used.
+        for choice in choices if isinstance(choices, list) else ():
             if not isinstance(choice, dict) or choice.get("index", 0) != 0:
                 continue
-            if choice.get("finish_reason"):
+            if isinstance(choice.get("finish_reason"), str):
                 finish_reason = choice["finish_reason"]
             if isinstance(choice.get("text"), str):
                 content.append(choice["text"])
-            delta = choice.get("delta") or {}
-            if delta.get("role"):
+            delta = choice.get("delta")
+            if not isinstance(delta, dict):
+                continue
+            if isinstance(delta.get("role"), str):
                 role = delta["role"]
             if isinstance(delta.get("content"), str):
                 content.append(delta["content"])
-            for tc in delta.get("tool_calls") or ():
+            calls = delta.get("tool_calls")
+            for tc in calls if isinstance(calls, list) else ():
+                if not isinstance(tc, dict):
+                    continue
+                index = tc.get("index", 0)
                 slot = tool_calls.setdefault(
-                    tc.get("index", 0),
+                    index if type(index) is int else 0,
                     {"id": None, "type": "function", "function": {"name": "", "arguments": ""}},
                 )
-                if tc.get("id"):
+                if isinstance(tc.get("id"), str):
                     slot["id"] = tc["id"]
-                fn = tc.get("function") or {}
-                if fn.get("name"):
+                fn = tc.get("function")
+                if not isinstance(fn, dict):
+                    continue
+                if isinstance(fn.get("name"), str):
                     slot["function"]["name"] += fn["name"]
-                if fn.get("arguments"):
+                if isinstance(fn.get("arguments"), str):
                     slot["function"]["arguments"] += fn["arguments"]
     message: dict[str, Any] = {"role": role, "content": "".join(content) if content else None}
     if tool_calls:

@@ -213,3 +213,64 @@ def test_an_empty_episode_id_is_a_400_not_an_uncounted_call(default_proxy: Proxy
     enforcing no budget would hide that."""
     r = _post(default_proxy, "/v1/chat/completions", chat_body(), {"X-Episode-Id": ""})
     assert_openai_error(r, 400, "invalid_episode_id")
+
+
+class _OddStreams:
+    """An upstream whose SSE chunks carry fields of the wrong types."""
+
+    CHUNKS = (
+        b'{"choices":[{"index":0,"delta":{"tool_calls":"x"}}]}',
+        b'{"choices":[{"index":0,"delta":"x"}]}',
+        b'{"choices":[{"index":0,"delta":{"tool_calls":[{"index":0,"function":'
+        b'{"name":"f","arguments":{"city":"Paris"}}}]}}]}',
+        b'{"choices":[{"index":0,"delta":{"tool_calls":[{"index":"1","function":'
+        b'{"arguments":"{}"}}, 7]}}]}',
+        b'{"choices":"none","usage":[1]}',
+        b'{"choices":[{"index":0,"delta":{"content":"ok"},"finish_reason":"stop"}]}',
+    )
+
+    @classmethod
+    def server(cls) -> Any:
+        from aiohttp import web
+
+        from budgetproxy.local_server import LocalAiohttpServer
+
+        class Server(LocalAiohttpServer):
+            def build_app(self) -> web.Application:
+                async def chat(request: web.Request) -> web.StreamResponse:
+                    await request.read()
+                    resp = web.StreamResponse(headers={"Content-Type": "text/event-stream"})
+                    await resp.prepare(request)
+                    for chunk in cls.CHUNKS:
+                        await resp.write(b"data: " + chunk + b"\n\n")
+                    await resp.write(b"data: [DONE]\n\n")
+                    return resp
+
+                app = web.Application()
+                app.router.add_post("/v1/chat/completions", chat)
+                return app
+
+        return Server()
+
+
+def test_an_upstream_stream_of_odd_types_still_gets_its_turn_record(
+        tmp_path: Any) -> None:
+    """A stream whose deltas had fields of the wrong type was relayed and charged, but reading
+    it back raised: the turn had no record (and a traceback in the log)."""
+    from budgetproxy.config import load_config
+    from budgetproxy.server import ProxyServer
+    from conftest import read_jsonl
+
+    with _OddStreams.server() as odd:
+        cfg = load_config(None, {"upstreams": [{"base_url": odd.base_url}],
+                                 "trajectories": {"dir": str(tmp_path)},
+                                 "disclosure": {"mode": "disclosed"}})
+        with ProxyServer(cfg) as srv:
+            eid = new_id("odd")
+            r = httpx.post(srv.url + "/v1/chat/completions", headers={"X-Episode-Id": eid},
+                           json=chat_body(stream=True))
+            assert r.status_code == 200 and "[DONE]" in r.text
+    (rec,) = [x for x in read_jsonl(tmp_path) if x["type"] == "turn"]
+    assert rec["episode_id"] == eid and rec["status"] == "ok"
+    assert rec["response"]["content"] == "ok" and rec["finish_reason"] == "stop"
+    assert rec["response"]["tool_calls"][0]["function"]["name"] == "f"
