@@ -134,6 +134,9 @@ class BudgetProxy:
                     scope = dict(scope)
                     scope["path"] = tail
                     scope["raw_path"] = tail.encode()
+                elif _slash_in_id(scope):
+                    await send_error(send, invalid_episode_id())
+                    return
             await self._timed_api(scope, receive, send)
         elif scope["type"] == "lifespan":
             await self._lifespan(receive, send)
@@ -241,6 +244,13 @@ class BudgetProxy:
 def create_app(config: Config, **kwargs: Any) -> BudgetProxy:
     """Build the proxy for `config`; nothing starts until the server runs its lifespan."""
     return BudgetProxy(config, **kwargs)
+
+
+def _slash_in_id(scope: Scope) -> bool:
+    """Whether an /episodes/{id}/v1/... path only failed to split because its id holds an
+    encoded slash (`a%2Fb`): the server decodes it, so the id's end is only in the raw path."""
+    raw = scope.get("raw_path")
+    return isinstance(raw, bytes) and split_episode_prefix(raw.decode("latin-1")) is not None
 
 
 def _limited(receive: Receive, limit: int) -> Receive:

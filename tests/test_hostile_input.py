@@ -169,6 +169,15 @@ def test_a_bad_id_in_the_path_prefix_is_a_400_on_every_route(default_proxy: Prox
     assert_openai_error(r, 400, "invalid_episode_id")
 
 
+def test_an_encoded_slash_in_a_path_prefix_id_is_a_400_not_a_404(default_proxy: Proxy) -> None:
+    """The server decodes `a%2Fb` to `a/b` before routing, so the id's end was lost and the
+    call fell through to a 404, as if the route did not exist."""
+    r = default_proxy.http().get("/episodes/a%2Fb/v1/models")
+    assert_openai_error(r, 400, "invalid_episode_id")
+    r = _post(default_proxy, "/episodes/a%2Fb/v1/chat/completions", chat_body())
+    assert_openai_error(r, 400, "invalid_episode_id")
+
+
 def test_without_a_key_it_is_401_before_the_body_is_judged(proxy: ProxyFactory) -> None:
     guarded = proxy({"auth": {"keys": ["k1"]}})
     r = _post(guarded, "/v1/episodes", {"budget": "not a number"})
