@@ -266,9 +266,10 @@ def test_an_upstream_stream_of_odd_types_still_gets_its_turn_record(
         tmp_path: Any) -> None:
     """A stream whose deltas had fields of the wrong type was relayed and charged, but reading
     it back raised: the turn had no record (and a traceback in the log)."""
+    from conftest import read_jsonl
+
     from budgetproxy.config import load_config
     from budgetproxy.server import ProxyServer
-    from conftest import read_jsonl
 
     with _OddStreams.server() as odd:
         cfg = load_config(None, {"upstreams": [{"base_url": odd.base_url}],
