@@ -17,7 +17,7 @@ from budgetproxy.api import build_api
 from budgetproxy.asgi import Receive, Scope, Send, send_error
 from budgetproxy.config import ENV_MULTIPROC_DIR, Config
 from budgetproxy.core.ids import is_valid_episode_id, split_episode_prefix
-from budgetproxy.errors import invalid_episode_id, request_too_large
+from budgetproxy.errors import ProxyError, invalid_episode_id, request_too_large
 from budgetproxy.forward import ModelCalls
 from budgetproxy.metrics import Metrics
 from budgetproxy.recorder import Recorder
@@ -116,7 +116,13 @@ class BudgetProxy:
         self._flusher: asyncio.Task[None] | None = None
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        if scope["type"] == "http":
+        if scope["type"] != "http":
+            if scope["type"] == "lifespan":
+                await self._lifespan(receive, send)
+            else:
+                await self.api(scope, receive, send)
+            return
+        try:
             path: str = scope["path"]
             if path in MODEL_ROUTES and scope["method"] == "POST":
                 await self.calls.handle(scope, receive, send, path, None)
@@ -138,10 +144,12 @@ class BudgetProxy:
                     await send_error(send, invalid_episode_id())
                     return
             await self._timed_api(scope, receive, send)
-        elif scope["type"] == "lifespan":
-            await self._lifespan(receive, send)
-        else:
-            await self.api(scope, receive, send)
+        except asyncio.CancelledError:
+            # The server gave up waiting for this request at shutdown (a stalled upload, a call
+            # past server.shutdown_timeout_s): an OpenAI-shaped 503, which SDKs retry elsewhere,
+            # instead of the server's plain-text 500.
+            if not await _answer_cancelled(send):
+                raise
 
     async def _timed_api(self, scope: Scope, receive: Receive, send: Send) -> None:
         t0 = time.perf_counter()
@@ -244,6 +252,16 @@ class BudgetProxy:
 def create_app(config: Config, **kwargs: Any) -> BudgetProxy:
     """Build the proxy for `config`; nothing starts until the server runs its lifespan."""
     return BudgetProxy(config, **kwargs)
+
+
+async def _answer_cancelled(send: Send) -> bool:
+    """Answer a request cancelled before its response began; False if it had begun."""
+    try:
+        await send_error(send, ProxyError(
+            503, "shutting_down", "The proxy is shutting down; retry the request"))
+    except Exception:  # the response had started: the server closes the connection
+        return False
+    return True
 
 
 def _slash_in_id(scope: Scope) -> bool:

@@ -182,3 +182,40 @@ def test_sigterm_during_traffic_finishes_calls_and_loses_no_record(
     assert {r["end_reason"] for r in ended} == {"abandoned"}
     assert {r["turns_used"] for r in ended} == {3}
     json.dumps(records)  # plain JSON all the way down
+
+
+def test_a_request_still_uploading_at_the_shutdown_deadline_gets_a_json_503(
+    upstream: FakeUpstream, tmp_path: Path
+) -> None:
+    """A client that stalls mid-upload holds shutdown until server.shutdown_timeout_s; then the
+    server cancels it, and it used to get a plain-text 500 (and a traceback in the log)."""
+    import socket
+
+    config = tmp_path / "config.yaml"
+    config.write_text("server: {shutdown_timeout_s: 1}\n")
+    port = free_port()
+    proc = serve("--config", str(config), "--upstream", upstream.base_url, "--port", str(port),
+                 "--log-dir", str(tmp_path / "logs"), cwd=tmp_path)
+    try:
+        assert f":{port}" in first_line(proc)
+        stalled = []
+        for path in ("/v1/chat/completions", "/v1/episodes"):
+            s = socket.create_connection(("127.0.0.1", port), timeout=20)
+            s.sendall(f"POST {path} HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+                      f"Content-Length: 1000\r\n\r\n{{\"model\":".encode())
+            stalled.append(s)
+        time.sleep(0.3)
+        proc.send_signal(signal.SIGTERM)
+        for s in stalled:
+            head, _, body = s.recv(65536).partition(b"\r\n\r\n")
+            assert head.startswith(b"HTTP/1.1 503"), head
+            assert b"content-type: application/json" in head.lower()
+            assert b'"code":"shutting_down"' in body
+            s.close()
+        assert proc.wait(20) == 0
+        assert proc.stderr is not None
+        assert "Traceback" not in proc.stderr.read()
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait(10)
