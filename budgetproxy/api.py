@@ -73,7 +73,7 @@ def episode_view(st: EpisodeState) -> dict[str, Any]:
         "remaining": st.remaining,
         "status": st.status,
         "outcome": st.outcome,
-        "success_turn": st.success_turn,
+        "success_turn": st.settled_success_turn,
         "reward": st.reward,
         "exhausted": st.exhausted,
         "end_reason": st.end_reason,
@@ -171,7 +171,8 @@ def build_api(
                 f"Episode {episode_id!r} already ended ({done.state.end_reason}, outcome "
                 f"{done.state.outcome}); a different report is refused",
             )
-        if done.status is FinishStatus.FINISHED:
+        if done.status is FinishStatus.FINISHED and not done.state.end_pending:
+            # (with turns in flight, the last of them to settle records it: see forward)
             await recorder.episode_ended(done.state)
         return _json(episode_view(done.state))
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import fnmatch
 import hashlib
 import logging
@@ -19,6 +20,7 @@ from budgetproxy.config import Config, UpstreamConfig
 from budgetproxy.core import disclosure
 from budgetproxy.core.budget import tier_label
 from budgetproxy.core.episode import EpisodeState, Grant, GrantKind, SettleResult
+from budgetproxy.core.fingerprint import Fingerprint
 from budgetproxy.core.spec import SpecError, new_episode
 from budgetproxy.errors import (
     ProxyError,
@@ -41,6 +43,8 @@ from budgetproxy.wire import (
     DROP_RESPONSE_HEADERS,
     MODEL_ROUTES,
     conversation_of,
+    encode_exact,
+    exact_payload,
     read_reply,
     spec_from_headers,
     token_counts,
@@ -63,7 +67,7 @@ class _Call:
         "t0", "route", "kind", "model", "stream", "episode_id", "state", "grant",
         "upstream", "t_upstream", "started", "sent_body", "status", "disclosure_text",
         "result", "http_status", "ttft", "error_class", "conversation", "data", "events",
-        "settled", "span",
+        "settled", "span", "prints", "previous_response", "exact", "ended",
     )
 
     def __init__(self, route: str, kind: str) -> None:
@@ -90,6 +94,11 @@ class _Call:
         self.events: list[bytes] | None = None
         self.settled = False
         self.span: CallTrace | None = None
+        self.prints: Fingerprint | None = None  # of the conversation, when the call needs it
+        # previous_response_id of a /v1/responses call continuing a response stored upstream
+        self.previous_response: str | None = None
+        self.exact = False  # the payload was read again to keep integers past 64 bits
+        self.ended: EpisodeState | None = None  # its episode, when settling this call ended it
 
 
 class ModelCalls:
@@ -206,6 +215,9 @@ class ModelCalls:
             return
         assert eid is not None
         conversation = conversation_of(call.kind, payload)
+        if call.kind == "responses":
+            prev = payload.get("previous_response_id")
+            call.previous_response = prev if isinstance(prev, str) and prev else None
         grant, st = await self._open_turn(call, eid, headers, body, conversation)
         if grant is None:  # store down, fail_open
             await self._forward(call, upstream, headers, body, payload, receive, send,
@@ -217,16 +229,21 @@ class ModelCalls:
             await self._exhausted(call, st, send, payload, conversation)
             return
         if st.disclosure == "disclosed" and call.kind == "chat":
+            exact = self._exact(call, body, payload)
+            if exact is not None:
+                payload, conversation = exact, conversation_of(call.kind, exact)
             text = disclosure.render(
                 self.disc_cfg.template, grant.turn, st.budget, st.announced_budget
             )
             call.disclosure_text = text
             earlier: list[tuple[int, str]] = []
-            if self.disc_cfg.history == "keep":
+            if self.disc_cfg.history == "keep" and call.prints is not None:
+                # Only where this conversation still extends the one the text was placed in:
+                # a client that rewrote its history gets no text on a message it replaced.
                 earlier = [
                     (idx, disclosure.render(self.disc_cfg.template, t, st.budget,
                                             st.announced_budget))
-                    for idx, t in grant.disclosed_at
+                    for idx, t in disclosure.replayable(grant.disclosed_at, call.prints)
                 ]
             payload["messages"] = disclosure.apply(
                 conversation, self.disc_cfg.placement, text, earlier
@@ -251,16 +268,19 @@ class ModelCalls:
             return st
 
         count = len(conversation)
-        index = (
-            disclosure.placement_index(self.disc_cfg.placement, count)
-            if call.kind == "chat" and self.disc_cfg.history == "keep"
-            else None
-        )
+        keep = call.kind == "chat" and self.disc_cfg.history == "keep"
+        index = disclosure.placement_index(self.disc_cfg.placement, count) if keep else None
+        # The digest of what this turn sends: the log and history-keep disclosure compare
+        # the next turn's conversation with it (one write and one hash of the messages).
+        if self.recorder.keeps_turns or keep:
+            call.prints = Fingerprint(conversation)
+        fingerprint = call.prints.digest() if call.prints is not None else None
         try:
             opened = await self.store.open_turn(
                 eid, fresh, _turn_hash(call.route, body), now,
                 free_retries=self.budget_cfg.free_retries_per_turn,
                 message_count=count, disclosure_index=index, model=call.model,
+                fingerprint=fingerprint,
             )
         except StoreUnavailable:
             policy = "fail_open" if self.fail_open else "fail_closed"
@@ -381,6 +401,11 @@ class ModelCalls:
         if call.stream and upstream.inject_stream_usage and call.kind in ("chat", "completions"):
             so = payload.get("stream_options")
             if not (isinstance(so, dict) and so.get("include_usage")):
+                exact = self._exact(call, body, payload) if body else None
+                if exact is not None:
+                    payload, so = exact, exact.get("stream_options")
+                    if conversation is not None:
+                        conversation = conversation_of(call.kind, exact)
                 payload["stream_options"] = {**(so if isinstance(so, dict) else {}),
                                              "include_usage": True}
                 drop_usage = True
@@ -398,6 +423,8 @@ class ModelCalls:
         finally:
             await self._settle(call)
             reply = await self._after(call)
+            if call.ended is not None:  # after its last turn's record
+                await self.recorder.episode_ended(call.ended)
             if call.span is not None and call.span.sampled:
                 grant = call.grant
                 charged, remaining = self._settled(call, grant is not None and grant.charged)
@@ -410,17 +437,30 @@ class ModelCalls:
                 )
 
     @staticmethod
+    def _exact(call: _Call, body: bytes, payload: dict[str, Any]) -> dict[str, Any] | None:
+        """The payload to rewrite, read again when orjson's reading lost an integer's
+        digits (the rewrite must not change what it does not touch); None: `payload` is."""
+        exact = exact_payload(body, payload)
+        call.exact = exact is not None
+        return exact
+
+    @staticmethod
     def _encode(call: _Call, payload: dict[str, Any]) -> bytes:
         """The rewritten body's bytes. What the proxy parsed it can write, except nesting past
-        orjson's 254 levels: that call is refused, its turn given back, and its record kept."""
+        orjson's 254 levels (in a body with no integer past 64 bits, which the standard
+        library writes instead): that call is refused, its turn given back, its record kept."""
         try:
             return orjson.dumps(payload)
         except (TypeError, ValueError):
-            call.result = SettleResult.REFUNDABLE
-            call.status = "rejected"
-            call.http_status = 400
-            raise invalid_request("Request body nests arrays and objects too deeply to be "
-                                  "rewritten (at most 254 levels)") from None
+            pass
+        if call.exact:  # integers past 64 bits, which only the standard library writes
+            with contextlib.suppress(ValueError, RecursionError):
+                return encode_exact(payload)
+        call.result = SettleResult.REFUNDABLE
+        call.status = "rejected"
+        call.http_status = 400
+        raise invalid_request("Request body nests arrays and objects too deeply to be "
+                              "rewritten (at most 254 levels)")
 
     async def _forward_litellm(
         self, call: _Call, upstream: UpstreamConfig, payload: dict[str, Any], send: Send
@@ -563,10 +603,12 @@ class ModelCalls:
             return
         call.settled = True
         try:
-            await self.store.close_turn(
+            closed = await self.store.close_turn(
                 call.episode_id, grant, call.result, time.time(),
                 count_failed=self.budget_cfg.count_failed_turns,
             )
+            if closed.ended:  # the episode ended meanwhile and waited for this turn
+                call.ended = closed.state
         except StoreUnavailable:
             log.warning("store unavailable while settling turn of %s", call.episode_id)
 
@@ -608,38 +650,46 @@ class ModelCalls:
             return
         grant = call.grant
         forwarded = grant is not None and grant.kind is GrantKind.FORWARD
-        seen = grant.messages_seen if grant is not None and forwarded else st.messages_seen
+        seen, digest = (
+            (grant.messages_seen, grant.messages_digest) if grant is not None and forwarded
+            else (st.messages_seen, st.messages_digest)
+        )
         msgs = conversation or []
-        if seen > len(msgs):
+        # Only what is new since the previous turn, while the conversation grows append-only;
+        # one rewritten or shrunk is logged whole, from 0. So is the input of a call that
+        # continues a stored response: the client sends only what is new, all of it.
+        if seen and (call.previous_response is not None or call.prints is None
+                     or seen > len(msgs) or not call.prints.extends(digest)):
             seen = 0
         turn = grant.turn if grant is not None and grant.kind is GrantKind.FORWARD else (
             st.turns_used + 1)
         charged, remaining = self._settled(call, charged)
         reply = reply or {}
-        await self.recorder.turn(
-            {
-                "schema": SCHEMA_VERSION,
-                "type": "turn",
-                "episode_id": call.episode_id,
-                "turn": turn,
-                "attempt": grant.attempt if grant is not None else 1,
-                "ts": rfc3339(time.time()),
-                "latency_s": round(time.perf_counter() - call.t0, 6),
-                "model": call.model,
-                "route": call.route,
-                "stream": call.stream,
-                "status": call.status,
-                "http_status": call.http_status,
-                "request_messages": msgs[seen:],
-                "messages_offset": seen,
-                "response": reply.get("message"),
-                "finish_reason": reply.get("finish_reason"),
-                "usage": reply.get("usage"),
-                "budget": st.budget,
-                "remaining": remaining,
-                "charged": charged,
-                "disclosure": {"arm": st.disclosure, "text": call.disclosure_text},
-                "task_id": st.task_id,
-                "group": st.group,
-            }
-        )
+        record: dict[str, Any] = {
+            "schema": SCHEMA_VERSION,
+            "type": "turn",
+            "episode_id": call.episode_id,
+            "turn": turn,
+            "attempt": grant.attempt if grant is not None else 1,
+            "ts": rfc3339(time.time()),
+            "latency_s": round(time.perf_counter() - call.t0, 6),
+            "model": call.model,
+            "route": call.route,
+            "stream": call.stream,
+            "status": call.status,
+            "http_status": call.http_status,
+            "request_messages": msgs[seen:],
+            "messages_offset": seen,
+            "response": reply.get("message"),
+            "finish_reason": reply.get("finish_reason"),
+            "usage": reply.get("usage"),
+            "budget": st.budget,
+            "remaining": remaining,
+            "charged": charged,
+            "disclosure": {"arm": st.disclosure, "text": call.disclosure_text},
+            "task_id": st.task_id,
+            "group": st.group,
+        }
+        if call.previous_response is not None:  # what the logged input continues
+            record["previous_response_id"] = call.previous_response
+        await self.recorder.turn(record)

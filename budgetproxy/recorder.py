@@ -57,7 +57,8 @@ class Recorder:
         if self.metrics is not None:
             m = self.metrics
             m.episodes_finished.labels(tier, arm, reason).inc()
-            used = st.success_turn if reason == "success" and st.success_turn else st.turns_used
+            success_turn = st.settled_success_turn
+            used = success_turn if reason == "success" and success_turn else st.turns_used
             m.episode_turns.labels(tier, arm, reason).observe(used)
             m.active_episodes.dec()
         await self.sink.put(
@@ -76,7 +77,7 @@ class Recorder:
                 "announced_budget": st.announced_budget,
                 "turns_used": st.turns_used,
                 "outcome": st.outcome,
-                "success_turn": st.success_turn,
+                "success_turn": st.settled_success_turn,
                 "reward": st.reward,
                 "exhausted": st.exhausted,
                 "end_reason": reason,

@@ -30,8 +30,12 @@ class TurnRecord(TypedDict, total=False):
     stream: bool
     status: TurnStatus
     http_status: int
+    # The client messages new since the previous turn, from index `messages_offset` of the
+    # conversation; 0 with the whole conversation when it is not an append-only extension
+    # of the previous turn's (the client rewrote, shrank or edited its history).
     request_messages: list[Any]
     messages_offset: int
+    previous_response_id: str  # only on /v1/responses calls that continue a stored response
     response: dict[str, Any] | None
     finish_reason: str | None
     usage: dict[str, Any] | None

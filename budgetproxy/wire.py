@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 from typing import Any
 
 import orjson
@@ -115,6 +116,46 @@ def validate_payload(kind: str, body: bytes) -> dict[str, Any]:
     if stream is not None and not isinstance(stream, bool):
         raise invalid_request("'stream' must be a boolean", "stream")
     return payload
+
+
+# orjson reads an integer outside [-2**63, 2**64) as a float; only such floats can stand for one.
+_LOSSY_FLOAT = float(1 << 63)
+
+
+def exact_payload(body: bytes, payload: dict[str, Any]) -> dict[str, Any] | None:
+    """The body read again keeping every integer exact, when orjson's reading of it (the
+    `payload`) turned one past 64 bits into a float; None when that reading is exact.
+
+    Only a body the proxy re-encodes needs this (a seed, or a schema default, must reach the
+    upstream as sent); one that is forwarded as is keeps its bytes anyway. The check walks
+    the parsed values, not the bytes: its cost follows the number of values, not the size of
+    the texts and images they carry.
+    """
+    stack: list[Any] = [payload]
+    lossy = False
+    while stack and not lossy:
+        value = stack.pop()
+        kind = type(value)
+        if kind is dict:
+            stack.extend(value.values())
+        elif kind is list:
+            stack.extend(value)
+        elif kind is float:
+            lossy = not -_LOSSY_FLOAT < value < _LOSSY_FLOAT
+    if not lossy:
+        return None
+    try:
+        exact = json.loads(body)
+    except (RecursionError, ValueError):  # deeper than the stdlib parser goes: keep orjson's
+        return None
+    return exact if isinstance(exact, dict) else None
+
+
+def encode_exact(payload: dict[str, Any]) -> bytes:
+    """A payload from `exact_payload` written back: the standard library writes integers of
+    any size, which orjson refuses. Raises ValueError or RecursionError when it cannot."""
+    return json.dumps(payload, ensure_ascii=False, allow_nan=False,
+                      separators=(",", ":")).encode()
 
 
 def conversation_of(kind: str, payload: dict[str, Any]) -> list[Any]:

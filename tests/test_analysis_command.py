@@ -271,6 +271,34 @@ def test_recovery_view(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> No
     assert "Recovery after tool errors" in capsys.readouterr().out
 
 
+def test_recovery_counts_an_error_once_when_a_rewrite_logs_it_again(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """A turn after the client rewrote its history logs the whole conversation again
+    (messages_offset 0): the tool error an earlier turn already sent is not a new one."""
+    c1, c2 = ("c1", "sql", '{"q": "SELECT a"}'), ("c2", "sql", '{"q": "SELECT b"}')
+    whole = [
+        {"role": "user", "content": "solve it (summarised)"},
+        {"role": "assistant", "content": None, "tool_calls": tool_calls(c1)},
+        {"role": "tool", "tool_call_id": "c1", "content": "Error: no column a"},
+        {"role": "assistant", "content": None, "tool_calls": tool_calls(c2)},
+        {"role": "tool", "tool_call_id": "c2", "content": "ok: 3 rows"},
+    ]
+    records = [
+        turn("r", 1, None, None, c1),
+        turn("r", 2, c1, "Error: no column a", c2),
+        turn("r", 3, None, None, None, request_messages=whole, messages_offset=0),
+        episode("r", "t1", "g", 10, success_turn=3, turns_used=3, outcome="success",
+                end_reason="success", exhausted=False),
+    ]
+    log = tmp_path / "log.jsonl"
+    log.write_text("".join(json.dumps(r) + "\n" for r in records))
+    assert analyze(str(log), "--error-pattern", "^Error:", "--json", "--k", "1") == 0
+    (row,) = json.loads(capsys.readouterr().out)["recovery"]
+    assert (row["errors"], row["errors_with_next_action"], row["changed_next_action"]) == (
+        1, 1, 1.0)
+
+
 def test_empty_input_says_so_and_fails(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     assert analyze(str(tmp_path)) == 1
     assert "no trajectory logs" in capsys.readouterr().err

@@ -6,10 +6,11 @@ import copy
 from typing import Any
 
 import pytest
-from hypothesis import given
+from hypothesis import assume, given
 from hypothesis import strategies as st
 
 from budgetproxy.core import disclosure
+from budgetproxy.core.fingerprint import Fingerprint
 
 TEMPLATE = "[Turn budget] Turn {turn} of {total}. {remaining} turns remain after this one."
 
@@ -80,21 +81,84 @@ def test_new_message_appends_a_user_message(msgs: list[Any], text: str) -> None:
 def test_history_keep_makes_the_upstream_conversation_append_only(
     turns: list[list[Any]], placement: disclosure.Placement
 ) -> None:
-    """Each turn's client conversation extends the last; the upstream one must too."""
+    """Each turn's client conversation extends the last; the upstream one must too.
+
+    (A turn whose new messages open with tool replies had sent only some of an assistant's
+    replies: `new_message` then moves its text past them, see the test below.)"""
     conversation: list[Any] = []
-    earlier: list[tuple[int, int]] = []
+    earlier: list[tuple[int, int, int, str]] = []
     previous_upstream: list[Any] = []
     budget = len(turns) + 2
     for turn, extra in enumerate(turns, start=1):
+        assume(placement == "last_message" or turn == 1 or extra[0]["role"] != "tool")
         conversation = [*conversation, *extra]
+        prints = Fingerprint(conversation)
         text = disclosure.render(TEMPLATE, turn, budget, None)
         index = disclosure.placement_index(placement, len(conversation))
-        replay = [(i, disclosure.render(TEMPLATE, t, budget, None)) for i, t in earlier]
+        replay = [(i, disclosure.render(TEMPLATE, t, budget, None))
+                  for i, t in disclosure.replayable(earlier, prints)]
+        assert len(replay) == len(earlier)  # an append-only conversation keeps every text
         upstream = disclosure.apply(conversation, placement, text, replay)
         assert upstream[: len(previous_upstream)] == previous_upstream
         previous_upstream = upstream
         assert index is not None
-        earlier = [p for p in earlier if p[0] != index] + [(index, turn)]
+        n = len(conversation)
+        earlier = [p for p in earlier if p[0] != index] + [(index, turn, n, prints.digest())]
+
+
+@given(turns=st.lists(messages, min_size=2, max_size=5), cut=st.integers(0, 20),
+       placement=st.sampled_from(["last_message", "new_message"]))
+def test_a_rewritten_history_replays_only_texts_of_conversations_it_still_extends(
+    turns: list[list[Any]], cut: int, placement: disclosure.Placement
+) -> None:
+    """After the client drops or edits messages, an earlier text is re-applied only when
+    everything its turn sent is still there, unchanged, at the start."""
+    earlier: list[tuple[int, int, int, str]] = []
+    conversation: list[Any] = []
+    for turn, extra in enumerate(turns, start=1):
+        conversation = [*conversation, *extra]
+        n = len(conversation)
+        idx = disclosure.placement_index(placement, n)
+        assert idx is not None
+        earlier.append((idx, turn, n, Fingerprint(conversation).digest()))
+    keep = cut % (len(conversation) + 1)
+    rewritten = [*conversation[:keep], {"role": "user", "content": "a summary", "new": True}]
+    replayed = disclosure.replayable(earlier, Fingerprint(rewritten))
+    assert replayed == [(i, t) for i, t, n, _ in earlier if n <= keep]
+
+
+def test_replayable_skips_texts_placed_before_an_edit() -> None:
+    first = [{"role": "system", "content": "s"}, {"role": "user", "content": "a"}]
+    second = [*first, {"role": "assistant", "content": "b"}, {"role": "user", "content": "c"}]
+    placed = [(1, 1, 2, Fingerprint(first).digest()), (3, 2, 4, Fingerprint(second).digest())]
+    assert disclosure.replayable(placed, Fingerprint([*second, {"role": "user", "content": "d"}])
+                                 ) == [(1, 1), (3, 2)]
+    edited = [first[0], {"role": "user", "content": "a, edited"}, *second[2:]]
+    assert disclosure.replayable(placed, Fingerprint(edited)) == []
+    late_edit = [*first, {"role": "assistant", "content": "b, edited"}, second[3]]
+    assert disclosure.replayable(placed, Fingerprint(late_edit)) == [(1, 1)]
+    # An entry without a digest (nothing recorded the conversation) is never replayed.
+    assert disclosure.replayable([(1, 1, 2, "")], Fingerprint(first)) == []
+
+
+def test_new_message_never_parts_tool_calls_from_their_replies() -> None:
+    """An earlier text placed after some of an assistant's tool replies goes back after all
+    of them: a user message between an assistant's tool calls and a reply is refused."""
+    call = {"role": "assistant", "content": None, "tool_calls": [
+        {"id": f"c{i}", "type": "function", "function": {"name": "f", "arguments": "{}"}}
+        for i in (1, 2)]}
+    msgs = [{"role": "user", "content": "go"}, call,
+            {"role": "tool", "tool_call_id": "c1", "content": "r1"},
+            {"role": "tool", "tool_call_id": "c2", "content": "r2"},
+            {"role": "user", "content": "next"}]
+    out = disclosure.apply(msgs, "new_message", "T3", [(3, "T1"), (1, "T0")])
+    assert out == [msgs[0], {"role": "user", "content": "T0"}, call, msgs[2], msgs[3],
+                   {"role": "user", "content": "T1"}, msgs[4],
+                   {"role": "user", "content": "T3"}]
+    # Replies running to the end: the earlier text goes just before this turn's own.
+    out = disclosure.apply(msgs[:4], "new_message", "T2", [(3, "T1")])
+    assert out == [*msgs[:4], {"role": "user", "content": "T1"},
+                   {"role": "user", "content": "T2"}]
 
 
 def test_render_fields() -> None:
@@ -147,9 +211,13 @@ def test_keep_changes_only_the_remembered_places(
         assert out[i] == (appended(msgs[i], f"T{i}") if i in touched else msgs[i])
     assert out[-1] == appended(msgs[-1], text)
     expected: list[Any] = []
+    pending: list[str] = []
     for i in range(n):
-        if i in idx:  # an earlier turn's own user message goes back before message i
-            expected.append({"role": "user", "content": f"T{i}"})
+        if i in idx:  # an earlier turn's own user message goes back before message i ...
+            pending.append(f"T{i}")
+        if msgs[i]["role"] != "tool":  # ... or after the tool replies that start there
+            expected.extend({"role": "user", "content": t} for t in pending)
+            pending = []
         expected.append(msgs[i])
-    expected.append({"role": "user", "content": text})
+    expected.extend({"role": "user", "content": t} for t in [*pending, text])
     assert disclosure.apply(msgs, "new_message", text, earlier) == expected

@@ -203,3 +203,80 @@ def test_state_round_trips_through_a_dict() -> None:
     s = fresh(4)
     res(s, "a", free=1)
     assert EpisodeState.from_dict(s.to_dict()) == s
+
+
+@settings(max_examples=300, deadline=None)
+@given(
+    budget=st.integers(1, 4),
+    done=st.lists(st.sampled_from(list(SettleResult)), max_size=4),
+    in_flight=st.lists(st.sampled_from(list(SettleResult)), min_size=1, max_size=3),
+    report=st.none() | st.builds(OutcomeReport, success=st.booleans(),
+                                 success_turn=st.none() | st.integers(1, 4)),
+)
+def test_an_ending_with_turns_in_flight_follows_the_settled_numbers(
+    budget: int, done: list[SettleResult], in_flight: list[SettleResult],
+    report: OutcomeReport | None,
+) -> None:
+    """Ending while turns are in flight gives the same end reason and numbers as ending
+    right after they settled (the report, whatever its turn, says no more than they allow)."""
+    def play(end_first: bool) -> EpisodeState:
+        s = fresh(budget)
+        for i, result in enumerate(done):
+            g = res(s, f"d{i}")
+            if g.kind is GrantKind.FORWARD:
+                settle(s, g, result, 0.0, count_failed=False)
+        held = [(res(s, f"f{i}"), r) for i, r in enumerate(in_flight)]
+        if end_first:
+            finish(s, report, 1.0)
+            assert s.end_pending == any(g.kind is GrantKind.FORWARD for g, _ in held)
+        for i, (g, result) in enumerate(held):
+            if g.kind is GrantKind.FORWARD:
+                settle(s, g, result, 2.0, count_failed=False)
+                last = all(h.kind is not GrantKind.FORWARD for h, _ in held[i + 1:])
+                assert s.end_pending == (end_first and not last)
+        if not end_first:
+            finish(s, report, 1.0)
+        return s
+
+    early, late = play(True), play(False)
+    assert not early.end_pending
+    assert (early.end_reason, early.turns_used, early.exhausted, early.outcome,
+            early.settled_success_turn) == (late.end_reason, late.turns_used, late.exhausted,
+                                            late.outcome, late.settled_success_turn)
+    assert early.end_reason == end_reason(early)
+    if early.settled_success_turn is not None:
+        assert early.settled_success_turn <= early.turns_used
+
+
+def test_an_episode_recorded_keeps_its_numbers() -> None:
+    """An ending that did not wait (shutdown, a replica presumed dead) is final."""
+    s = fresh(2)
+    g = res(s, "a")
+    finish(s, None, 1.0, await_turns=False)
+    assert not s.end_pending and s.turns_used == 1
+    assert settle(s, g, SettleResult.REFUNDABLE, 2.0, count_failed=False)
+    assert (s.turns_used, s.end_reason) == (1, "abandoned")
+
+
+def test_placements_are_kept_with_what_their_turn_sent() -> None:
+    """Each disclosed turn's placement keeps its message count and conversation digest; one
+    from a longer conversation than the current is dropped (it can never be extended)."""
+    s = EpisodeState(episode_id="e", budget=9, max_turns=None, disclosure="disclosed")
+
+    def turn(count: int, digest: str) -> Grant:
+        g = reserve(s, f"h{count}{digest}", 0.0, free_retries=0, message_count=count,
+                    disclosure_index=count - 1, fingerprint=digest)
+        settle(s, g, SettleResult.OK, 0.0, count_failed=False)
+        return g
+
+    turn(2, "d2")
+    g = turn(4, "d4")
+    assert (g.messages_seen, g.messages_digest, g.disclosed_at) == (2, "d2", ((1, 1, 2, "d2"),))
+    g = turn(3, "d3")  # shrank: turn 2's placement (4 messages) cannot come back
+    assert g.disclosed_at == ((1, 1, 2, "d2"), (3, 2, 4, "d4"))
+    assert s.disclosed_at == [[1, 1, 2, "d2"], [2, 3, 3, "d3"]]
+    assert (s.messages_seen, s.messages_digest) == (3, "d3")
+    hidden = fresh(5)
+    reserve(hidden, "h", 0.0, free_retries=0, message_count=2, disclosure_index=1,
+            fingerprint="d")
+    assert hidden.disclosed_at == [] and hidden.messages_digest == "d"

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 from typing import Any
 
 import httpx
@@ -155,6 +156,64 @@ def test_history_drop_sends_only_the_current_text(
     assert seen[-1][-1]["content"].endswith("\n\n" + text(3, 8))
 
 
+def test_history_keep_after_a_shrunk_history_drops_the_earlier_texts(
+    proxy: ProxyFactory, upstream: FakeUpstream
+) -> None:
+    """A client that summarised its history gets no earlier text on whatever message now has
+    that index; tracking starts again from the new conversation."""
+    p = disclosed(proxy, history="keep")
+    eid = new_id()
+    sys_ = {"role": "system", "content": "sys"}
+    long = [sys_, {"role": "user", "content": "u1"}, {"role": "assistant", "content": "a1"},
+            {"role": "user", "content": "u2"}]
+    send(p, eid, {"model": "m1", "messages": long[:2]}, **{"X-Episode-Budget": "6"})
+    send(p, eid, {"model": "m1", "messages": long})
+    assert upstream_messages(upstream)[1]["content"] == "u1\n\n" + text(1, 6)
+    summary = [sys_, {"role": "user", "content": "summary of u1, u2"},
+               {"role": "assistant", "content": "ok"}, {"role": "user", "content": "u3"}]
+    send(p, eid, {"model": "m1", "messages": summary})
+    third = upstream_messages(upstream)
+    assert third == [*summary[:3], {"role": "user", "content": "u3\n\n" + text(3, 6)}]
+    grown = [*summary, {"role": "assistant", "content": "a3"}, {"role": "user", "content": "u4"}]
+    send(p, eid, {"model": "m1", "messages": grown})
+    fourth = upstream_messages(upstream)
+    assert fourth[: len(third)] == third  # append-only again from the rewrite on
+    assert fourth[len(third):] == [grown[4], {"role": "user", "content": "u4\n\n" + text(4, 6)}]
+
+
+def test_history_keep_after_an_edited_message_drops_the_earlier_texts(
+    proxy: ProxyFactory, upstream: FakeUpstream
+) -> None:
+    p = disclosed(proxy, history="keep", placement="new_message")
+    eid = new_id()
+    send(p, eid, {"model": "m1", "messages": [{"role": "user", "content": "task"}]},
+         **{"X-Episode-Budget": "5"})
+    edited = [{"role": "user", "content": "task, edited"},
+              {"role": "assistant", "content": "a1"}, {"role": "user", "content": "u2"}]
+    send(p, eid, {"model": "m1", "messages": edited})
+    assert upstream_messages(upstream) == [*edited, {"role": "user", "content": text(2, 5)}]
+
+
+def test_new_message_texts_never_part_tool_calls_from_their_replies(
+    proxy: ProxyFactory, upstream: FakeUpstream
+) -> None:
+    """A turn sent with only some of an assistant's tool replies: its text goes back after
+    all of them on the next turn (OpenAI refuses a user message in between)."""
+    p = disclosed(proxy, history="keep", placement="new_message")
+    eid = new_id()
+    calls = {"role": "assistant", "content": None, "tool_calls": [
+        {"id": f"c{i}", "type": "function", "function": {"name": "look", "arguments": "{}"}}
+        for i in (1, 2)]}
+    first = [{"role": "user", "content": "go"}, calls,
+             {"role": "tool", "tool_call_id": "c1", "content": "r1"}]
+    send(p, eid, {"model": "m1", "messages": first}, **{"X-Episode-Budget": "5"})
+    assert upstream_messages(upstream) == [*first, {"role": "user", "content": text(1, 5)}]
+    second = [*first, {"role": "tool", "tool_call_id": "c2", "content": "r2"}]
+    send(p, eid, {"model": "m1", "messages": second})
+    assert upstream_messages(upstream) == [
+        *second, {"role": "user", "content": text(1, 5)}, {"role": "user", "content": text(2, 5)}]
+
+
 def test_free_retry_keeps_its_turn_text(proxy: ProxyFactory, upstream: FakeUpstream) -> None:
     p = disclosed(proxy)
     eid = new_id()
@@ -243,6 +302,35 @@ def test_hidden_arm_forwards_body_bytes_untouched(
         send(p, eid, raw + b" ", **{"X-Episode-Disclosure": "hidden"})
         assert upstream.requests[-1].body == raw + b" "
         raw = raw.replace(b'"top_p":1', b'"top_p":0.5')
+
+
+BIG = 123456789012345678901234567890  # past 64 bits: orjson reads it as a float
+
+
+@pytest.mark.parametrize("arm", ["disclosed", "hidden"])
+def test_a_rewritten_body_keeps_integers_past_64_bits_exact(
+    proxy: ProxyFactory, upstream: FakeUpstream, arm: str
+) -> None:
+    """The disclosed arm re-encodes the body, and so does a hidden streaming call that gets
+    include_usage added: values the proxy does not touch reach the upstream as sent."""
+    p = disclosed(proxy)
+    tools = [{"type": "function", "function": {"name": "pick", "parameters": {
+        "type": "object", "properties": {"n": {"type": "integer", "default": -(2**64) - 1,
+                                              "maximum": 2**64, "minimum": -(2**63)}}}}}]
+    body = {"model": "m1", "seed": BIG, "temperature": 0.25, "tools": tools, "stream": True,
+            "messages": [{"role": "user", "content": "pick", "name": "u", "x": [2**100, 1.5]}]}
+    raw = json.dumps(body).encode()
+    r = send(p, new_id(), raw, **{"X-Episode-Disclosure": arm})
+    assert r.text.startswith("data:")
+    seen = json.loads(upstream.requests[-1].body)  # the standard parser keeps big integers
+    assert seen["stream_options"] == {"include_usage": True}
+    assert seen["seed"] == BIG and isinstance(seen["seed"], int)
+    assert seen["tools"] == tools and seen["temperature"] == 0.25
+    assert seen["messages"][0]["x"] == [2**100, 1.5]
+    if arm == "disclosed":
+        assert seen["messages"][0]["content"] == "pick\n\n" + text(1, 20)
+    else:
+        assert seen["messages"] == body["messages"]
 
 
 def test_non_chat_calls_are_forwarded_as_is(proxy: ProxyFactory, upstream: FakeUpstream) -> None:

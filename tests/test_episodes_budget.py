@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import time
+from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
@@ -19,6 +20,7 @@ from conftest import (
     free_port,
     new_id,
 )
+from redis_support import REDIS_URL, drop_prefix, new_prefix, require_redis
 
 from budgetproxy.testing import FakeUpstream
 
@@ -412,3 +414,74 @@ def test_unknown_episode_ids_with_errors_do_not_create(default_proxy: Proxy) -> 
     assert_openai_error(call(default_proxy, eid, b"{bad json"), 400, "invalid_request")
     with default_proxy.http() as http:
         assert http.get(f"/v1/episodes/{eid}").status_code == 404
+
+
+# -- ending an episode with a turn in flight --------------------------------------------------
+
+
+@pytest.fixture(scope="module", params=["memory", "redis"])
+def either_store(request: pytest.FixtureRequest, proxy: ProxyFactory) -> Iterator[Proxy]:
+    """A proxy on each store kind: both settle an ending the same way."""
+    if request.param == "memory":
+        yield proxy({})
+        return
+    require_redis()
+    prefix = new_prefix()
+    yield proxy({"store": {"kind": "redis", "url": REDIS_URL, "key_prefix": prefix}})
+    drop_prefix(prefix)
+
+
+@pytest.mark.parametrize(
+    ("report", "fails", "expected"),
+    [
+        # the in-flight turn is refunded: 1 of 2 turns used, so not exhausted
+        (None, True, {"end_reason": "abandoned", "turns_used": 1, "exhausted": False}),
+        ({"success": False}, True,
+         {"end_reason": "failure", "turns_used": 1, "exhausted": False}),
+        ({"success": True}, True,
+         {"end_reason": "success", "turns_used": 1, "success_turn": 1, "exhausted": False}),
+        ({"success": True, "success_turn": 2}, True,
+         {"end_reason": "success", "turns_used": 1, "success_turn": 1, "exhausted": False}),
+        # the in-flight turn is answered: both turns used
+        ({"success": False}, False,
+         {"end_reason": "exhausted", "turns_used": 2, "exhausted": True}),
+        ({"success": True}, False,
+         {"end_reason": "success", "turns_used": 2, "success_turn": 2, "exhausted": True}),
+    ],
+)
+def test_ending_with_a_turn_in_flight_settles_that_turn_first(
+    either_store: Proxy, upstream: FakeUpstream, report: dict[str, Any] | None, fails: bool,
+    expected: dict[str, Any],
+) -> None:
+    """The end reason follows the contract's precedence on the settled numbers: a turn in
+    flight when the episode ends may still be refunded, and the episode is recorded once it
+    has settled, with the same numbers its view shows."""
+    p, eid = either_store, new_id("inflight")
+    assert call(p, eid, chat_body("first"), **{"X-Episode-Budget": "2"}).status_code == 200
+    marker = f"slow-{eid}"
+    slow_headers = {"X-Fake-Delay-Ms": "600", **({"X-Fake-Status": "500"} if fails else {})}
+    with ThreadPoolExecutor(1) as pool:
+        slow = pool.submit(call, p, eid, chat_body(marker), **slow_headers)
+        deadline = time.monotonic() + 5
+        while not seen_upstream(upstream, marker) and time.monotonic() < deadline:
+            time.sleep(0.01)
+        assert seen_upstream(upstream, marker), "the second turn never reached the upstream"
+        if report is None:
+            ended = p.http().post(f"/v1/episodes/{eid}/end")
+        else:
+            ended = p.http().post(f"/v1/episodes/{eid}/outcome", json=report)
+        assert ended.status_code == 200 and ended.json()["status"] == "finished"
+        assert p.records(type="episode", episode_id=eid) == []  # not before the turn settles
+        assert slow.result().status_code == (500 if fails else 200)
+    records = p.wait_records(type="episode", episode_id=eid)
+    assert len(records) == 1
+    view = p.episode(eid)
+    for key, value in expected.items():
+        assert (records[0][key], view[key]) == (value, value), key
+    turns = p.wait_records(2, type="turn", episode_id=eid)
+    assert [t["charged"] for t in turns] == [True, not fails]
+    # a second identical report changes nothing and records nothing more
+    if report is not None:
+        assert p.http().post(f"/v1/episodes/{eid}/outcome", json=report).status_code == 200
+    time.sleep(0.1)
+    assert len(p.records(type="episode", episode_id=eid)) == 1

@@ -92,3 +92,37 @@ async def test_many_forgotten_episodes_stay_remembered() -> None:
     assert await store.is_known("bulk-000123") and await store.is_known("bulk-019999")
     assert not await store.is_known("bulk-020000")
     assert len(store._forgotten) == 20_000
+
+
+async def test_an_episode_ended_with_a_turn_in_flight_ends_when_the_turn_settles() -> None:
+    store = MemoryStore()
+    await _turn(store, "e", 1.0)
+    held = await store.open_turn("e", lambda: _fresh("e"), "h2", 2.0, free_retries=2,
+                                 message_count=5, disclosure_index=4)
+    done = await store.finish("e", OutcomeReport(False), 3.0)
+    assert done.state is not None and done.state.end_pending  # recorded by the settle
+    assert await store.active_count() == 1  # kept whole (its record needs it) until then
+    late = await store.open_turn("e", lambda: _fresh("e"), "h3", 3.5, free_retries=2,
+                                 message_count=1, disclosure_index=None)
+    assert late.grant.kind is GrantKind.FINISHED
+    closed = await store.close_turn("e", held.grant, SettleResult.REFUNDABLE, 4.0,
+                                    count_failed=False)
+    assert closed.ended and closed.refunded and closed.state is not None
+    assert (closed.state.turns_used, closed.state.end_reason) == (1, "failure")
+    assert not closed.state.end_pending and await store.active_count() == 0
+
+
+async def test_shutdown_records_an_ending_still_waiting_for_its_turns() -> None:
+    store = MemoryStore()
+    held = await store.open_turn("w", lambda: _fresh("w"), "h", 1.0, free_retries=2,
+                                 message_count=1, disclosure_index=None)
+    await store.finish("w", None, 2.0)
+    busy = await store.open_turn("b", lambda: _fresh("b"), "h", 1.0, free_retries=2,
+                                 message_count=1, disclosure_index=None)
+    ended = await store.finish_all_active(3.0)
+    assert sorted((s.episode_id, s.end_pending) for s in ended) == [("b", False), ("w", False)]
+    # their turns settling later record nothing more
+    for eid, opened in (("w", held), ("b", busy)):
+        closed = await store.close_turn(eid, opened.grant, SettleResult.REFUNDABLE, 4.0,
+                                        count_failed=False)
+        assert not closed.ended and closed.state is not None and closed.state.turns_used == 1

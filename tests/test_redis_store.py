@@ -100,8 +100,10 @@ def _states() -> st.SearchStrategy[EpisodeState]:
         last_charged=st.booleans(),
         free_retries_used=ints,
         refused=st.booleans(),
-        disclosed_at=st.lists(st.lists(ints, min_size=2, max_size=2), max_size=3),
+        disclosed_at=st.lists(st.tuples(ints, ints, ints, st.text(max_size=8)).map(list),
+                              max_size=3),
         messages_seen=ints,
+        messages_digest=st.none() | st.text(min_size=1, max_size=32),
         status=st.sampled_from(["active", "finished"]),
         outcome=st.none() | st.sampled_from(["success", "failure"]),
         success_turn=st.none() | ints,
@@ -109,6 +111,7 @@ def _states() -> st.SearchStrategy[EpisodeState]:
         metadata=st.dictionaries(st.text(max_size=4), json_value, max_size=3),
         end_reason=st.none() | st.sampled_from(["success", "failure", "exhausted", "abandoned"]),
         ended_at=st.none() | floats,
+        end_pending=st.booleans(),
     )
 
 
@@ -130,7 +133,8 @@ _OPS = st.lists(
     st.one_of(
         st.tuples(st.just("reserve"), st.integers(0, 2), st.integers(0, 6),
                   st.none() | st.integers(0, 3), st.integers(0, 2),
-                  st.none() | st.sampled_from(["m1", "m2"])),
+                  st.none() | st.sampled_from(["m1", "m2"]),
+                  st.none() | st.sampled_from(["d1", "d2"])),
         st.tuples(st.just("settle"), st.integers(0, 9), st.sampled_from(list(SettleResult)),
                   st.booleans()),
         st.tuples(st.just("finish"), _REPORTS),
@@ -179,16 +183,16 @@ def test_lua_scripts_match_the_core(
         for step, op in enumerate(ops):
             now = T0 + 0.37 * (step + 1)
             if op[0] == "reserve":
-                _, h, count, index, free, call_model = op
+                _, h, count, index, free, call_model, digest = op
                 body = f"body-{h}"
                 opened = await store.open_turn(eid, fresh, body, now, free_retries=free,
                                                message_count=count, disclosure_index=index,
-                                               model=call_model)
+                                               model=call_model, fingerprint=digest)
                 created = model is None
                 if model is None:
                     model = fresh()
                 grant = reserve(model, body, now, free_retries=free, message_count=count,
-                                disclosure_index=index, model=call_model)
+                                disclosure_index=index, model=call_model, fingerprint=digest)
                 assert opened.grant == grant, (step, op)
                 assert opened.created == created
                 assert opened.state == model, (step, op)
@@ -199,11 +203,14 @@ def test_lua_scripts_match_the_core(
                     continue
                 _, pick, result, count_failed = op
                 grant = open_grants.pop(pick % len(open_grants))
-                refunded, snap = await store.close_turn(eid, grant, result, now,
-                                                        count_failed=count_failed)
+                closed = await store.close_turn(eid, grant, result, now,
+                                                count_failed=count_failed)
                 assert model is not None
-                assert refunded == settle(model, grant, result, now, count_failed=count_failed)
-                assert snap == model, (step, op)
+                pending = model.end_pending
+                refunded = settle(model, grant, result, now, count_failed=count_failed)
+                assert closed.refunded == refunded
+                assert closed.ended == (pending and not model.end_pending), (step, op)
+                assert closed.state == model, (step, op)
             else:
                 report = op[1]
                 done = await store.finish(eid, report, now)
@@ -368,6 +375,52 @@ async def test_idle_expiry_fires_once_across_replicas() -> None:
         done = await stores[0].expire_idle(now + 100, 30, 60)
         assert [s.episode_id for s in done] == [recent]
         assert await stores[0].active_count() == 0
+    finally:
+        for s in stores:
+            await s.close()
+        drop_prefix(prefix)
+
+
+async def test_an_ending_waits_for_its_turns_in_flight(store: RedisStore) -> None:
+    eid = new_eid()
+    first = await open_(store, eid, lambda: episode(eid, budget=2), "b1", T0)
+    await store.close_turn(eid, first.grant, SettleResult.OK, T0 + 1, count_failed=False)
+    held = await open_(store, eid, lambda: episode(eid), "b2", T0 + 2)
+    done = await store.finish(eid, OutcomeReport(True), T0 + 3)
+    assert done.status is FinishStatus.FINISHED and done.state is not None
+    assert done.state.end_pending and done.state.turns_used == 2  # provisional
+    closed = await store.close_turn(eid, held.grant, SettleResult.REFUNDABLE, T0 + 4,
+                                    count_failed=False)
+    assert closed.ended and closed.refunded and closed.state is not None
+    st = closed.state
+    assert (st.turns_used, st.end_reason, st.success_turn, st.end_pending) == (
+        1, "success", 2, False)
+    assert st.settled_success_turn == 1  # the report is kept as sent; the record says 1
+    assert (await store.finish(eid, OutcomeReport(True), T0 + 5)).status is FinishStatus.SAME
+
+
+async def test_a_pending_ending_whose_turn_never_settles_is_claimed_by_a_sweep() -> None:
+    """The replica serving the turn died: the ending is recorded by a sweep, once."""
+    require_redis()
+    prefix = new_prefix()
+    stores = [RedisStore(REDIS_URL, prefix=prefix) for _ in range(2)]
+    try:
+        now = time.time()
+        eid = new_eid()
+        held = await open_(stores[0], eid, lambda: episode(eid, created_at=now - 100), "b",
+                           now - 50)
+        done = await stores[1].finish(eid, None, now - 40)
+        assert done.state is not None and done.state.end_pending
+        assert await stores[1].active_count() == 1  # still swept
+        assert await stores[1].expire_idle(now, 30, 60) == []  # in flight for < 2 x idle
+        claimed = await stores[1].expire_idle(now + 50, 30, 60)
+        assert [(s.episode_id, s.end_reason, s.end_pending) for s in claimed] == [
+            (eid, "abandoned", False)]
+        assert await stores[1].active_count() == 0
+        late = await stores[0].close_turn(eid, held.grant, SettleResult.REFUNDABLE, now + 60,
+                                          count_failed=False)
+        assert not late.ended  # recorded already: its numbers stay as recorded
+        assert late.state is not None and late.state.turns_used == 1
     finally:
         for s in stores:
             await s.close()

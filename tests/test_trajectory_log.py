@@ -112,6 +112,77 @@ def test_rewritten_history_logs_from_the_start(logged: Proxy) -> None:
     assert recs[1]["request_messages"] == [{"role": "user", "content": "summary"}]
 
 
+def rebuilt(records: list[dict[str, Any]]) -> list[list[Any]]:
+    """Each turn's conversation as a log reader rebuilds it: the previous one up to
+    `messages_offset`, then `request_messages` (an offset of 0 starts over)."""
+    out: list[list[Any]] = []
+    full: list[Any] = []
+    for r in records:
+        full = [*full[: r["messages_offset"]], *r["request_messages"]]
+        out.append(full)
+    return out
+
+
+def test_a_conversation_rebuilds_from_its_records_whatever_the_client_does(
+    logged: Proxy,
+) -> None:
+    """Appends log only what is new; an edit of an earlier message, a truncation or a
+    summary that grows back past the old length log the whole conversation again."""
+    eid = new_id()
+    sys_, u = {"role": "system", "content": "sys"}, [
+        {"role": "user", "content": f"u{i}"} for i in range(8)]
+    a = [{"role": "assistant", "content": f"a{i}"} for i in range(8)]
+    sent = [
+        [sys_, u[0]],
+        [sys_, u[0], a[0], u[1]],                                  # append
+        [sys_, {"role": "user", "content": "u0, edited"}, a[0], u[1], a[1], u[2]],  # edit
+        [sys_, u[3]],                                              # truncate
+        [sys_, {"role": "user", "content": "summary"}, u[4], a[4], u[5], a[5]],  # regrow
+        [sys_, {"role": "user", "content": "summary"}, u[4], a[4], u[5], a[5], u[6]],
+        [sys_, {"role": "user", "content": "summary"}, u[4], a[4], u[5],
+         {"role": "assistant", "content": "a5, edited"}, u[6]],   # same length, changed
+    ]
+    for messages in sent:
+        assert post(logged, "/v1/chat/completions", {"model": "m1", "messages": messages},
+                    **{"X-Episode-Id": eid, "X-Episode-Budget": "10"}).status_code == 200
+    recs = logged.wait_records(len(sent), type="turn", episode_id=eid)
+    assert rebuilt(recs) == sent
+    assert [r["messages_offset"] for r in recs] == [0, 2, 0, 0, 0, 6, 0]
+    assert [len(r["request_messages"]) for r in recs] == [2, 2, 6, 2, 6, 1, 7]
+
+
+def test_a_refused_call_after_a_rewrite_logs_the_whole_conversation(logged: Proxy) -> None:
+    eid = new_id()
+    first = [{"role": "user", "content": "one"}, {"role": "assistant", "content": "two"}]
+    post(logged, "/v1/chat/completions", {"model": "m1", "messages": first},
+         **{"X-Episode-Id": eid, "X-Episode-Budget": "1"})
+    shrunk = [{"role": "user", "content": "three"}, {"role": "user", "content": "four"}]
+    assert post(logged, "/v1/chat/completions", {"model": "m1", "messages": shrunk},
+                **{"X-Episode-Id": eid}).status_code == 403
+    recs = logged.wait_records(2, type="turn", episode_id=eid)
+    assert (recs[1]["status"], recs[1]["messages_offset"], recs[1]["request_messages"]) == (
+        "rejected", 0, shrunk)
+
+
+def test_responses_continuing_a_stored_response_log_their_input(logged: Proxy) -> None:
+    """With previous_response_id the client sends only the new items: they are all new."""
+    eid = new_id()
+    first = post(logged, "/v1/responses", {"model": "m1", "input": "start"},
+                 **{"X-Episode-Id": eid})
+    assert first.status_code == 200
+    new_items = [{"type": "function_call_output", "call_id": "c1", "output": "done"}]
+    for _ in range(2):
+        assert post(logged, "/v1/responses", {
+            "model": "m1", "input": new_items, "previous_response_id": first.json()["id"]},
+            **{"X-Episode-Id": eid}).status_code == 200
+    recs = logged.wait_records(3, type="turn", episode_id=eid)
+    assert recs[0]["request_messages"] == [{"role": "user", "content": "start"}]
+    for r in recs[1:]:
+        assert (r["messages_offset"], r["request_messages"]) == (0, new_items)
+        assert r["previous_response_id"] == first.json()["id"]
+    assert "previous_response_id" not in recs[0]
+
+
 def test_statuses_and_attempts(logged: Proxy) -> None:
     eid = new_id()
     body = chat_body("x")

@@ -41,6 +41,7 @@ TURN_COLUMNS = {
     "messages_offset": "BIGINT", "response": "JSON", "finish_reason": "VARCHAR",
     "usage": "JSON", "budget": "BIGINT", "remaining": "BIGINT", "charged": "BOOLEAN",
     "disclosure": "JSON", "task_id": "VARCHAR", "group": "VARCHAR",
+    "previous_response_id": "VARCHAR",
 }  # fmt: skip
 
 

@@ -36,7 +36,9 @@ SIG = """coalesce({c}."function".name, '') || '(' || CASE
 # One pass over the turns. A turn's request_messages hold what is new since the turn before:
 # the assistant message echoing the previous response (the failed call) and the tool results.
 # Per turn with an error: the failed call of each error (found by tool_call_id among the
-# echoed calls) and the calls of this turn's response (the next action).
+# echoed calls) and the calls of this turn's response (the next action). A turn whose
+# conversation was rewritten logs it whole again (messages_offset 0), repeating tool results
+# of earlier turns: an error with an id counts at the first turn that sent it.
 SCAN_SQL = """
 CREATE OR REPLACE TEMP TABLE recovery_errors AS
 WITH per_turn AS (
@@ -48,6 +50,17 @@ WITH per_turn AS (
                      ELSE coalesce(m.content, '') END, {pattern})),
         lambda m: m.tool_call_id) AS error_ids
     FROM recovery_turns
+), first_sent AS (
+    SELECT episode_id, list({{'id': id, 'turn': turn}}) AS firsts FROM (
+        SELECT episode_id, id, min(turn) AS turn
+        FROM (SELECT episode_id, turn, unnest(error_ids) AS id FROM per_turn)
+        WHERE id IS NOT NULL GROUP BY ALL)
+    GROUP BY episode_id
+), fresh AS (
+    SELECT p.* REPLACE (list_filter(p.error_ids, lambda i: i IS NULL OR list_contains(
+        list_transform(list_filter(f.firsts, lambda x: x.turn = p.turn), lambda x: x.id),
+        i)) AS error_ids)
+    FROM per_turn p LEFT JOIN first_sent f USING (episode_id)
 )
 SELECT episode_id, turn, coalesce(attempt, 1) AS attempt,
     coalesce(status, 'ok') = 'ok' AND response IS NOT NULL AS answered,
@@ -55,7 +68,7 @@ SELECT episode_id, turn, coalesce(attempt, 1) AS attempt,
         flatten(list_transform(msgs, lambda m: coalesce(m.tool_calls, []))),
         lambda c: c.id = i), lambda c: {sig_c})[1]) AS failed,
     list_transform(coalesce(response.tool_calls, []), lambda c: {sig_c}) AS next
-FROM per_turn WHERE len(error_ids) > 0
+FROM fresh WHERE len(error_ids) > 0
 """
 
 # Retries repeat a turn's request: judge each turn once, by its last answered attempt.

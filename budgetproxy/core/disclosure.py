@@ -5,6 +5,9 @@ from __future__ import annotations
 from collections.abc import Iterable
 from typing import Any, Literal
 
+from budgetproxy.core.episode import Placed
+from budgetproxy.core.fingerprint import Fingerprint
+
 Placement = Literal["last_message", "system", "new_message"]
 
 
@@ -20,6 +23,23 @@ def placement_index(placement: Placement, message_count: int) -> int | None:
     if placement == "new_message":
         return message_count  # inserted before the client message at this index
     return None
+
+
+def replayable(placed: Iterable[Placed], conversation: Fingerprint) -> list[tuple[int, int]]:
+    """(index, turn) of the earlier placements to re-apply (history: keep): those whose turn's
+    conversation this one still extends. A client that shrank, summarised or edited its
+    history gets none of the texts placed before the change, as with history: drop."""
+    return [(idx, turn) for idx, turn, _, digest in placed if conversation.extends(digest)]
+
+
+def _after_tool_replies(messages: list[Any], index: int) -> int:
+    """The first index at or after `index` that is not a tool reply: a message inserted
+    there never parts an assistant's tool calls from their replies (which the API refuses)."""
+    while index < len(messages) and isinstance(messages[index], dict) and (
+        messages[index].get("role") == "tool"
+    ):
+        index += 1
+    return index
 
 
 def _append_text(message: dict[str, Any], text: str) -> dict[str, Any]:
@@ -42,9 +62,11 @@ def apply(
 ) -> list[Any]:
     """A new message list with this turn's text placed, and earlier turns' texts re-applied.
 
-    `earlier` holds (index, text) of previous turns (history: keep); entries that no longer fit
-    the conversation (the client rewrote its history) are skipped. Messages not touched are the
-    client's own objects, so nothing but the placements changes.
+    `earlier` holds (index, text) of previous turns (history: keep, see `replayable`); indices
+    outside the conversation are skipped. A `new_message` text goes back before the message
+    at its index, or after the tool replies that follow there (the turn it was placed in
+    had only some of them). Messages not touched are the client's own objects, so nothing
+    but the placements changes.
     """
     n = len(messages)
     if placement == "system":
@@ -59,12 +81,15 @@ def apply(
                 out[idx] = _append_text(out[idx], old)
         out[n - 1] = _append_text(out[n - 1], text)
         return out
-    inserts: dict[int, str] = {idx: old for idx, old in earlier if 0 <= idx < n}
-    inserts[n] = text
+    inserts: dict[int, list[str]] = {}
+    for idx, old in sorted(earlier, key=lambda e: e[0]):
+        if 0 <= idx < n:
+            inserts.setdefault(_after_tool_replies(messages, idx), []).append(old)
+    inserts.setdefault(n, []).append(text)
     out = []
     for i in range(n + 1):
-        if i in inserts:
-            out.append({"role": "user", "content": inserts[i]})
+        for t in inserts.get(i, ()):
+            out.append({"role": "user", "content": t})
         if i < n:
             out.append(messages[i])
     return out

@@ -36,10 +36,13 @@ class EpisodeState:
     last_charged: bool = False
     free_retries_used: int = 0
     refused: bool = False
-    # Where earlier turns' disclosure texts went: [message index, turn] pairs.
-    disclosed_at: list[list[int]] = field(default_factory=list)
-    # Number of client messages seen by the previous turn (for logging only the new ones).
+    # Where earlier turns' disclosure texts went: [message index, turn, message count,
+    # conversation digest] (the last two: what that turn sent, see core.fingerprint).
+    disclosed_at: list[list[Any]] = field(default_factory=list)
+    # Number of client messages seen by the previous turn (for logging only the new ones),
+    # and the digest of those messages (the next turn logs all when its prefix differs).
     messages_seen: int = 0
+    messages_digest: str | None = None
     # End of the episode.
     status: Literal["active", "finished"] = "active"
     outcome: Outcome | None = None
@@ -48,6 +51,8 @@ class EpisodeState:
     metadata: dict[str, Any] = field(default_factory=dict)
     end_reason: EndReason | None = None
     ended_at: float | None = None
+    # Ended with turns in flight: its end reason is settled, and it is recorded, once they are.
+    end_pending: bool = False
 
     @property
     def remaining(self) -> int:
@@ -56,6 +61,16 @@ class EpisodeState:
     @property
     def exhausted(self) -> bool:
         return self.refused or self.turns_used >= self.budget
+
+    @property
+    def settled_success_turn(self) -> int | None:
+        """The success turn as recorded: the reported one (or the turns used when it was
+        reported), never past the turns used, since a turn refunded after the report (it was
+        in flight) is not one the agent succeeded in. The report itself is kept as sent, so
+        the same report again is still recognised."""
+        if self.success_turn is None:
+            return None
+        return min(self.success_turn, self.turns_used)
 
     def snapshot(self) -> EpisodeState:
         """A shallow copy, several times cheaper than copy.copy on this dataclass."""
@@ -69,6 +84,15 @@ class EpisodeState:
     @classmethod
     def from_dict(cls, d: dict[str, Any]) -> EpisodeState:
         return cls(**d)
+
+
+# An earlier turn's disclosure placement: (message index, turn, message count, digest).
+Placed = tuple[int, int, int, str]
+
+
+def placed(entries: list[list[Any]]) -> tuple[Placed, ...]:
+    """Stored placements as tuples; entries of an older layout (no digest) are left out."""
+    return tuple((int(p[0]), int(p[1]), int(p[2]), str(p[3])) for p in entries if len(p) == 4)
 
 
 class GrantKind(StrEnum):
@@ -87,8 +111,10 @@ class Grant:
     charged: bool = False
     body_hash: str = ""
     # Disclosure placements of earlier turns, before this one was added.
-    disclosed_at: tuple[tuple[int, int], ...] = ()
+    disclosed_at: tuple[Placed, ...] = ()
+    # What the previous turn sent: its message count and their digest.
     messages_seen: int = 0
+    messages_digest: str | None = None
 
 
 class SettleResult(StrEnum):
@@ -107,17 +133,20 @@ def reserve(
     message_count: int,
     disclosure_index: int | None,
     model: str | None = None,
+    fingerprint: str | None = None,
 ) -> Grant:
     """Decide whether a model call may be forwarded, and reserve its turn. Mutates `st`.
 
     `disclosure_index` is the client-message index this turn's disclosure text attaches to
-    (None when nothing is disclosed). It is remembered so later turns can re-apply it.
-    The first forwarded turn's `model` becomes the episode's model if it has none yet.
+    (None when nothing is disclosed). On the disclosed arm it is remembered, with
+    `message_count` and `fingerprint` (the digest of the call's messages), so later turns can
+    re-apply it where their conversation still extends this one. The first forwarded turn's
+    `model` becomes the episode's model if it has none yet.
     """
     if st.status == "finished":
         return Grant(GrantKind.FINISHED, turn=st.last_turn)
-    prior = tuple((i, t) for i, t in st.disclosed_at)
-    seen = st.messages_seen
+    prior = placed(st.disclosed_at)
+    seen, digest = st.messages_seen, st.messages_digest
     is_retry = st.last_hash == body_hash and st.last_state in ("charged", "refunded")
     if is_retry and st.last_state == "charged" and st.free_retries_used < free_retries:
         st.free_retries_used += 1
@@ -148,11 +177,16 @@ def reserve(
     st.inflight += 1
     st.last_activity = now
     st.messages_seen = message_count
+    st.messages_digest = fingerprint or None
     if st.model is None and model is not None:
         st.model = model
-    if disclosure_index is not None:
-        st.disclosed_at = [p for p in st.disclosed_at if p[0] != disclosure_index]
-        st.disclosed_at.append([disclosure_index, turn])
+    if disclosure_index is not None and st.disclosure == "disclosed":  # hidden: none to redo
+        # A placement made in a longer conversation than this one belongs to a history the
+        # client has since cut short: tracking restarts without it.
+        st.disclosed_at = [
+            list(p) for p in prior if p[0] != disclosure_index and p[2] <= message_count
+        ]
+        st.disclosed_at.append([disclosure_index, turn, message_count, fingerprint or ""])
     return Grant(
         GrantKind.FORWARD,
         turn=turn,
@@ -161,23 +195,33 @@ def reserve(
         body_hash=body_hash,
         disclosed_at=prior,
         messages_seen=seen,
+        messages_digest=digest,
     )
 
 
 def settle(
     st: EpisodeState, grant: Grant, result: SettleResult, now: float, *, count_failed: bool
 ) -> bool:
-    """Close a forwarded turn. Returns True when its turn was refunded. Mutates `st`."""
+    """Close a forwarded turn. Returns True when its turn was refunded. Mutates `st`.
+
+    An episode ended while this turn was in flight (`end_pending`) takes the refund too, and
+    its end reason follows the settled numbers; the last such turn to settle clears
+    `end_pending` (the episode is then recorded). An episode already recorded keeps the
+    numbers it was recorded with.
+    """
     st.inflight = max(0, st.inflight - 1)
     st.last_activity = now
     refund = result is SettleResult.REFUNDABLE and grant.charged and not count_failed
-    if refund:
+    if refund and (st.status == "active" or st.end_pending):
         st.turns_used = max(0, st.turns_used - 1)
     if grant.turn == st.last_turn and grant.body_hash == st.last_hash:
         if refund:
             st.last_state = "refunded"
         elif grant.charged or st.last_state == "inflight":
             st.last_state = "charged"
+    if st.end_pending:
+        st.end_reason = end_reason(st)
+        st.end_pending = st.inflight > 0
     return refund
 
 
@@ -206,8 +250,15 @@ class FinishStatus(StrEnum):
     CONFLICT = "conflict"  # already ended differently
 
 
-def finish(st: EpisodeState, report: OutcomeReport | None, now: float) -> FinishStatus:
-    """End an episode, with a harness report or without one (end, idle, shutdown)."""
+def finish(
+    st: EpisodeState, report: OutcomeReport | None, now: float, *, await_turns: bool = True
+) -> FinishStatus:
+    """End an episode, with a harness report or without one (end, idle, shutdown).
+
+    With turns still in flight the end reason is provisional: those turns may yet be
+    refunded, so `end_pending` is set and `settle` completes the ending (`await_turns`
+    False: the ending is final now, for a process stopping or a replica presumed dead).
+    """
     if st.status == "finished":
         if report is None:
             return FinishStatus.SAME
@@ -228,4 +279,5 @@ def finish(st: EpisodeState, report: OutcomeReport | None, now: float) -> Finish
     st.status = "finished"
     st.ended_at = now
     st.end_reason = end_reason(st)
+    st.end_pending = await_turns and st.inflight > 0
     return FinishStatus.FINISHED

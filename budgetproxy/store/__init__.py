@@ -1,5 +1,11 @@
 """Episode stores: where episode state lives (memory for one process, Redis for replicas)."""
 
-from budgetproxy.store.base import EpisodeStore, FinishOutcome, StoreUnavailable, TurnOpen
+from budgetproxy.store.base import (
+    EpisodeStore,
+    FinishOutcome,
+    StoreUnavailable,
+    TurnClose,
+    TurnOpen,
+)
 
-__all__ = ["EpisodeStore", "FinishOutcome", "StoreUnavailable", "TurnOpen"]
+__all__ = ["EpisodeStore", "FinishOutcome", "StoreUnavailable", "TurnClose", "TurnOpen"]

@@ -27,8 +27,19 @@ class TurnOpen:
 
 
 @dataclass(frozen=True)
+class TurnClose:
+    refunded: bool
+    state: EpisodeState | None  # a snapshot after settling; None: unknown episode
+    # This settle was the last in-flight turn of an episode ended meanwhile (`end_pending`):
+    # the caller records the episode now. True for exactly one caller across replicas.
+    ended: bool = False
+
+
+@dataclass(frozen=True)
 class FinishOutcome:
     status: FinishStatus | None  # None: unknown episode
+    # With `state.end_pending` (turns still in flight) the episode is recorded by the
+    # settle of its last turn (`TurnClose.ended`), not by the caller that ended it.
     state: EpisodeState | None
 
 
@@ -46,6 +57,7 @@ class EpisodeStore(Protocol):
         message_count: int,
         disclosure_index: int | None,
         model: str | None = None,
+        fingerprint: str | None = None,
     ) -> TurnOpen:
         """Create the episode with `fresh()` if it does not exist, then `core.episode.reserve`.
 
@@ -56,8 +68,8 @@ class EpisodeStore(Protocol):
 
     async def close_turn(
         self, episode_id: str, grant: Grant, result: SettleResult, now: float, *, count_failed: bool
-    ) -> tuple[bool, EpisodeState | None]:
-        """`core.episode.settle`; returns (refunded, snapshot)."""
+    ) -> TurnClose:
+        """`core.episode.settle`."""
         ...
 
     async def create(self, fresh: EpisodeState) -> bool:

@@ -3,15 +3,18 @@
 -- result (ok|refundable|broken), now, count_failed (0|1), active ttl ms.
 local ep = KEYS[1]
 local f = redis.call('HMGET', ep, 'status', 'inflight', 'turns_used', 'last_turn', 'last_hash',
-  'last_state')
+  'last_state', 'end_pending')
 if not f[1] then
   return false
 end
 local charged = ARGV[2] == '1'
 local used = tonumber(f[3])
 local state = f[6]
+local pending = f[7] == '1'
+local inflight = math.max(0, tonumber(f[2]) - 1)
 local refund = ARGV[4] == 'refundable' and charged and ARGV[6] == '0'
-if refund then
+-- a recorded episode keeps the numbers it was recorded with
+if refund and (f[1] == 'active' or pending) then
   used = math.max(0, used - 1)
 end
 if tonumber(ARGV[1]) == tonumber(f[4]) and ARGV[3] == f[5] then
@@ -21,9 +24,19 @@ if tonumber(ARGV[1]) == tonumber(f[4]) and ARGV[3] == f[5] then
     state = 'charged'
   end
 end
-redis.call('HSET', ep, 'inflight', math.max(0, tonumber(f[2]) - 1), 'last_activity', ARGV[5],
+redis.call('HSET', ep, 'inflight', inflight, 'last_activity', ARGV[5],
   'turns_used', used, 'last_state', state)
 if f[1] == 'active' then
   redis.call('PEXPIRE', ep, ARGV[7])
 end
-return cjson.encode({refund and 1 or 0, snapshot(ep)})
+local ended = 0
+if pending then
+  -- ended while this turn was in flight: the end reason follows the settled numbers, and
+  -- the last turn to settle hands the ending back to be recorded
+  redis.call('HSET', ep, 'end_reason', reason_of(ep))
+  if inflight == 0 then
+    redis.call('HSET', ep, 'end_pending', '0')
+    ended = 1
+  end
+end
+return cjson.encode({refund and 1 or 0, snapshot(ep), ended})

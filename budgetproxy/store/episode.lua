@@ -7,19 +7,25 @@ local function snapshot(ep)
   return redis.call('HGETALL', ep)
 end
 
--- core.episode.finish after the report's fields are written: end reason by precedence
--- success > exhausted > failure > abandoned; keep the episode for retention, then its id.
-local function end_episode(ep, gone, now, retention_ms, remember_ms)
+-- core.episode.end_reason: success > exhausted > failure > abandoned.
+local function reason_of(ep)
   local f = redis.call('HMGET', ep, 'outcome', 'refused', 'turns_used', 'budget')
-  local reason = 'abandoned'
   if f[1] == 'success' then
-    reason = 'success'
+    return 'success'
   elseif f[2] == '1' or tonumber(f[3]) >= tonumber(f[4]) then
-    reason = 'exhausted'
+    return 'exhausted'
   elseif f[1] == 'failure' then
-    reason = 'failure'
+    return 'failure'
   end
-  redis.call('HSET', ep, 'status', 'finished', 'ended_at', now, 'end_reason', reason)
+  return 'abandoned'
+end
+
+-- core.episode.finish after the report's fields are written; keep the episode for
+-- retention, then its id. `pending`: turns are in flight, and their settling completes the
+-- ending (core end_pending).
+local function end_episode(ep, gone, now, retention_ms, remember_ms, pending)
+  redis.call('HSET', ep, 'status', 'finished', 'ended_at', now, 'end_reason', reason_of(ep),
+    'end_pending', pending and '1' or '0')
   local snap = snapshot(ep)
   redis.call('PEXPIRE', ep, math.max(1, retention_ms))
   redis.call('SET', gone, now, 'PX', math.max(1, retention_ms + remember_ms))

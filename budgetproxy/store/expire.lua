@@ -1,13 +1,15 @@
 -- Claim an idle episode: only the caller that ends it gets its snapshot back.
 -- KEYS: episode, remembered id. ARGV: now, idle timeout s, retention ms, remember ms.
 -- A turn still in flight holds the episode open, but only for twice the idle timeout:
--- the replica serving it may have died without settling.
+-- the replica serving it may have died without settling. The same holds for an episode
+-- ended with turns in flight (end_pending), whose ending those turns' settling completes.
 local ep, gone = KEYS[1], KEYS[2]
-local f = redis.call('HMGET', ep, 'status', 'inflight', 'last_activity')
+local f = redis.call('HMGET', ep, 'status', 'inflight', 'last_activity', 'end_pending')
 if not f[1] then
   return cjson.encode({'missing'})
 end
-if f[1] == 'finished' then
+local pending = f[1] == 'finished' and f[4] == '1'
+if f[1] == 'finished' and not pending then
   return cjson.encode({'ended'})
 end
 local idle = tonumber(ARGV[2])
@@ -18,5 +20,10 @@ end
 if tonumber(f[2]) > 0 and idle_for < 2 * idle then
   return cjson.encode({'busy', f[3]})
 end
+if pending then
+  -- already ended; its turns never settled: record it as it stands
+  redis.call('HSET', ep, 'end_pending', '0')
+  return cjson.encode({'claimed', snapshot(ep)})
+end
 return cjson.encode({'claimed',
-  end_episode(ep, gone, ARGV[1], tonumber(ARGV[3]), tonumber(ARGV[4]))})
+  end_episode(ep, gone, ARGV[1], tonumber(ARGV[3]), tonumber(ARGV[4]), false)})

@@ -27,5 +27,6 @@ if ARGV[2] == '1' then
   end
   redis.call('HSET', ep, 'metadata', ARGV[6])
 end
+local pending = tonumber(redis.call('HGET', ep, 'inflight')) > 0
 return cjson.encode({'finished',
-  end_episode(ep, gone, ARGV[1], tonumber(ARGV[7]), tonumber(ARGV[8]))})
+  end_episode(ep, gone, ARGV[1], tonumber(ARGV[7]), tonumber(ARGV[8]), pending)})

@@ -23,7 +23,7 @@ from budgetproxy.core.episode import (
     reserve,
     settle,
 )
-from budgetproxy.store.base import FinishOutcome, TurnOpen
+from budgetproxy.store.base import FinishOutcome, TurnClose, TurnOpen
 
 REMEMBER_S = 30 * 86400  # how long a forgotten episode's id still refuses calls (as Redis)
 MAX_REMEMBERED = 500_000  # and at most this many of them (oldest forgotten first)
@@ -39,6 +39,7 @@ def _compact(st: EpisodeState) -> None:
     st.disclosed_at = []
     st.last_hash = None
     st.messages_seen = 0
+    st.messages_digest = None
     st.metadata = {}
 
 
@@ -108,7 +109,11 @@ class _Slice:
 
 
 class MemoryStore:
-    """Active episodes in a dict; finished ones in end order; then only remembered ids."""
+    """Active episodes in a dict; finished ones in end order; then only remembered ids.
+
+    An episode ended with turns in flight stays with the active ones (uncompacted, for its
+    record) until the last of them settles.
+    """
 
     def __init__(self, remember_s: float = REMEMBER_S) -> None:
         self._active: dict[str, EpisodeState] = {}
@@ -134,6 +139,7 @@ class MemoryStore:
         message_count: int,
         disclosure_index: int | None,
         model: str | None = None,
+        fingerprint: str | None = None,
     ) -> TurnOpen:
         st = self._lookup(episode_id)
         created = False
@@ -151,17 +157,23 @@ class MemoryStore:
             message_count=message_count,
             disclosure_index=disclosure_index,
             model=model,
+            fingerprint=fingerprint,
         )
         return TurnOpen(grant, st.snapshot(), created)
 
     async def close_turn(
         self, episode_id: str, grant: Grant, result: SettleResult, now: float, *, count_failed: bool
-    ) -> tuple[bool, EpisodeState | None]:
+    ) -> TurnClose:
         st = self._lookup(episode_id)
         if st is None:
-            return False, None
+            return TurnClose(False, None)
+        pending = st.end_pending
         refunded = settle(st, grant, result, now, count_failed=count_failed)
-        return refunded, st.snapshot()
+        snap = st.snapshot()
+        ended = pending and not st.end_pending
+        if ended:
+            self._ended(st)
+        return TurnClose(refunded, snap, ended)
 
     async def create(self, fresh: EpisodeState) -> bool:
         eid = fresh.episode_id
@@ -185,7 +197,7 @@ class MemoryStore:
             return FinishOutcome(None, None)
         status = finish(st, report, now)
         snap = st.snapshot()
-        if status is FinishStatus.FINISHED:
+        if status is FinishStatus.FINISHED and not st.end_pending:
             self._ended(st)
         return FinishOutcome(status, snap)
 
@@ -211,7 +223,10 @@ class MemoryStore:
     async def finish_all_active(self, now: float) -> list[EpisodeState]:
         ended = []
         for st in list(self._active.values()):
-            finish(st, None, now)
+            if st.status == "finished":  # ended, waiting for turns in flight: no more waiting
+                st.end_pending = False
+            else:
+                finish(st, None, now, await_turns=False)
             ended.append(st.snapshot())
             self._ended(st)
         return ended

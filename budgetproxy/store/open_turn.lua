@@ -1,6 +1,7 @@
--- Open a turn: create the episode if absent (ARGV[8..] are its fields), then core reserve.
+-- Open a turn: create the episode if absent (ARGV[9..] are its fields), then core reserve.
 -- KEYS: episode, remembered id. ARGV: body_hash, now, free_retries, message_count,
--- disclosure_index ('' for none), active ttl ms, model ('' for none), [field, value, ...].
+-- disclosure_index ('' for none), active ttl ms, model ('' for none),
+-- fingerprint ('' for none), [field, value, ...].
 local ep, gone = KEYS[1], KEYS[2]
 local body_hash, now = ARGV[1], ARGV[2]
 local free_retries = tonumber(ARGV[3])
@@ -10,21 +11,22 @@ if redis.call('EXISTS', ep) == 0 then
   if redis.call('EXISTS', gone) == 1 then
     return cjson.encode({'gone'})
   end
-  if #ARGV < 8 then
+  if #ARGV < 9 then
     return cjson.encode({'absent'})
   end
-  redis.call('HSET', ep, unpack(ARGV, 8))
+  redis.call('HSET', ep, unpack(ARGV, 9))
   created = 1
 end
 local f = redis.call('HMGET', ep, 'status', 'budget', 'turns_used', 'inflight', 'last_turn',
   'last_attempt', 'last_hash', 'last_state', 'free_retries_used', 'disclosed_at',
-  'messages_seen')
+  'messages_seen', 'messages_digest', 'disclosure')
 if f[1] == 'finished' then
   return cjson.encode({'finished', created, snapshot(ep)})
 end
 local budget, used, inflight = tonumber(f[2]), tonumber(f[3]), tonumber(f[4])
 local last_turn, attempt, last_hash, last_state = tonumber(f[5]), tonumber(f[6]), f[7], f[8]
-local free_used, prior, seen = tonumber(f[9]), f[10], f[11]
+local free_used, prior, seen, seen_digest = tonumber(f[9]), f[10], f[11], f[12]
+local count, fingerprint = tonumber(ARGV[4]), ARGV[8]
 local is_retry = last_hash == body_hash and (last_state == 'charged' or last_state == 'refunded')
 local charged
 if is_retry and last_state == 'charged' and free_used < free_retries then
@@ -53,23 +55,31 @@ local fields = {'turns_used', used, 'last_turn', last_turn, 'last_attempt', atte
   'free_retries_used', free_used, 'last_hash', last_hash, 'last_state', 'inflight',
   'last_charged', charged, 'inflight', inflight + 1, 'last_activity', now,
   'messages_seen', ARGV[4]}
-if index ~= '' then
+if index ~= '' and f[13] == 'disclosed' then
+  -- [index, turn, message count, digest]; entries of the older [index, turn] layout are
+  -- dropped, and so are those of longer conversations (core.episode.reserve)
   local idx = tonumber(index)
   local parts = {}
   for _, p in ipairs(cjson.decode(prior)) do
-    if p[1] ~= idx then
-      parts[#parts + 1] = string.format('[%d,%d]', p[1], p[2])
+    if #p == 4 and p[1] ~= idx and p[3] <= count then
+      parts[#parts + 1] = string.format('[%d,%d,%d,%s]', p[1], p[2], p[3], cjson.encode(p[4]))
     end
   end
-  parts[#parts + 1] = string.format('[%d,%d]', idx, last_turn)
+  parts[#parts + 1] = string.format('[%d,%d,%d,%s]', idx, last_turn, count,
+    cjson.encode(fingerprint))
   fields[#fields + 1] = 'disclosed_at'
   fields[#fields + 1] = '[' .. table.concat(parts, ',') .. ']'
 end
 redis.call('HSET', ep, unpack(fields))
+if fingerprint == '' then
+  redis.call('HDEL', ep, 'messages_digest')
+else
+  redis.call('HSET', ep, 'messages_digest', fingerprint)
+end
 if ARGV[7] ~= '' then
   -- the first forwarded turn's model becomes the episode's (API-created episodes have none)
   redis.call('HSETNX', ep, 'model', ARGV[7])
 end
 redis.call('PEXPIRE', ep, ARGV[6])
 return cjson.encode({'forward', created, snapshot(ep), last_turn, attempt, charged, prior,
-  seen})
+  seen, seen_digest})

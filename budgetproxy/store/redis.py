@@ -44,8 +44,9 @@ from budgetproxy.core.episode import (
     OutcomeReport,
     SettleResult,
     finish,
+    placed,
 )
-from budgetproxy.store.base import FinishOutcome, StoreUnavailable, TurnOpen
+from budgetproxy.store.base import FinishOutcome, StoreUnavailable, TurnClose, TurnOpen
 
 __all__ = ["RedisStore", "decode_state", "encode_state"]
 
@@ -70,9 +71,9 @@ _CODEC: dict[str, str] = {
     "created_at": _FLOAT, "last_activity": _FLOAT, "model": _STR, "turns_used": _INT,
     "inflight": _INT, "last_turn": _INT, "last_attempt": _INT, "last_hash": _STR,
     "last_state": _STR, "last_charged": _BOOL, "free_retries_used": _INT, "refused": _BOOL,
-    "disclosed_at": _JSON, "messages_seen": _INT, "status": _STR, "outcome": _STR,
-    "success_turn": _INT, "reward": _JSON, "metadata": _JSON, "end_reason": _STR,
-    "ended_at": _FLOAT,
+    "disclosed_at": _JSON, "messages_seen": _INT, "messages_digest": _STR, "status": _STR,
+    "outcome": _STR, "success_turn": _INT, "reward": _JSON, "metadata": _JSON,
+    "end_reason": _STR, "ended_at": _FLOAT, "end_pending": _BOOL,
 }
 
 
@@ -137,6 +138,7 @@ def decode_state(pairs: list[str]) -> EpisodeState:
         refused=d["refused"] == "1",
         disclosed_at=orjson.loads(d["disclosed_at"]),
         messages_seen=int(d["messages_seen"]),
+        messages_digest=g("messages_digest"),
         status=d["status"],
         outcome=g("outcome"),
         success_turn=_opt_int(g("success_turn")),
@@ -144,6 +146,7 @@ def decode_state(pairs: list[str]) -> EpisodeState:
         metadata=orjson.loads(d["metadata"]),
         end_reason=g("end_reason"),
         ended_at=None if ended_at is None else float(ended_at),
+        end_pending=g("end_pending") == "1",  # absent in episodes stored by older versions
     )
     return st
 
@@ -352,12 +355,13 @@ class RedisStore:
         message_count: int,
         disclosure_index: int | None,
         model: str | None = None,
+        fingerprint: str | None = None,
     ) -> TurnOpen:
         keys = self._keys(episode_id)
         args: list[Any] = [
             body_hash, repr(float(now)), free_retries, message_count,
             "" if disclosure_index is None else disclosure_index, self._active_ttl_ms,
-            model or "",
+            model or "", fingerprint or "",
         ]
         reply = _json(await self._eval(_Eval(self._open, keys, args)))
         if reply[0] == "absent":
@@ -374,7 +378,7 @@ class RedisStore:
 
     async def close_turn(
         self, episode_id: str, grant: Grant, result: SettleResult, now: float, *, count_failed: bool
-    ) -> tuple[bool, EpisodeState | None]:
+    ) -> TurnClose:
         args = [
             grant.turn, 1 if grant.charged else 0, grant.body_hash, result.value,
             repr(float(now)), 1 if count_failed else 0, self._active_ttl_ms,
@@ -382,9 +386,9 @@ class RedisStore:
         keys = [self.episode_key(episode_id)]
         raw = await self._eval(_Eval(self._close, keys, args))
         if raw is None:
-            return False, None
+            return TurnClose(False, None)
         reply = _json(raw)
-        return bool(reply[0]), decode_state(reply[1])
+        return TurnClose(bool(reply[0]), decode_state(reply[1]), bool(reply[2]))
 
     # -- episodes ------------------------------------------------------------------------------
     async def create(self, fresh: EpisodeState) -> bool:
@@ -435,6 +439,15 @@ class RedisStore:
         reply = _json(raw)
         st = decode_state(reply[1])
         if reply[0] == "finished":
+            if st.end_pending:
+                # Its turns in flight record it when they settle; back in the idle index
+                # meanwhile, so a sweep records it if the replica serving them dies.
+                score = st.last_activity
+                try:
+                    await self._call(
+                        lambda: self._redis.zadd(self._active_key, {episode_id: score}))
+                except StoreUnavailable:  # the episode did end; only that safety net is lost
+                    pass
             return FinishOutcome(FinishStatus.FINISHED, st)
         # Already ended: the core compares the report with the stored one, changing nothing.
         return FinishOutcome(finish(st, report, now), st)
@@ -551,14 +564,14 @@ def _turn_open(episode_id: str, body_hash: str, reply: list[Any]) -> TurnOpen:
         return TurnOpen(Grant(GrantKind.FINISHED, turn=st.last_turn), st, created)
     if kind == "exhausted":
         return TurnOpen(Grant(GrantKind.EXHAUSTED, turn=st.turns_used), st, created)
-    prior: list[list[int]] = orjson.loads(reply[6])
     grant = Grant(
         GrantKind.FORWARD,
         turn=int(reply[3]),
         attempt=int(reply[4]),
         charged=bool(reply[5]),
         body_hash=body_hash,
-        disclosed_at=tuple((i, t) for i, t in prior),
+        disclosed_at=placed(orjson.loads(reply[6])),
         messages_seen=int(reply[7]),
+        messages_digest=reply[8] or None,
     )
     return TurnOpen(grant, st, created)

@@ -1,0 +1,84 @@
+"""Conversation fingerprints: does a turn's conversation extend what an earlier turn sent?
+
+Agents usually resend their whole history plus a few new messages, but some summarise,
+truncate or edit it between turns. The log (new messages only) and history-keep disclosure
+(earlier texts re-applied by index) are only right while the conversation grows append-only,
+so each turn keeps a digest of the messages it sent, and a later turn checks that its own
+conversation starts with exactly those.
+
+The conversation is written once (orjson, one call), its bytes hashed once. A digest names the
+byte length it covers ("<length>:<first 128 bits of the SHA-256>"): messages are JSON objects,
+which delimit themselves, so a conversation starts with an earlier one's messages exactly when
+its bytes start with that one's bytes (up to the earlier closing bracket) and a message
+boundary follows.
+Hash states kept every few kilobytes make the digest of any such prefix cheap.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+from typing import Any
+
+import orjson
+
+_STRIDE = 1 << 13  # bytes between kept hash states: ~25 copies per 200 KB conversation
+
+
+def _conversation_bytes(messages: list[Any]) -> bytes:
+    """The conversation as the proxy parsed it, written back (the same bytes every turn)."""
+    try:
+        return orjson.dumps(messages)
+    except TypeError:  # an integer over 64 bits, or nesting past orjson's 254 levels
+        pass
+    try:
+        return json.dumps(messages, ensure_ascii=False, separators=(",", ":")).encode()
+    except (RecursionError, ValueError):
+        # Too deep for either encoder: bytes no later turn can match, so such a conversation
+        # always counts as changed (logged whole) instead of wrongly as unchanged.
+        return b"[" + os.urandom(32).hex().encode() + b"]"
+
+
+class Fingerprint:
+    """One conversation (a list of messages, as the client sent it), ready to be compared."""
+
+    __slots__ = ("_blob", "_states", "_digests")
+
+    def __init__(self, messages: list[Any]) -> None:
+        blob = _conversation_bytes(messages)
+        self._blob = memoryview(blob)
+        h = hashlib.sha256()
+        states = [h.copy()]  # states[i]: the hash of the first i * _STRIDE bytes
+        end = len(blob) - 1  # what a digest covers: all but the closing bracket
+        for start in range(0, end - _STRIDE + 1, _STRIDE):
+            h.update(self._blob[start : start + _STRIDE])
+            states.append(h.copy())
+        self._states = states
+        self._digests: dict[int, str] = {}
+
+    def _digest(self, length: int) -> str:
+        cached = self._digests.get(length)
+        if cached is None:
+            i = min(length // _STRIDE, len(self._states) - 1)
+            h = self._states[i].copy()
+            h.update(self._blob[i * _STRIDE : length])
+            # 128 bits of the hash: kept per turn in the store, where size adds up
+            cached = self._digests[length] = f"{length}:{h.hexdigest()[:32]}"
+        return cached
+
+    def digest(self) -> str:
+        """The digest of the whole conversation, for later turns to compare with."""
+        return self._digest(len(self._blob) - 1)
+
+    def extends(self, digest: str | None) -> bool:
+        """Whether this conversation starts with every message of the one `digest` was taken
+        of, unchanged. An empty or unknown digest matches nothing."""
+        length_text, _, _ = (digest or "").partition(":")
+        if not length_text.isdigit():
+            return False
+        length = int(length_text)
+        # A message boundary must follow: ',' (more messages) or ']' (no more).
+        if not 1 <= length < len(self._blob) or self._blob[length] not in b",]":
+            return False
+        return self._digest(length) == digest

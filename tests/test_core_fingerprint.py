@@ -1,0 +1,66 @@
+"""Conversation fingerprints: a conversation extends an earlier one exactly when it starts
+with all of that one's messages, unchanged."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import orjson
+from hypothesis import given
+from hypothesis import strategies as st
+
+from budgetproxy.core.fingerprint import Fingerprint
+
+# Text values only: messages are equal JSON exactly when they are equal with their keys in
+# the same order (a client that reorders keys has changed its conversation, as far as the
+# proxy can tell: it is logged whole, never wrongly cut).
+message = st.fixed_dictionaries(
+    {"role": st.sampled_from(["system", "user", "assistant", "tool"]),
+     "content": st.text(max_size=12) | st.lists(st.text(max_size=4), max_size=2)},
+    optional={"tool_call_id": st.sampled_from(["c1", "c2"])},
+)
+conversations = st.lists(message, min_size=1, max_size=6)
+
+
+@given(before=conversations, after=st.lists(message, max_size=4))
+def test_an_appended_conversation_extends_the_earlier_one(
+    before: list[Any], after: list[Any]
+) -> None:
+    assert Fingerprint([*before, *after]).extends(Fingerprint(before).digest())
+
+
+@given(before=conversations, now=st.lists(message, max_size=8))
+def test_extends_exactly_when_the_earlier_messages_start_the_conversation(
+    before: list[Any], now: list[Any]
+) -> None:
+    expected = orjson.dumps(now[: len(before)]) == orjson.dumps(before)
+    assert Fingerprint(now).extends(Fingerprint(before).digest()) == expected
+
+
+def test_long_conversations_across_the_kept_hash_states() -> None:
+    """Messages of several kilobytes: prefixes end anywhere relative to the kept states."""
+    msgs = [{"role": "user", "content": f"{i}:" + "x" * (1500 * i)} for i in range(1, 12)]
+    full = Fingerprint(msgs)
+    for k in range(1, len(msgs) + 1):
+        assert full.extends(Fingerprint(msgs[:k]).digest()), k
+        edited = [*msgs[: k - 1], {"role": "user", "content": msgs[k - 1]["content"] + "!"}]
+        assert not full.extends(Fingerprint(edited).digest()), k
+
+
+def test_unknown_and_malformed_digests_match_nothing() -> None:
+    f = Fingerprint([{"role": "user", "content": "a"}, {"role": "user", "content": "b"}])
+    for digest in (None, "", "abc", "3:", "-1:00", "999:00", f.digest() + "0"):
+        assert not f.extends(digest), digest
+    # A message that only starts like the earlier one is a different message.
+    assert not Fingerprint([{"role": "user", "content": "ab"}]).extends(
+        Fingerprint([{"role": "user", "content": "a"}]).digest())
+    assert not Fingerprint(["ab"]).extends(Fingerprint(["a"]).digest())
+    assert not Fingerprint([12]).extends(Fingerprint([1]).digest())
+
+
+def test_values_only_the_standard_library_writes_still_compare() -> None:
+    big = [{"role": "user", "content": "n", "n": 2**70}]
+    assert Fingerprint([*big, {"role": "user", "content": "more"}]).extends(
+        Fingerprint(big).digest())
+    assert not Fingerprint([{"role": "user", "content": "n", "n": 2**70 + 1}]).extends(
+        Fingerprint(big).digest())
