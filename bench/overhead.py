@@ -22,6 +22,7 @@ from __future__ import annotations
 import argparse
 import datetime as dt
 import json
+import os
 import shutil
 import statistics
 import sys
@@ -49,6 +50,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--rounds", type=int, default=5, help="rounds of load, all rows at once")
     p.add_argument("--seconds", type=float, default=10.0, help="load per round")
     p.add_argument("--connections", type=int, default=8, help="wrk connections per row")
+    p.add_argument("--history-kb", type=int, default=0,
+                   help="KB of earlier turns in each request (long agent conversations)")
     p.add_argument("--out", type=Path, default=tg.BENCH_DIR / "results", help="results folder")
     return p.parse_args(argv)
 
@@ -93,6 +96,8 @@ def main(argv: list[str] | None = None) -> int:
         raise SystemExit("name at least two rows: a baseline and one to compare")
     if not shutil.which("wrk"):
         raise SystemExit("wrk not found (apt-get install wrk)")
+    if args.history_kb:
+        os.environ["BENCH_HISTORY_KB"] = str(args.history_kb)  # read by bench/wrk_chat.lua
     unknown = [n for n in names if n != "forwarder" and n not in tg.BUDGETPROXY_VARIANTS]
     if unknown:
         raise SystemExit(f"unknown row(s) {', '.join(unknown)}; choose from forwarder, "
@@ -154,7 +159,7 @@ def main(argv: list[str] | None = None) -> int:
     path = args.out / f"overhead-{stamp}.json"
     path.write_text(json.dumps({
         "schema": 1, "started_at": stamp, "baseline": base, "rounds": args.rounds,
-        "seconds": args.seconds, "connections": args.connections,
+        "seconds": args.seconds, "connections": args.connections, "history_kb": args.history_kb,
         "cpu_us_per_req": cpu, "rps": rps, "summary": summary, "notes": notes,
     }, indent=2) + "\n")
     print(f"\nresults: {path}")

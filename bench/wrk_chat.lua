@@ -4,6 +4,9 @@
 --
 --   wrk -t1 -c32 -d5s --latency -s bench/wrk_chat.lua URL -- EPISODES [BUDGET]
 -- BENCH_AUTH in the environment adds "Authorization: Bearer $BENCH_AUTH".
+-- BENCH_HISTORY_KB=N puts about N KB of earlier turns (1 KB messages, assistant and user in
+-- turn) before the last message, as a long agent conversation has: costs that follow the
+-- body's size (parsing, hashing, logging) then show.
 
 local episodes = 0
 local budget = "1000000000"
@@ -26,6 +29,17 @@ function init(args)
   end
   if episodes > 0 then
     headers["X-Episode-Budget"] = budget
+  end
+  local history = tonumber(os.getenv("BENCH_HISTORY_KB") or "0") or 0
+  if history > 0 then
+    local turns = {}
+    local filler = string.rep("The agent moved and observed the grid; nothing changed. ", 17)
+    for i = 1, history do
+      local role = (i % 2 == 1) and "assistant" or "user"
+      turns[#turns + 1] = '{"role":"' .. role .. '","content":"' .. i .. ": " .. filler .. '"},'
+    end
+    local cut = prefix:find('{"role":"user"', 1, true)
+    prefix = prefix:sub(1, cut - 1) .. table.concat(turns) .. prefix:sub(cut)
   end
 end
 

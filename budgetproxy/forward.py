@@ -56,8 +56,11 @@ log = logging.getLogger("budgetproxy")
 # route path -> (kind, required list/str field)
 def _turn_hash(route: str, body: bytes) -> str:
     """What makes a resend "the same call": the same route with a byte-identical body."""
-    h = hashlib.blake2b(body, digest_size=16, person=route[-16:].encode())
-    return h.hexdigest()
+    # SHA-256, not BLAKE2b: CPUs with SHA extensions (most servers now) hash twice as fast
+    # with it, and every episode call hashes its whole body (~60 µs for 100 KB, not ~115).
+    h = hashlib.sha256(route.encode() + b"\0")
+    h.update(body)
+    return h.hexdigest()[:32]
 
 
 class _Call:

@@ -131,24 +131,29 @@ def exact_payload(body: bytes, payload: dict[str, Any]) -> dict[str, Any] | None
     the parsed values, not the bytes: its cost follows the number of values, not the size of
     the texts and images they carry.
     """
-    stack: list[Any] = [payload]
-    lossy = False
-    while stack and not lossy:
-        value = stack.pop()
-        kind = type(value)
-        if kind is dict:
-            stack.extend(value.values())
-        elif kind is list:
-            stack.extend(value)
-        elif kind is float:
-            lossy = not -_LOSSY_FLOAT < value < _LOSSY_FLOAT
-    if not lossy:
+    if not _has_lossy_float(payload):
         return None
     try:
         exact = json.loads(body)
     except (RecursionError, ValueError):  # deeper than the stdlib parser goes: keep orjson's
         return None
     return exact if isinstance(exact, dict) else None
+
+
+def _has_lossy_float(payload: dict[str, Any]) -> bool:
+    stack: list[Any] = [payload]
+    pop, push = stack.pop, stack.append
+    while stack:
+        container = pop()
+        for value in container.values() if type(container) is dict else container:
+            kind = type(value)
+            if kind is str:  # most values: skipped first
+                continue
+            if kind is dict or kind is list:
+                push(value)
+            elif kind is float and not -_LOSSY_FLOAT < value < _LOSSY_FLOAT:
+                return True
+    return False
 
 
 def encode_exact(payload: dict[str, Any]) -> bytes:
