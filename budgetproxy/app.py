@@ -112,6 +112,7 @@ class BudgetProxy:
         self.calls = ModelCalls(config, self.pool, self.store, self.recorder, self.metrics,
                                 self.tracing, litellm_call)
         self.api = build_api(config, self.store, self.recorder, self.pool, self.registry)
+        self._auth_keys = frozenset(f"Bearer {k}".encode() for k in config.auth.keys)
         self._sweeper: asyncio.Task[None] | None = None
         self._flusher: asyncio.Task[None] | None = None
 
@@ -154,6 +155,12 @@ class BudgetProxy:
     async def _timed_api(self, scope: Scope, receive: Receive, send: Send) -> None:
         t0 = time.perf_counter()
         status = 500
+        if self._auth_keys and scope["path"].startswith("/v1") and (
+                dict(scope["headers"]).get(b"authorization") not in self._auth_keys):
+            # Before FastAPI, which judges a body (as JSON) before any dependency runs.
+            await send_error(send, ProxyError(401, "invalid_api_key",
+                                              "Missing or invalid API key for this proxy"))
+            return
         if scope["method"] in ("POST", "PUT", "PATCH"):
             # The episode API and pass-through routes take no more than model calls do.
             limit = self.config.server.max_body_bytes

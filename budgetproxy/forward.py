@@ -184,12 +184,24 @@ class ModelCalls:
             eid = path_episode
         return None if eid is None else checked_episode_id(eid)
 
+    def _one_id_each(self, raw_headers: list[tuple[bytes, bytes]]) -> None:
+        """An id header sent twice with different ids names no one episode: a 400, as a header
+        and a path that disagree are (the last line used to win, silently)."""
+        seen: dict[bytes, bytes] = {}
+        for name, value in raw_headers:
+            if name in self.id_headers and seen.setdefault(name, value) != value:
+                raise invalid_episode_id(
+                    f"{name.decode('latin-1')} is sent twice with different episode ids "
+                    f"({seen[name].decode('latin-1')!r}, {value.decode('latin-1')!r})")
+
     async def _handle(
         self, call: _Call, scope: Scope, receive: Receive, send: Send, path_episode: str | None
     ) -> None:
         headers: dict[bytes, bytes] = dict(scope["headers"])
         if self.auth_keys and headers.get(b"authorization") not in self.auth_keys:
             raise ProxyError(401, "invalid_api_key", "Missing or invalid API key for this proxy")
+        if len(headers) < len(scope["headers"]):  # a header sent twice: the dict kept the last
+            self._one_id_each(scope["headers"])
         eid = self._episode_id(headers, path_episode)
         body = await read_body(receive, headers, self.max_body)
         payload = validate_payload(call.kind, body)

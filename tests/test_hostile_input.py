@@ -284,3 +284,23 @@ def test_an_upstream_stream_of_odd_types_still_gets_its_turn_record(
     assert rec["episode_id"] == eid and rec["status"] == "ok"
     assert rec["response"]["content"] == "ok" and rec["finish_reason"] == "stop"
     assert rec["response"]["tool_calls"][0]["function"]["name"] == "f"
+
+
+def test_an_id_header_sent_twice_must_name_one_episode(default_proxy: Proxy) -> None:
+    """Two X-Episode-Id lines with different ids used to go to the last one, silently."""
+    a, b = new_id("twice"), new_id("twice")
+    body = json.dumps(chat_body()).encode()
+    r = default_proxy.http().post("/v1/chat/completions", content=body, headers=[
+        ("content-type", "application/json"), ("X-Episode-Id", a), ("X-Episode-Id", b)])
+    assert_openai_error(r, 400, "invalid_episode_id", "episode_id")
+    assert a in r.json()["error"]["message"] and b in r.json()["error"]["message"]
+    r = default_proxy.http().post("/v1/chat/completions", content=body, headers=[
+        ("content-type", "application/json"), ("X-Episode-Id", a), ("X-Episode-Id", a)])
+    assert r.status_code == 200 and r.headers["x-episode-id"] == a
+
+
+def test_the_episode_api_asks_for_the_key_before_reading_the_body(proxy: ProxyFactory) -> None:
+    guarded = proxy({"auth": {"keys": ["k1"]}})
+    r = guarded.http().post("/v1/episodes", content=b"not json",
+                            headers={"content-type": "application/json"})
+    assert_openai_error(r, 401, "invalid_api_key")
