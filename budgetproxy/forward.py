@@ -435,6 +435,14 @@ class ModelCalls:
             else:
                 await self._forward_http(call, upstream, headers, body, receive, send,
                                          drop_usage)
+        except asyncio.CancelledError:
+            # The server cancels calls still running at its shutdown deadline; one whose answer
+            # had not begun gets a 503 (app.py) and, like an upstream failure, its turn back.
+            if not call.started:
+                call.result = SettleResult.REFUNDABLE
+                call.status = "rejected"
+                call.http_status = 503
+            raise
         finally:
             await self._settle(call)
             reply = await self._after(call)

@@ -184,11 +184,12 @@ def test_sigterm_during_traffic_finishes_calls_and_loses_no_record(
     json.dumps(records)  # plain JSON all the way down
 
 
-def test_a_request_still_uploading_at_the_shutdown_deadline_gets_a_json_503(
+def test_calls_unanswered_at_the_shutdown_deadline_get_a_json_503(
     upstream: FakeUpstream, tmp_path: Path
 ) -> None:
-    """A client that stalls mid-upload holds shutdown until server.shutdown_timeout_s; then the
-    server cancels it, and it used to get a plain-text 500 (and a traceback in the log)."""
+    """A client that stalls mid-upload, or a call slower than server.shutdown_timeout_s, holds
+    shutdown until the deadline; then the server cancels it. It used to get a plain-text 500
+    (and a traceback in the log), and the slow call's turn was logged as a charged 200."""
     import socket
 
     config = tmp_path / "config.yaml"
@@ -196,8 +197,15 @@ def test_a_request_still_uploading_at_the_shutdown_deadline_gets_a_json_503(
     port = free_port()
     proc = serve("--config", str(config), "--upstream", upstream.base_url, "--port", str(port),
                  "--log-dir", str(tmp_path / "logs"), cwd=tmp_path)
+    slow: list[httpx.Response] = []
+    eid = new_id("deadline")
+    caller = threading.Thread(target=lambda: slow.append(httpx.post(
+        f"http://127.0.0.1:{port}/v1/chat/completions", timeout=30,
+        json={"model": "m1", "messages": [{"role": "user", "content": "slow"}]},
+        headers={"X-Episode-Id": eid, "X-Fake-Delay-Ms": "4000"})))
     try:
         assert f":{port}" in first_line(proc)
+        caller.start()
         stalled = []
         for path in ("/v1/chat/completions", "/v1/episodes"):
             s = socket.create_connection(("127.0.0.1", port), timeout=20)
@@ -212,9 +220,17 @@ def test_a_request_still_uploading_at_the_shutdown_deadline_gets_a_json_503(
             assert b"content-type: application/json" in head.lower()
             assert b'"code":"shutting_down"' in body
             s.close()
+        caller.join(20)
+        (r,) = slow
+        assert r.status_code == 503 and r.json()["error"]["code"] == "shutting_down"
         assert proc.wait(20) == 0
         assert proc.stderr is not None
         assert "Traceback" not in proc.stderr.read()
+        records = read_jsonl(tmp_path / "logs")
+        (turn,) = [x for x in records if x["type"] == "turn" and x["episode_id"] == eid]
+        assert (turn["status"], turn["http_status"], turn["charged"]) == ("rejected", 503, False)
+        (ended,) = [x for x in records if x["type"] == "episode" and x["episode_id"] == eid]
+        assert ended["turns_used"] == 0 and ended["end_reason"] == "abandoned"
     finally:
         if proc.poll() is None:
             proc.kill()
