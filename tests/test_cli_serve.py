@@ -202,9 +202,10 @@ def test_calls_unanswered_at_the_shutdown_deadline_get_a_json_503(
     caller = threading.Thread(target=lambda: slow.append(httpx.post(
         f"http://127.0.0.1:{port}/v1/chat/completions", timeout=30,
         json={"model": "m1", "messages": [{"role": "user", "content": "slow"}]},
-        headers={"X-Episode-Id": eid, "X-Fake-Delay-Ms": "4000"})))
+        headers={"X-Episode-Id": eid, "X-Fake-Delay-Ms": "2500"})))
     try:
         assert f":{port}" in first_line(proc)
+        started = time.monotonic()
         caller.start()
         stalled = []
         for path in ("/v1/chat/completions", "/v1/episodes"):
@@ -231,6 +232,7 @@ def test_calls_unanswered_at_the_shutdown_deadline_get_a_json_503(
         assert (turn["status"], turn["http_status"], turn["charged"]) == ("rejected", 503, False)
         (ended,) = [x for x in records if x["type"] == "episode" and x["episode_id"] == eid]
         assert ended["turns_used"] == 0 and ended["end_reason"] == "abandoned"
+        time.sleep(max(0.0, started + 2.7 - time.monotonic()))  # the upstream's answer is done
     finally:
         if proc.poll() is None:
             proc.kill()
