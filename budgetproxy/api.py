@@ -119,6 +119,9 @@ def build_api(
         summary="Turn budgets per agent episode, in front of any OpenAI-compatible model.",
         docs_url="/docs",
         openapi_url="/openapi.json",
+        # No redirects: a 307 to "/v1/" built from a rewritten /episodes/{id}/v1 path lost the
+        # id, and API clients do not expect to be sent elsewhere for a slash.
+        redirect_slashes=False,
     )
     auth_keys = frozenset(f"Bearer {k}" for k in config.auth.keys)
 
@@ -141,11 +144,14 @@ def build_api(
         return _error(ProxyError(400, "invalid_request", msg, param=param))
 
     @app.exception_handler(StarletteHTTPException)
-    async def _http_error(_: Request, exc: StarletteHTTPException) -> Response:
+    async def _http_error(request: Request, exc: StarletteHTTPException) -> Response:
         # Unknown routes and methods are the proxy's own errors too: OpenAI-shaped.
         code = {404: "not_found", 405: "method_not_allowed",
                 413: "request_too_large"}.get(exc.status_code, "http_error")
-        return _error(ProxyError(exc.status_code, code, str(exc.detail),
+        message = str(exc.detail)
+        if exc.status_code == 404 and message == "Not Found":
+            message = f"No route {request.method} {request.url.path}"
+        return _error(ProxyError(exc.status_code, code, message,
                                  headers=dict(exc.headers or {})))
 
     @app.exception_handler(StoreUnavailable)

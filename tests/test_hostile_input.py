@@ -304,3 +304,11 @@ def test_the_episode_api_asks_for_the_key_before_reading_the_body(proxy: ProxyFa
     r = guarded.http().post("/v1/episodes", content=b"not json",
                             headers={"content-type": "application/json"})
     assert_openai_error(r, 401, "invalid_api_key")
+
+
+@pytest.mark.parametrize("path", ["/episodes/slash-1/v1", "/v1"])
+def test_no_route_is_a_404_naming_it_never_a_redirect(default_proxy: Proxy, path: str) -> None:
+    """A POST to /episodes/{id}/v1 was redirected (307) to /v1/, losing the episode id."""
+    r = default_proxy.http().post(path, content=b"{}")
+    assert_openai_error(r, 404, "not_found")
+    assert "POST /v1" in r.json()["error"]["message"]
