@@ -51,6 +51,15 @@ def traced(
     srv.stop()
 
 
+def _finished(exporter: InMemorySpanExporter, n: int) -> tuple[ReadableSpan, ...]:
+    """The exporter's spans once there are `n`: a span ends just after its call's last byte,
+    so a client can hold its answer before the proxy has handed the span over."""
+    deadline = time.monotonic() + 5
+    while len(exporter.get_finished_spans()) < n and time.monotonic() < deadline:
+        time.sleep(0.01)
+    return tuple(exporter.get_finished_spans())
+
+
 def test_one_genai_span_per_model_call(traced, upstream: FakeUpstream) -> None:
     srv, exporter = traced
     client = openai.OpenAI(base_url=srv.url + "/v1", api_key="k")
@@ -64,11 +73,7 @@ def test_one_genai_span_per_model_call(traced, upstream: FakeUpstream) -> None:
         stream=True, extra_headers={"X-Episode-Id": "trace-1", "X-Fake-Chunks": "8"},
     )
     assert len(list(stream)) >= 8
-    # A stream's span ends once the proxy has settled the turn, just after the last byte.
-    deadline = time.monotonic() + 5
-    while len(exporter.get_finished_spans()) < 2 and time.monotonic() < deadline:
-        time.sleep(0.01)
-    spans = exporter.get_finished_spans()
+    spans = _finished(exporter, 2)
     assert [s.name for s in spans] == ["chat fake-model", "chat fake-model"]  # no per-chunk spans
     a = dict(spans[0].attributes or {})
     assert a["gen_ai.operation.name"] == "chat"
@@ -98,7 +103,7 @@ def test_a_refunded_turns_span_says_what_its_log_record_says(traced, upstream: F
         )
     client.chat.completions.create(model="fake-model", messages=[{"role": "user", "content": "hi"}],
                                    extra_headers={"X-Episode-Id": "refund-1"})
-    failed, ok = (dict(s.attributes or {}) for s in exporter.get_finished_spans())
+    failed, ok = (dict(s.attributes or {}) for s in _finished(exporter, 2))
     assert failed["error.type"] == "status_5xx"
     assert failed["budgetproxy.charged"] is False and failed["budgetproxy.remaining"] == 5
     assert ok["budgetproxy.charged"] is True and ok["budgetproxy.remaining"] == 4
@@ -112,7 +117,7 @@ def test_spans_name_the_upstream_host_and_port(traced, upstream: FakeUpstream) -
     srv, exporter = traced
     openai.OpenAI(base_url=srv.url + "/v1", api_key="k").chat.completions.create(
         model="fake-model", messages=[{"role": "user", "content": "hi"}])
-    (span,) = exporter.get_finished_spans()
+    (span,) = _finished(exporter, 1)
     attrs = dict(span.attributes or {})
     assert attrs["server.address"] == "127.0.0.1"
     assert attrs["server.port"] == int(upstream.base_url.rsplit(":", 1)[1].split("/")[0])
