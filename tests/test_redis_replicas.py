@@ -88,8 +88,10 @@ def records(directory: Path, kind: str, episode_id: str) -> list[dict[str, Any]]
     return out
 
 
-async def race(urls: list[str], eid: str, calls: int, budget: int) -> list[int]:
-    """`calls` concurrent turns of one episode spread over the replicas; their statuses."""
+async def race(urls: list[str], eid: str, calls: int, budget: int, tag: str = "") -> list[int]:
+    """`calls` concurrent turns of one episode spread over the replicas; their statuses.
+    Bodies differ by `tag` between races: a body identical to the episode's last turn would be
+    a free retry of that turn, not a new one."""
     clients = [openai.AsyncOpenAI(base_url=u, api_key="sk-test", max_retries=0, timeout=30)
                for u in urls]
 
@@ -98,7 +100,7 @@ async def race(urls: list[str], eid: str, calls: int, budget: int) -> list[int]:
         try:
             await client.chat.completions.create(
                 model="fake-model",
-                messages=[{"role": "user", "content": f"{eid} call {i}"}],
+                messages=[{"role": "user", "content": f"{eid} {tag} call {i}"}],
                 extra_headers={"X-Episode-Id": eid, "X-Episode-Budget": str(budget)},
             )
         except openai.PermissionDeniedError as e:
@@ -120,8 +122,8 @@ def test_concurrent_turns_across_replicas_forward_exactly_what_remains(
     eid = f"race-{uuid.uuid4().hex[:10]}"
     urls = [p.base_url for p in replicas]
     if used:
-        asyncio.run(race(urls[:1], eid, used, budget))
-    statuses = asyncio.run(race(urls, eid, calls, budget))
+        asyncio.run(race(urls[:1], eid, used, budget, tag="first"))
+    statuses = asyncio.run(race(urls, eid, calls, budget, tag="second"))
     remaining = budget - used
     assert statuses.count(200) == min(calls, remaining)
     assert statuses.count(403) == calls - min(calls, remaining)
