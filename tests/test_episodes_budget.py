@@ -485,3 +485,30 @@ def test_ending_with_a_turn_in_flight_settles_that_turn_first(
         assert p.http().post(f"/v1/episodes/{eid}/outcome", json=report).status_code == 200
     time.sleep(0.1)
     assert len(p.records(type="episode", episode_id=eid)) == 1
+
+
+@pytest.mark.parametrize("kind", ["memory", "redis"])
+def test_an_ending_that_waits_for_a_turn_outlives_a_zero_retention(
+    proxy: ProxyFactory, upstream: FakeUpstream, kind: str
+) -> None:
+    """With retention_s 0, Redis expired an episode ended mid-call before its turn settled, and
+    its record was never written."""
+    store: dict[str, Any] = {"kind": kind}
+    if kind == "redis":
+        require_redis()
+        store |= {"url": REDIS_URL, "key_prefix": new_prefix()}
+    p, eid = proxy({"store": store, "episodes": {"retention_s": 0}}), new_id("zero-keep")
+    try:
+        marker = f"slow-{eid}"
+        with ThreadPoolExecutor(1) as pool:
+            slow = pool.submit(call, p, eid, chat_body(marker), **{"X-Fake-Delay-Ms": "800"})
+            deadline = time.monotonic() + 5
+            while not seen_upstream(upstream, marker) and time.monotonic() < deadline:
+                time.sleep(0.01)
+            assert p.http().post(f"/v1/episodes/{eid}/end").status_code == 200
+            assert slow.result().status_code == 200
+        (record,) = p.wait_records(type="episode", episode_id=eid)
+        assert (record["turns_used"], record["end_reason"]) == (1, "abandoned")
+    finally:
+        if kind == "redis":
+            drop_prefix(store["key_prefix"])

@@ -1,6 +1,6 @@
 -- Close a forwarded turn: core settle. Returns nil for an unknown episode.
 -- KEYS: episode. ARGV: grant turn, grant charged (0|1), grant body hash,
--- result (ok|refundable|broken), now, count_failed (0|1), active ttl ms.
+-- result (ok|refundable|broken), now, count_failed (0|1), active ttl ms, retention ms.
 local ep = KEYS[1]
 local f = redis.call('HMGET', ep, 'status', 'inflight', 'turns_used', 'last_turn', 'last_hash',
   'last_state', 'end_pending')
@@ -26,7 +26,7 @@ if tonumber(ARGV[1]) == tonumber(f[4]) and ARGV[3] == f[5] then
 end
 redis.call('HSET', ep, 'inflight', inflight, 'last_activity', ARGV[5],
   'turns_used', used, 'last_state', state)
-if f[1] == 'active' then
+if f[1] == 'active' or pending then
   redis.call('PEXPIRE', ep, ARGV[7])
 end
 local ended = 0
@@ -36,6 +36,7 @@ if pending then
   redis.call('HSET', ep, 'end_reason', reason_of(ep))
   if inflight == 0 then
     redis.call('HSET', ep, 'end_pending', '0')
+    redis.call('PEXPIRE', ep, math.max(1, tonumber(ARGV[8])))  -- recorded: now retention
     ended = 1
   end
 end

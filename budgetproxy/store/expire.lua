@@ -23,7 +23,8 @@ end
 if pending then
   -- already ended; its turns never settled: record it as it stands
   redis.call('HSET', ep, 'end_pending', '0')
+  redis.call('PEXPIRE', ep, math.max(1, tonumber(ARGV[3])))
   return cjson.encode({'claimed', snapshot(ep)})
 end
 return cjson.encode({'claimed',
-  end_episode(ep, gone, ARGV[1], tonumber(ARGV[3]), tonumber(ARGV[4]), false)})
+  end_episode(ep, gone, ARGV[1], tonumber(ARGV[3]), tonumber(ARGV[4]), false, 0)})

@@ -381,7 +381,7 @@ class RedisStore:
     ) -> TurnClose:
         args = [
             grant.turn, 1 if grant.charged else 0, grant.body_hash, result.value,
-            repr(float(now)), 1 if count_failed else 0, self._active_ttl_ms,
+            repr(float(now)), 1 if count_failed else 0, self._active_ttl_ms, self._retention_ms,
         ]
         keys = [self.episode_key(episode_id)]
         raw = await self._eval(_Eval(self._close, keys, args))
@@ -428,7 +428,7 @@ class RedisStore:
                 "" if report.success_turn is None else int(report.success_turn),
                 orjson.dumps(report.metadata),
             ]
-        args += [self._retention_ms, self._remember_ms]
+        args += [self._retention_ms, self._remember_ms, self._active_ttl_ms]
 
         raw = (await self._pipeline([
             _Eval(self._finish, keys, args),
