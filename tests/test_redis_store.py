@@ -312,13 +312,18 @@ async def test_finish_is_finished_exactly_once_across_replicas(prefix: str) -> N
 
 
 async def test_finished_episode_leaves_its_id_after_retention(prefix: str) -> None:
-    store = RedisStore(REDIS_URL, prefix=prefix, retention_s=0.2)
+    store = RedisStore(REDIS_URL, prefix=prefix, retention_s=0.2, idle_timeout_s=0.5)
     eid = new_eid()
     try:
-        await open_(store, eid, lambda: episode(eid), "b", T0)
+        opened = await open_(store, eid, lambda: episode(eid), "b", T0)
         await store.finish(eid, None, T0 + 1)
-        assert (await store.get(eid)) is not None
+        # its turn still in flight: kept (as an active episode is) until that turn settles
         await asyncio.sleep(0.4)
+        assert (await store.get(eid)) is not None
+        closed = await store.close_turn(eid, opened.grant, SettleResult.OK, T0 + 1.5,
+                                        count_failed=False)
+        assert closed.ended
+        await asyncio.sleep(0.4)  # then retention runs from there
         assert await store.get(eid) is None
         assert await store.is_known(eid)
         late = await open_(store, eid, lambda: episode(eid), "b2", T0 + 2)
