@@ -63,6 +63,16 @@ def _turn_hash(route: str, body: bytes) -> str:
     return h.hexdigest()[:32]
 
 
+_STREAM_USAGE = b',"stream_options":{"include_usage":true}}'
+
+
+def _with_stream_usage(body: bytes) -> bytes:
+    """A JSON object's bytes (one with at least one member, and no stream_options) with
+    `"stream_options": {"include_usage": true}` added as its last member."""
+    end = body.rindex(b"}")
+    return body[:end] + _STREAM_USAGE + body[end + 1:]
+
+
 class _Call:
     """Per-call state carried through the handler."""
 
@@ -415,7 +425,13 @@ class ModelCalls:
         drop_usage = False
         if call.stream and upstream.inject_stream_usage and call.kind in ("chat", "completions"):
             so = payload.get("stream_options")
-            if not (isinstance(so, dict) and so.get("include_usage")):
+            if body and "stream_options" not in payload:
+                # Added to the body's bytes, which stay as sent: no re-encoding, and no walk of
+                # the payload for integers re-encoding would change.
+                body = _with_stream_usage(body)
+                payload["stream_options"] = {"include_usage": True}
+                drop_usage = True
+            elif not (isinstance(so, dict) and so.get("include_usage")):
                 exact = self._exact(call, body, payload) if body else None
                 if exact is not None:
                     payload, so = exact, exact.get("stream_options")

@@ -308,6 +308,21 @@ def test_stream_usage_kept_when_the_client_asked(
     assert last["choices"] == [] and last["usage"]["prompt_tokens"] == 2
 
 
+def test_stream_usage_is_added_to_the_body_as_sent(
+    default_proxy: Proxy, upstream: FakeUpstream
+) -> None:
+    """The hidden arm's one change to a body: the rest keeps its bytes (spacing, key order,
+    an integer past 64 bits that re-encoding would have to guard)."""
+    raw = (b'{ "seed": 123456789012345678901234567890, "model": "m1", "stream": true,\n'
+           b'  "messages": [{"role": "user", "content": "as sent"}] }\n')
+    with default_proxy.http() as http:
+        r = http.post("/v1/chat/completions", content=raw,
+                      headers={"content-type": "application/json", "X-Episode-Id": new_id()})
+    assert r.status_code == 200 and "[DONE]" in r.text
+    assert upstream.requests[-1].body == (
+        raw[:-2] + b',"stream_options":{"include_usage":true}}\n')
+
+
 def test_stream_usage_injection_can_be_switched_off(
     proxy: ProxyFactory, upstream: FakeUpstream
 ) -> None:
