@@ -64,3 +64,16 @@ def test_values_only_the_standard_library_writes_still_compare() -> None:
         Fingerprint(big).digest())
     assert not Fingerprint([{"role": "user", "content": "n", "n": 2**70 + 1}]).extends(
         Fingerprint(big).digest())
+
+
+@given(st.lists(st.integers(0, 4000), min_size=1, max_size=12), st.data())
+def test_extends_each_agrees_with_extends_one_by_one(sizes: list[int], data: Any) -> None:
+    """The one-pass check of many earlier placements answers as checking each does."""
+    msgs = [{"role": "user", "content": f"{i}:" + "y" * n} for i, n in enumerate(sizes)]
+    digests = [Fingerprint(msgs[:k]).digest() for k in range(1, len(msgs) + 1)]
+    digests += [Fingerprint([*msgs[: k - 1], {"role": "user", "content": "edited"}]).digest()
+                for k in range(1, len(msgs) + 1)]
+    digests += ["", "12:zz", "bad"]
+    order = data.draw(st.permutations(digests))
+    checked = [Fingerprint(msgs).extends(d) for d in order]
+    assert Fingerprint(msgs).extends_each(order) == checked

@@ -29,7 +29,9 @@ def replayable(placed: Iterable[Placed], conversation: Fingerprint) -> list[tupl
     """(index, turn) of the earlier placements to re-apply (history: keep): those whose turn's
     conversation this one still extends. A client that shrank, summarised or edited its
     history gets none of the texts placed before the change, as with history: drop."""
-    return [(idx, turn) for idx, turn, _, digest in placed if conversation.extends(digest)]
+    placed = list(placed)
+    keep = conversation.extends_each([digest for _, _, _, digest in placed])
+    return [(idx, turn) for (idx, turn, _, _), ok in zip(placed, keep, strict=True) if ok]
 
 
 def _after_tool_replies(messages: list[Any], index: int) -> int:

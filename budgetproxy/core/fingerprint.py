@@ -71,14 +71,35 @@ class Fingerprint:
         """The digest of the whole conversation, for later turns to compare with."""
         return self._digest(len(self._blob) - 1)
 
+    def extends_each(self, digests: list[str]) -> list[bool]:
+        """extends() for each of several digests (an episode's earlier placements), hashing
+        the conversation once in order of length instead of up to a stride per digest."""
+        lengths = [self._boundary(d) for d in digests]
+        todo = sorted({n for n in lengths if n is not None and n not in self._digests})
+        h, at = None, 0
+        for n in todo:
+            i = min(n // _STRIDE, len(self._states) - 1)
+            if h is None or i * _STRIDE > at:  # a kept state is nearer than where h is
+                h, at = self._states[i].copy(), i * _STRIDE
+            h.update(self._blob[at:n])
+            at = n
+            self._digests[n] = f"{n}:{h.hexdigest()[:32]}"
+        return [n is not None and self._digests[n] == d
+                for n, d in zip(lengths, digests, strict=True)]
+
+    def _boundary(self, digest: str | None) -> int | None:
+        """The length a digest covers, if this conversation has a message boundary there:
+        ',' (more messages) or ']' (no more) must follow it."""
+        length_text, _, _ = (digest or "").partition(":")
+        if not length_text.isdigit():
+            return None
+        length = int(length_text)
+        if not 1 <= length < len(self._blob) or self._blob[length] not in b",]":
+            return None
+        return length
+
     def extends(self, digest: str | None) -> bool:
         """Whether this conversation starts with every message of the one `digest` was taken
         of, unchanged. An empty or unknown digest matches nothing."""
-        length_text, _, _ = (digest or "").partition(":")
-        if not length_text.isdigit():
-            return False
-        length = int(length_text)
-        # A message boundary must follow: ',' (more messages) or ']' (no more).
-        if not 1 <= length < len(self._blob) or self._blob[length] not in b",]":
-            return False
-        return self._digest(length) == digest
+        length = self._boundary(digest)
+        return length is not None and self._digest(length) == digest
