@@ -299,6 +299,27 @@ def test_recovery_counts_an_error_once_when_a_rewrite_logs_it_again(
         1, 1, 1.0)
 
 
+def test_recovery_counts_every_error_when_call_ids_repeat_across_responses(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Many models number their calls per response (call_0, call_1, ...): two errors of two
+    different turns may share an id, and both count."""
+    a, b = ("call_0", "sql", '{"q": "SELECT a"}'), ("call_0", "sql", '{"q": "SELECT b"}')
+    done = ("call_1", "sql", '{"q": "SELECT c"}')
+    records = [
+        turn("n", 1, None, None, a),
+        turn("n", 2, a, "Error: no column a", b),
+        turn("n", 3, b, "Error: no column b", done),
+        episode("n", "t1", "g", 10, success_turn=3, turns_used=3, outcome="success",
+                end_reason="success", exhausted=False),
+    ]
+    log = tmp_path / "log.jsonl"
+    log.write_text("".join(json.dumps(r) + "\n" for r in records))
+    assert analyze(str(log), "--error-pattern", "^Error:", "--json", "--k", "1") == 0
+    (row,) = json.loads(capsys.readouterr().out)["recovery"]
+    assert (row["errors"], row["errors_with_next_action"]) == (2, 2)
+
+
 def test_empty_input_says_so_and_fails(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     assert analyze(str(tmp_path)) == 1
     assert "no trajectory logs" in capsys.readouterr().err

@@ -23,6 +23,7 @@ from budgetproxy.analysis.progress import Progress
 CALL = 'STRUCT(id VARCHAR, "function" STRUCT(name VARCHAR, arguments VARCHAR))'
 COLUMNS = {
     "episode_id": "VARCHAR", "turn": "BIGINT", "attempt": "BIGINT", "status": "VARCHAR",
+    "messages_offset": "BIGINT",
     "request_messages": "STRUCT(role VARCHAR, content VARCHAR, tool_call_id VARCHAR, "
                         f"tool_calls {CALL}[])[]",
     "response": f"STRUCT(content VARCHAR, tool_calls {CALL}[])",
@@ -36,13 +37,16 @@ SIG = """coalesce({c}."function".name, '') || '(' || CASE
 # One pass over the turns. A turn's request_messages hold what is new since the turn before:
 # the assistant message echoing the previous response (the failed call) and the tool results.
 # Per turn with an error: the failed call of each error (found by tool_call_id among the
-# echoed calls) and the calls of this turn's response (the next action). A turn whose
+# echoed calls) and the calls of this turn's response (the next action). A later turn whose
 # conversation was rewritten logs it whole again (messages_offset 0), repeating tool results
-# of earlier turns: an error with an id counts at the first turn that sent it.
+# of earlier turns: there, an error whose id an earlier turn already had is not a new one.
+# (Elsewhere ids may repeat: many models number their calls per response, call_0, call_1.)
 SCAN_SQL = """
 CREATE OR REPLACE TEMP TABLE recovery_errors AS
 WITH per_turn AS (
     SELECT episode_id, turn, attempt, status, request_messages AS msgs, response,
+        coalesce(messages_offset, 0) = 0
+            AND turn > min(turn) OVER (PARTITION BY episode_id) AS relogged,
         list_transform(list_filter(request_messages, lambda m:
             m.role = 'tool' AND regexp_matches(
                 CASE WHEN starts_with(m.content, '[{{') AND json_valid(m.content)
@@ -50,17 +54,14 @@ WITH per_turn AS (
                      ELSE coalesce(m.content, '') END, {pattern})),
         lambda m: m.tool_call_id) AS error_ids
     FROM recovery_turns
-), first_sent AS (
-    SELECT episode_id, list({{'id': id, 'turn': turn}}) AS firsts FROM (
-        SELECT episode_id, id, min(turn) AS turn
-        FROM (SELECT episode_id, turn, unnest(error_ids) AS id FROM per_turn)
-        WHERE id IS NOT NULL GROUP BY ALL)
-    GROUP BY episode_id
+), with_earlier AS (
+    SELECT *, coalesce(flatten(list(error_ids) OVER (PARTITION BY episode_id ORDER BY turn
+        RANGE BETWEEN UNBOUNDED PRECEDING AND 1 PRECEDING)), []) AS earlier_ids
+    FROM per_turn
 ), fresh AS (
-    SELECT p.* REPLACE (list_filter(p.error_ids, lambda i: i IS NULL OR list_contains(
-        list_transform(list_filter(f.firsts, lambda x: x.turn = p.turn), lambda x: x.id),
-        i)) AS error_ids)
-    FROM per_turn p LEFT JOIN first_sent f USING (episode_id)
+    SELECT * EXCLUDE (earlier_ids) REPLACE (CASE WHEN relogged THEN list_filter(error_ids,
+        lambda i: i IS NULL OR NOT list_contains(earlier_ids, i)) ELSE error_ids END AS error_ids)
+    FROM with_earlier
 )
 SELECT episode_id, turn, coalesce(attempt, 1) AS attempt,
     coalesce(status, 'ok') = 'ok' AND response IS NOT NULL AS answered,
