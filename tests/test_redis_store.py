@@ -481,3 +481,29 @@ async def test_reserve_and_refunds_under_concurrency_stay_within_budget(prefix: 
     assert st is not None
     assert charged == st.turns_used == budget
     assert st.inflight == 0 and st.refused
+
+
+async def test_placements_leave_the_older_versions_field_readable(store: RedisStore) -> None:
+    """During a rolling deploy older replicas read `disclosed_at` as [index, turn] pairs (and
+    need the field): placements with counts and digests live under a field of their own, so
+    an older replica serving a turn of a newer one's episode does not fail on them."""
+    import redis as redis_sync
+
+    raw = redis_sync.Redis.from_url(REDIS_URL, decode_responses=True)
+    eid = new_eid()
+    disclosed = lambda: episode(eid, disclosure="disclosed")  # noqa: E731
+    opened = await store.open_turn(eid, disclosed, "b1", T0, free_retries=2, message_count=1,
+                                   disclosure_index=0, fingerprint="5:abc")
+    key = store.episode_key(eid)
+    assert raw.hget(key, "disclosed_at") == "[]"
+    assert raw.hget(key, "placements") == '[[0,1,1,"5:abc"]]'
+    await store.close_turn(eid, opened.grant, SettleResult.OK, T0 + 1, count_failed=False)
+    # what an older replica leaves: its own pairs, and no placements of ours for its turn
+    raw.hset(key, "disclosed_at", "[[0,1],[2,2]]")
+    raw.hdel(key, "placements")
+    again = await store.open_turn(eid, disclosed, "b2", T0 + 2, free_retries=2,
+                                  message_count=3, disclosure_index=2, fingerprint="9:def")
+    assert again.grant.kind is GrantKind.FORWARD and again.grant.disclosed_at == ()
+    assert raw.hget(key, "disclosed_at") == "[[0,1],[2,2]]"
+    assert raw.hget(key, "placements") == '[[2,2,3,"9:def"]]'
+    raw.close()

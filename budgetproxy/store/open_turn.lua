@@ -18,14 +18,14 @@ if redis.call('EXISTS', ep) == 0 then
   created = 1
 end
 local f = redis.call('HMGET', ep, 'status', 'budget', 'turns_used', 'inflight', 'last_turn',
-  'last_attempt', 'last_hash', 'last_state', 'free_retries_used', 'disclosed_at',
+  'last_attempt', 'last_hash', 'last_state', 'free_retries_used', 'placements',
   'messages_seen', 'messages_digest', 'disclosure')
 if f[1] == 'finished' then
   return cjson.encode({'finished', created, snapshot(ep)})
 end
 local budget, used, inflight = tonumber(f[2]), tonumber(f[3]), tonumber(f[4])
 local last_turn, attempt, last_hash, last_state = tonumber(f[5]), tonumber(f[6]), f[7], f[8]
-local free_used, prior, seen, seen_digest = tonumber(f[9]), f[10], f[11], f[12]
+local free_used, prior, seen, seen_digest = tonumber(f[9]), f[10] or '[]', f[11], f[12]
 local count, fingerprint = tonumber(ARGV[4]), ARGV[8]
 local is_retry = last_hash == body_hash and (last_state == 'charged' or last_state == 'refunded')
 local charged
@@ -56,8 +56,9 @@ local fields = {'turns_used', used, 'last_turn', last_turn, 'last_attempt', atte
   'last_charged', charged, 'inflight', inflight + 1, 'last_activity', now,
   'messages_seen', ARGV[4]}
 if index ~= '' and f[13] == 'disclosed' then
-  -- [index, turn, message count, digest]; entries of the older [index, turn] layout are
-  -- dropped, and so are those of longer conversations (core.episode.reserve)
+  -- [index, turn, message count, digest] under 'placements' ('disclosed_at' keeps older
+  -- versions' [index, turn] pairs); those of longer conversations are dropped
+  -- (core.episode.reserve)
   local idx = tonumber(index)
   local parts = {}
   for _, p in ipairs(cjson.decode(prior)) do
@@ -67,7 +68,7 @@ if index ~= '' and f[13] == 'disclosed' then
   end
   parts[#parts + 1] = string.format('[%d,%d,%d,%s]', idx, last_turn, count,
     cjson.encode(fingerprint))
-  fields[#fields + 1] = 'disclosed_at'
+  fields[#fields + 1] = 'placements'
   fields[#fields + 1] = '[' .. table.concat(parts, ',') .. ']'
 end
 redis.call('HSET', ep, unpack(fields))

@@ -89,6 +89,14 @@ def _encode_value(kind: str, value: Any) -> str | bytes:
     return str(value)
 
 
+# Hash fields named otherwise than the EpisodeState field. Placements are kept under a name of
+# their own since they carry message counts and digests: versions that read `disclosed_at`
+# as [index, turn] pairs (and require the field) still find it, empty, during a rolling
+# deploy; each version re-applies only the placements it made.
+_FIELD = {"disclosed_at": "placements"}
+_LEGACY = ["disclosed_at", "[]"]
+
+
 def encode_state(st: EpisodeState) -> list[str | bytes]:
     """The episode as flat hash field/value pairs (None fields left out)."""
     out: list[str | bytes] = []
@@ -96,8 +104,9 @@ def encode_state(st: EpisodeState) -> list[str | bytes]:
         value = getattr(st, f.name)
         if value is None:
             continue
-        out.append(f.name)
+        out.append(_FIELD.get(f.name, f.name))
         out.append(_encode_value(_CODEC[f.name], value))
+    out += _LEGACY
     return out
 
 
@@ -136,7 +145,7 @@ def decode_state(pairs: list[str]) -> EpisodeState:
         last_charged=d["last_charged"] == "1",
         free_retries_used=int(d["free_retries_used"]),
         refused=d["refused"] == "1",
-        disclosed_at=orjson.loads(d["disclosed_at"]),
+        disclosed_at=orjson.loads(g("placements") or "[]"),
         messages_seen=int(d["messages_seen"]),
         messages_digest=g("messages_digest"),
         status=d["status"],
