@@ -77,6 +77,9 @@ def episode_view(st: EpisodeState) -> dict[str, Any]:
         "reward": st.reward,
         "exhausted": st.exhausted,
         "end_reason": st.end_reason,
+        # Ended while turns were in flight: until they settle (and may be refunded), the
+        # numbers and end reason above are provisional, and the episode is not yet logged.
+        "settling": st.end_pending,
         "tags": st.tags,
     }
 

@@ -471,11 +471,13 @@ def test_ending_with_a_turn_in_flight_settles_that_turn_first(
         else:
             ended = p.http().post(f"/v1/episodes/{eid}/outcome", json=report)
         assert ended.status_code == 200 and ended.json()["status"] == "finished"
+        assert ended.json()["settling"] is True  # its numbers may still change
         assert p.records(type="episode", episode_id=eid) == []  # not before the turn settles
         assert slow.result().status_code == (500 if fails else 200)
     records = p.wait_records(type="episode", episode_id=eid)
     assert len(records) == 1
     view = p.episode(eid)
+    assert view["settling"] is False
     for key, value in expected.items():
         assert (records[0][key], view[key]) == (value, value), key
     turns = p.wait_records(2, type="turn", episode_id=eid)
