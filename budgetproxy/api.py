@@ -177,8 +177,9 @@ def build_api(
         if done.status is FinishStatus.CONFLICT:
             raise ProxyError(
                 409, "outcome_conflict",
-                f"Episode {episode_id!r} already ended ({done.state.end_reason}, outcome "
-                f"{done.state.outcome}); a different report is refused",
+                f"Episode {episode_id!r} already ended ({done.state.end_reason}, "
+                + (f"outcome {done.state.outcome}" if done.state.outcome else "no outcome")
+                + "); a different report is refused",
             )
         if done.status is FinishStatus.FINISHED and not done.state.end_pending:
             # (with turns in flight, the last of them to settle records it: see forward)
@@ -213,7 +214,9 @@ def build_api(
             if (await request.body()).strip():
                 raise ProxyError(400, "invalid_request", "Request body must be a JSON object")
             body = EpisodeCreate()  # no body at all: every field is optional
-        eid = checked_episode_id(body.episode_id or f"ep-{uuid.uuid4().hex}")
+        # An empty id is a bad id (as in the header), not a request for a generated one.
+        eid = checked_episode_id(
+            f"ep-{uuid.uuid4().hex}" if body.episode_id is None else body.episode_id)
         spec = EpisodeSpec(
             episode_id=eid, budget=body.budget, max_turns=body.max_turns, task_id=body.task_id,
             group=body.group, disclosure=body.disclosure,

@@ -68,7 +68,10 @@ def _serve(args: argparse.Namespace) -> int:
     try:
         config = load_config(path, _serve_overrides(args))
     except ConfigError as e:
-        print(f"budgetproxy: bad config: {e}", file=sys.stderr)
+        # --upstream is written into the config as upstreams[0]: name the flag the user typed
+        given = " (given as --upstream)" if args.upstream and str(e).startswith(
+            "upstreams.0.base_url") else ""
+        print(f"budgetproxy: bad config: {e}{given}", file=sys.stderr)
         return 2
     if not config.upstreams:
         print("budgetproxy: bad config: upstreams: no upstream configured; pass --upstream URL "

@@ -192,6 +192,8 @@ def _format_error(err: ValidationError) -> str:
         msg = "unknown key"
     if msg.startswith("Value error, "):
         msg = msg[len("Value error, ") :]
+    if not first["loc"]:  # a check across sections, whose message names its own key
+        return msg
     return f"{key}: {msg}"
 
 

@@ -81,6 +81,30 @@ def test_no_upstream_is_a_config_error(tmp_path: Path) -> None:
 
 
 @pytest.mark.parametrize(
+    ("args", "expected"),
+    [(["--upstream", "http://127.0.0.1:9/v1", "--workers", "2"],
+      "budgetproxy: bad config: server.workers: more than one worker needs a shared store"),
+     (["--upstream", "http://127.0.0.1:9"],
+      "budgetproxy: bad config: upstreams.0.base_url: needs the API path")],
+)
+def test_config_errors_name_what_the_user_typed(
+    tmp_path: Path, args: list[str], expected: str
+) -> None:
+    """A check across sections printed "config: server.workers: ..."; a bad --upstream was
+    only named as upstreams.0.base_url, a key the user never wrote."""
+    proc = serve("--port", "0", *args, cwd=tmp_path)
+    try:
+        _, err = proc.communicate(timeout=30)
+    finally:
+        proc.kill()
+    assert proc.returncode == 2
+    (line,) = [ln for ln in err.splitlines() if ln.strip()]
+    assert line.startswith(expected), line
+    if "base_url" in expected:
+        assert line.endswith("(given as --upstream)"), line
+
+
+@pytest.mark.parametrize(
     ("package", "args", "key"),
     [("redis", ["--workers", "2", "--store", "redis://127.0.0.1:6379/0"], "store.kind"),
      ("redis", ["--store", "redis://127.0.0.1:6379/0"], "store.kind")],

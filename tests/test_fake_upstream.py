@@ -158,3 +158,15 @@ def test_other_endpoints(client: httpx.Client) -> None:
     assert resp["object"] == "response" and resp["output"][0]["content"][0]["text"] == "echo: yo"
     missing = client.post("/nothing/here", json={})
     assert missing.status_code == 404 and missing.json()["error"]["code"] == "not_found"
+
+
+def test_help_lists_the_request_headers_that_steer_it(capsys: pytest.CaptureFixture[str]) -> None:
+    from budgetproxy.testing.fake_upstream import main
+
+    with pytest.raises(SystemExit) as done:
+        main(["--help"])
+    assert done.value.code == 0
+    out = capsys.readouterr().out
+    for header in ("X-Fake-Status", "X-Fake-Delay-Ms", "X-Fake-Stream-Break-After",
+                   "X-Fake-Echo-Request"):
+        assert header in out, header

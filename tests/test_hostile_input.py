@@ -312,3 +312,9 @@ def test_no_route_is_a_404_naming_it_never_a_redirect(default_proxy: Proxy, path
     r = default_proxy.http().post(path, content=b"{}")
     assert_openai_error(r, 404, "not_found")
     assert "POST /v1" in r.json()["error"]["message"]
+
+
+def test_an_empty_id_in_the_episode_api_is_a_400(default_proxy: Proxy) -> None:
+    """`{"episode_id": ""}` created an episode under a generated id, as if none was given."""
+    r = _post(default_proxy, "/v1/episodes", {"episode_id": ""})
+    assert_openai_error(r, 400, "invalid_episode_id")

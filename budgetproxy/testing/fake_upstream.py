@@ -539,9 +539,25 @@ class FakeUpstream(LocalAiohttpServer):
         )
 
 
+_HEADERS_HELP = """\
+request headers (the proxy forwards them):
+  X-Fake-Status: N               answer with this status (500 if only Fail-Times is set)
+  X-Fake-Fail-Times: N           fail the first N requests sharing X-Fake-Fail-Key, then answer
+  X-Fake-Fail-Key: K             (with X-Fake-Fail-Times) which requests count together
+  X-Fake-Delay-Ms: N             wait this long before answering
+  X-Fake-Chunks: N               content chunks of a streamed answer
+  X-Fake-Chunk-Gap-Ms: N         ms between streamed chunks
+  X-Fake-Stream-Break-After: N   cut the connection after N stream events
+  X-Fake-Parallel-Tools: N       tool calls per answer when the request offers tools
+  X-Fake-Echo-Request: 1         answer with the request's messages as JSON (to see a rewrite)
+"""
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     """Run the fake upstream standalone (for benchmarks and manual runs)."""
     parser = argparse.ArgumentParser(
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+        epilog=_HEADERS_HELP,
         prog="python -m budgetproxy.testing.fake_upstream",
         description="A fake OpenAI-compatible model server: deterministic answers (it echoes the "
         "last message) to any model name, SSE streams, tool calls, fault injection by X-Fake-* "
