@@ -63,6 +63,8 @@ def _turn_hash(route: str, body: bytes) -> str:
     return h.hexdigest()[:32]
 
 
+STORE_DOWN_LOG_EVERY_S = 10.0
+
 _STREAM_USAGE = b',"stream_options":{"include_usage":true}}'
 
 
@@ -137,6 +139,7 @@ class ModelCalls:
         names = ["x-episode-id", *(h.lower() for h in config.episodes.id_headers)]
         self.id_headers = tuple(dict.fromkeys(n.encode() for n in names))
         self.strip_headers = DROP_REQUEST_HEADERS | set(self.id_headers)
+        self._store_down_logged_at = float("-inf")
         self.auth_keys = frozenset(f"Bearer {k}".encode() for k in config.auth.keys)
         self.uncounted = tuple(config.episodes.uncounted_models)
         self.budget_cfg = config.budget
@@ -311,6 +314,12 @@ class ModelCalls:
             policy = "fail_open" if self.fail_open else "fail_closed"
             if self.metrics is not None:
                 self.metrics.store_unavailable.labels(policy).inc()
+            if now - self._store_down_logged_at >= STORE_DOWN_LOG_EVERY_S:
+                # once in a while, not per call: an outage would otherwise flood the log
+                self._store_down_logged_at = now
+                log.warning("episode store unavailable: model calls are %s (%s)",
+                            "forwarded without accounting" if self.fail_open
+                            else "answered 503 store_unavailable", policy)
             if self.fail_open:
                 return None, fresh()
             raise ProxyError(503, "store_unavailable",

@@ -205,6 +205,9 @@ def test_fail_open_forwards_and_counts_then_resumes(
         text = httpx.get(f"{proxy.url}/metrics").text
         assert metric_total(text, "budgetproxy_store_unavailable_total",
                             policy="fail_open") == 3
+        # the operator's log says so, once for the three calls, not once per call
+        said = (tmp_path / "open.log").read_text().count("episode store unavailable")
+        assert said == 1, (tmp_path / "open.log").read_text()
         _wait_ready(proxy, 503)
 
         server.start()
