@@ -5,7 +5,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import fnmatch
-import hashlib
 import logging
 import time
 from collections.abc import Callable
@@ -16,6 +15,7 @@ import orjson
 
 from budgetproxy import synthetic
 from budgetproxy.asgi import ClientGone, Receive, Scope, Send, read_body, send_error, send_response
+from budgetproxy.calls import ModelCall, turn_hash, turn_record, with_stream_usage
 from budgetproxy.config import Config, UpstreamConfig
 from budgetproxy.core import disclosure
 from budgetproxy.core.budget import tier_label
@@ -32,11 +32,10 @@ from budgetproxy.errors import (
 )
 from budgetproxy.metrics import Metrics
 from budgetproxy.recorder import Recorder
-from budgetproxy.records import SCHEMA_VERSION, rfc3339
 from budgetproxy.relay import StreamEnd, relay_stream
 from budgetproxy.sse import EventSplitter, assemble
 from budgetproxy.store.base import EpisodeStore, StoreUnavailable
-from budgetproxy.tracing import CallTrace, Tracing
+from budgetproxy.tracing import Tracing
 from budgetproxy.upstream import UpstreamPool
 from budgetproxy.wire import (
     DROP_REQUEST_HEADERS,
@@ -53,67 +52,7 @@ from budgetproxy.wire import (
 
 log = logging.getLogger("budgetproxy")
 
-# route path -> (kind, required list/str field)
-def _turn_hash(route: str, body: bytes) -> str:
-    """What makes a resend "the same call": the same route with a byte-identical body."""
-    # SHA-256, not BLAKE2b: CPUs with SHA extensions (most servers now) hash twice as fast
-    # with it, and every episode call hashes its whole body (~60 µs for 100 KB, not ~115).
-    h = hashlib.sha256(route.encode() + b"\0")
-    h.update(body)
-    return h.hexdigest()[:32]
-
-
 STORE_DOWN_LOG_EVERY_S = 10.0
-
-_STREAM_USAGE = b',"stream_options":{"include_usage":true}}'
-
-
-def _with_stream_usage(body: bytes) -> bytes:
-    """A JSON object's bytes (one with at least one member, and no stream_options) with
-    `"stream_options": {"include_usage": true}` added as its last member."""
-    end = body.rindex(b"}")
-    return body[:end] + _STREAM_USAGE + body[end + 1:]
-
-
-class _Call:
-    """Per-call state carried through the handler."""
-
-    __slots__ = (
-        "t0", "route", "kind", "model", "stream", "episode_id", "state", "grant",
-        "upstream", "t_upstream", "started", "sent_body", "status", "disclosure_text",
-        "result", "http_status", "ttft", "error_class", "conversation", "data", "events",
-        "settled", "span", "prints", "previous_response", "exact", "ended",
-    )
-
-    def __init__(self, route: str, kind: str) -> None:
-        self.t0 = time.perf_counter()
-        self.route = route
-        self.kind = kind
-        self.model: str | None = None
-        self.stream = False
-        self.episode_id: str | None = None
-        self.state: EpisodeState | None = None
-        self.grant: Grant | None = None
-        self.upstream: UpstreamConfig | None = None
-        self.t_upstream = 0.0
-        self.started = False
-        self.sent_body = False
-        self.status = "ok"
-        self.disclosure_text: str | None = None
-        self.result = SettleResult.OK
-        self.http_status = 200
-        self.ttft: float | None = None
-        self.error_class: str | None = None
-        self.conversation: list[Any] | None = None
-        self.data: bytes | None = None
-        self.events: list[bytes] | None = None
-        self.settled = False
-        self.span: CallTrace | None = None
-        self.prints: Fingerprint | None = None  # of the conversation, when the call needs it
-        # previous_response_id of a /v1/responses call continuing a response stored upstream
-        self.previous_response: str | None = None
-        self.exact = False  # the payload was read again to keep integers past 64 bits
-        self.ended: EpisodeState | None = None  # its episode, when settling this call ended it
 
 
 class ModelCalls:
@@ -151,7 +90,7 @@ class ModelCalls:
     async def handle(
         self, scope: Scope, receive: Receive, send: Send, route: str, path_episode: str | None
     ) -> None:
-        call = _Call(route, MODEL_ROUTES[route])
+        call = ModelCall(route, MODEL_ROUTES[route])
         try:
             await self._handle(call, scope, receive, send, path_episode)
         except ClientGone:
@@ -208,7 +147,7 @@ class ModelCalls:
                     f"({seen[name].decode('latin-1')!r}, {value.decode('latin-1')!r})")
 
     async def _handle(
-        self, call: _Call, scope: Scope, receive: Receive, send: Send, path_episode: str | None
+        self, call: ModelCall, scope: Scope, receive: Receive, send: Send, path_episode: str | None
     ) -> None:
         headers: dict[bytes, bytes] = dict(scope["headers"])
         if self.auth_keys and headers.get(b"authorization") not in self.auth_keys:
@@ -281,7 +220,7 @@ class ModelCalls:
                             conversation=conversation)
 
     async def _open_turn(
-        self, call: _Call, eid: str, headers: dict[bytes, bytes], body: bytes,
+        self, call: ModelCall, eid: str, headers: dict[bytes, bytes], body: bytes,
         conversation: list[Any],
     ) -> tuple[Grant | None, EpisodeState]:
         now = time.time()
@@ -305,7 +244,7 @@ class ModelCalls:
         fingerprint = call.prints.digest() if call.prints is not None else None
         try:
             opened = await self.store.open_turn(
-                eid, fresh, _turn_hash(call.route, body), now,
+                eid, fresh, turn_hash(call.route, body), now,
                 free_retries=self.budget_cfg.free_retries_per_turn,
                 message_count=count, disclosure_index=index, model=call.model,
                 fingerprint=fingerprint,
@@ -332,7 +271,7 @@ class ModelCalls:
 
     # -- budget spent --------------------------------------------------------------------------
     async def _exhausted(
-        self, call: _Call, st: EpisodeState, send: Send, payload: dict[str, Any],
+        self, call: ModelCall, st: EpisodeState, send: Send, payload: dict[str, Any],
         conversation: list[Any],
     ) -> None:
         if self.metrics is not None:
@@ -391,7 +330,7 @@ class ModelCalls:
                 out["x-api-key"] = key.decode("latin-1")
         return out
 
-    def _settled(self, call: _Call, charged: bool) -> tuple[bool, int | None]:
+    def _settled(self, call: ModelCall, charged: bool) -> tuple[bool, int | None]:
         """Whether a turn reserved as `charged` stays charged once settled (a refunded one does
         not), and the turns its episode has left after it: what its log record and span say."""
         st = call.state
@@ -401,14 +340,14 @@ class ModelCalls:
             return False, min(st.budget, st.remaining + 1)
         return charged, st.remaining
 
-    def _refunded(self, call: _Call) -> bool:
+    def _refunded(self, call: ModelCall) -> bool:
         """Whether settling gives this call's turn back (core.episode.settle's rule)."""
         return (
             call.result is SettleResult.REFUNDABLE and call.grant is not None
             and call.grant.charged and not self.budget_cfg.count_failed_turns
         )
 
-    def _episode_headers(self, call: _Call) -> list[tuple[bytes, bytes]]:
+    def _episode_headers(self, call: ModelCall) -> list[tuple[bytes, bytes]]:
         st, grant = call.state, call.grant
         if st is None or call.episode_id is None:
             return []
@@ -426,7 +365,7 @@ class ModelCalls:
         return out
 
     async def _forward(
-        self, call: _Call, upstream: UpstreamConfig, headers: dict[bytes, bytes], body: bytes,
+        self, call: ModelCall, upstream: UpstreamConfig, headers: dict[bytes, bytes], body: bytes,
         payload: dict[str, Any], receive: Receive, send: Send, *,
         conversation: list[Any] | None,
     ) -> None:
@@ -437,7 +376,7 @@ class ModelCalls:
             if body and "stream_options" not in payload:
                 # Added to the body's bytes, which stay as sent: no re-encoding, and no walk of
                 # the payload for integers re-encoding would change.
-                body = _with_stream_usage(body)
+                body = with_stream_usage(body)
                 payload["stream_options"] = {"include_usage": True}
                 drop_usage = True
             elif not (isinstance(so, dict) and so.get("include_usage")):
@@ -485,7 +424,7 @@ class ModelCalls:
                 )
 
     @staticmethod
-    def _exact(call: _Call, body: bytes, payload: dict[str, Any]) -> dict[str, Any] | None:
+    def _exact(call: ModelCall, body: bytes, payload: dict[str, Any]) -> dict[str, Any] | None:
         """The payload to rewrite, read again when orjson's reading lost an integer's
         digits (the rewrite must not change what it does not touch); None: `payload` is."""
         exact = exact_payload(body, payload)
@@ -493,7 +432,7 @@ class ModelCalls:
         return exact
 
     @staticmethod
-    def _encode(call: _Call, payload: dict[str, Any]) -> bytes:
+    def _encode(call: ModelCall, payload: dict[str, Any]) -> bytes:
         """The rewritten body's bytes. What the proxy parsed it can write, except nesting past
         orjson's 254 levels (in a body with no integer past 64 bits, which the standard
         library writes instead): that call is refused, its turn given back, its record kept."""
@@ -511,7 +450,7 @@ class ModelCalls:
                               "rewritten (at most 254 levels)")
 
     async def _forward_litellm(
-        self, call: _Call, upstream: UpstreamConfig, payload: dict[str, Any], send: Send
+        self, call: ModelCall, upstream: UpstreamConfig, payload: dict[str, Any], send: Send
     ) -> None:
         if self.litellm_call is None:
             raise ProxyError(500, "litellm_unavailable", "litellm upstream is not set up")
@@ -531,7 +470,7 @@ class ModelCalls:
         else:
             call.data = data
 
-    def _classify(self, call: _Call, status: int) -> None:
+    def _classify(self, call: ModelCall, status: int) -> None:
         if status == 429 or status >= 500:
             call.result = SettleResult.REFUNDABLE
             call.status = "upstream_error"
@@ -540,7 +479,7 @@ class ModelCalls:
             call.status = "upstream_error"
             call.error_class = "status_4xx"
 
-    def _observe_upstream(self, call: _Call) -> None:
+    def _observe_upstream(self, call: ModelCall) -> None:
         m = self.metrics
         if m is None or call.upstream is None:
             return
@@ -549,7 +488,7 @@ class ModelCalls:
             m.upstream_errors.labels(call.upstream.name, call.error_class).inc()
 
     async def _forward_http(
-        self, call: _Call, upstream: UpstreamConfig, headers: dict[bytes, bytes], body: bytes,
+        self, call: ModelCall, upstream: UpstreamConfig, headers: dict[bytes, bytes], body: bytes,
         receive: Receive, send: Send, drop_usage: bool,
     ) -> None:
         url = upstream.base_url + call.route[3:]
@@ -594,7 +533,7 @@ class ModelCalls:
         self._observe_upstream(call)
         call.data = data
 
-    def _fail(self, call: _Call, cls: str, t_up: float) -> None:
+    def _fail(self, call: ModelCall, cls: str, t_up: float) -> None:
         call.t_upstream = time.perf_counter() - t_up
         call.result = SettleResult.REFUNDABLE
         call.status = "upstream_error"
@@ -603,7 +542,7 @@ class ModelCalls:
         self._observe_upstream(call)
 
     def _response_headers(
-        self, resp: aiohttp.ClientResponse, call: _Call
+        self, resp: aiohttp.ClientResponse, call: ModelCall
     ) -> list[tuple[bytes, bytes]]:
         out = [
             (k.lower().encode("latin-1"), v.encode("latin-1"))
@@ -614,7 +553,7 @@ class ModelCalls:
         return out
 
     async def _relay_stream(
-        self, call: _Call, resp: aiohttp.ClientResponse, receive: Receive, send: Send,
+        self, call: ModelCall, resp: aiohttp.ClientResponse, receive: Receive, send: Send,
         drop_usage: bool, t_up: float,
     ) -> None:
         head = self._response_headers(resp, call)
@@ -643,7 +582,7 @@ class ModelCalls:
             m.child(m.ttft, m.model_label(call.model)).observe(call.ttft)
 
     # -- after the response --------------------------------------------------------------------
-    async def _settle(self, call: _Call) -> None:
+    async def _settle(self, call: ModelCall) -> None:
         grant = call.grant
         if grant is None or call.episode_id is None or grant.kind is not GrantKind.FORWARD:
             return
@@ -660,7 +599,7 @@ class ModelCalls:
         except StoreUnavailable:
             log.warning("store unavailable while settling turn of %s", call.episode_id)
 
-    async def _after(self, call: _Call) -> dict[str, Any]:
+    async def _after(self, call: ModelCall) -> dict[str, Any]:
         """Read the reply back for tokens and the log; runs once the client has its answer."""
         reply: dict[str, Any] = {"message": None, "finish_reason": None, "usage": None}
         try:
@@ -690,54 +629,11 @@ class ModelCalls:
         return reply
 
     async def _record_turn(
-        self, call: _Call, conversation: list[Any] | None, reply: dict[str, Any] | None,
+        self, call: ModelCall, conversation: list[Any] | None, reply: dict[str, Any] | None,
         *, charged: bool,
     ) -> None:
         st = call.state
         if st is None or call.episode_id is None or not self.recorder.keeps_turns:
             return
-        grant = call.grant
-        forwarded = grant is not None and grant.kind is GrantKind.FORWARD
-        seen, digest = (
-            (grant.messages_seen, grant.messages_digest) if grant is not None and forwarded
-            else (st.messages_seen, st.messages_digest)
-        )
-        msgs = conversation or []
-        # Only what is new since the previous turn, while the conversation grows append-only;
-        # one rewritten or shrunk is logged whole, from 0. So is the input of a call that
-        # continues a stored response: the client sends only what is new, all of it.
-        if seen and (call.previous_response is not None or call.prints is None
-                     or seen > len(msgs) or not call.prints.extends(digest)):
-            seen = 0
-        turn = grant.turn if grant is not None and grant.kind is GrantKind.FORWARD else (
-            st.turns_used + 1)
         charged, remaining = self._settled(call, charged)
-        reply = reply or {}
-        record: dict[str, Any] = {
-            "schema": SCHEMA_VERSION,
-            "type": "turn",
-            "episode_id": call.episode_id,
-            "turn": turn,
-            "attempt": grant.attempt if grant is not None else 1,
-            "ts": rfc3339(time.time()),
-            "latency_s": round(time.perf_counter() - call.t0, 6),
-            "model": call.model,
-            "route": call.route,
-            "stream": call.stream,
-            "status": call.status,
-            "http_status": call.http_status,
-            "request_messages": msgs[seen:],
-            "messages_offset": seen,
-            "response": reply.get("message"),
-            "finish_reason": reply.get("finish_reason"),
-            "usage": reply.get("usage"),
-            "budget": st.budget,
-            "remaining": remaining,
-            "charged": charged,
-            "disclosure": {"arm": st.disclosure, "text": call.disclosure_text},
-            "task_id": st.task_id,
-            "group": st.group,
-        }
-        if call.previous_response is not None:  # what the logged input continues
-            record["previous_response_id"] = call.previous_response
-        await self.recorder.turn(record)
+        await self.recorder.turn(turn_record(call, st, conversation, reply, charged, remaining))
