@@ -10,7 +10,7 @@ from typing import Annotated, Any, Literal
 
 import aiohttp
 import orjson
-from fastapi import Body, Depends, FastAPI, Request
+from fastapi import Body, FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import Response
 from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_latest
@@ -117,6 +117,8 @@ def build_api(
     pool: UpstreamPool,
     registry: CollectorRegistry | None,
 ) -> FastAPI:
+    """The episode API, /v1/models, pass-through routes and the service endpoints. API keys
+    (`auth.keys`) are checked by the app before any /v1 route here (app.py)."""
     app = FastAPI(
         title="budgetproxy",
         summary="Turn budgets per agent episode, in front of any OpenAI-compatible model.",
@@ -126,7 +128,6 @@ def build_api(
         # id, and API clients do not expect to be sent elsewhere for a slash.
         redirect_slashes=False,
     )
-    auth_keys = frozenset(f"Bearer {k}" for k in config.auth.keys)
 
     @app.exception_handler(ProxyError)
     async def _proxy_error(_: Request, exc: ProxyError) -> Response:
@@ -160,13 +161,6 @@ def build_api(
     @app.exception_handler(StoreUnavailable)
     async def _store_down(_: Request, exc: StoreUnavailable) -> Response:
         return _error(ProxyError(503, "store_unavailable", "The episode store is unavailable"))
-
-    def check_auth(request: Request) -> None:
-        if auth_keys and request.headers.get("authorization") not in auth_keys:
-            raise ProxyError(401, "invalid_api_key", "Missing or invalid API key for this proxy")
-
-    # A dependency, so that a request without a valid key is a 401 before its body is judged.
-    authorized = [Depends(check_auth)]
 
     async def end_and_record(episode_id: str, report: OutcomeReport | None) -> Response:
         done = await store.finish(episode_id, report, time.time())
@@ -206,7 +200,7 @@ def build_api(
             return Response("metrics are disabled\n", status_code=404)
         return Response(generate_latest(registry), media_type=CONTENT_TYPE_LATEST)
 
-    @app.post("/v1/episodes", status_code=201, dependencies=authorized)
+    @app.post("/v1/episodes", status_code=201)
     async def create_episode(
         request: Request, body: EpisodeCreate | None = Body(None)  # noqa: B008
     ) -> Response:
@@ -234,8 +228,8 @@ def build_api(
         # The contract's fields, with the rest of what GET answers: one shape for both.
         return _json({**episode_view(st), "base_url": f"{base}/episodes/{eid}/v1"}, 201)
 
-    @app.get("/v1/episodes/{episode_id}", dependencies=authorized)
-    async def get_episode(request: Request, episode_id: str) -> Response:
+    @app.get("/v1/episodes/{episode_id}")
+    async def get_episode(episode_id: str) -> Response:
         st = await store.get(checked_episode_id(episode_id))
         if st is None:
             if await store.is_known(episode_id):
@@ -243,9 +237,9 @@ def build_api(
             raise _not_found(episode_id)
         return _json(episode_view(st))
 
-    @app.post("/v1/episodes/{episode_id}/outcome", dependencies=authorized)
+    @app.post("/v1/episodes/{episode_id}/outcome")
     async def report_outcome(
-        request: Request, episode_id: str, body: OutcomeBody = Body()  # noqa: B008
+        episode_id: str, body: OutcomeBody = Body()  # noqa: B008
     ) -> Response:
         checked_episode_id(episode_id)
         if body.success_turn is not None:
@@ -260,12 +254,12 @@ def build_api(
                                success_turn=body.success_turn, metadata=body.metadata)
         return await end_and_record(episode_id, report)
 
-    @app.post("/v1/episodes/{episode_id}/end", dependencies=authorized)
-    async def end_episode(request: Request, episode_id: str) -> Response:
+    @app.post("/v1/episodes/{episode_id}/end")
+    async def end_episode(episode_id: str) -> Response:
         return await end_and_record(checked_episode_id(episode_id), None)
 
-    @app.get("/v1/models", dependencies=authorized)
-    async def list_models(request: Request) -> Response:
+    @app.get("/v1/models")
+    async def list_models() -> Response:
         merged: dict[str, dict[str, Any]] = {}
 
         async def fetch(u: Any) -> list[dict[str, Any]] | None:
@@ -295,7 +289,7 @@ def build_api(
         return _json({"object": "list", "data": list(merged.values())})
 
     @app.api_route("/v1/{path:path}", methods=["GET", "POST", "PUT", "PATCH", "DELETE"],
-                   include_in_schema=False, dependencies=authorized)
+                   include_in_schema=False)
     async def passthrough(request: Request, path: str) -> Response:
         if path == "episodes" or path.startswith("episodes/"):
             # The episode API is the proxy's own: a wrong method or an unknown sub-route is
@@ -325,7 +319,7 @@ def build_api(
                                 "connection", "x-api-key") and not k.startswith("x-episode-")}
         if upstream.api_key:
             headers["authorization"] = f"Bearer {upstream.api_key}"
-        elif not auth_keys and "authorization" in request.headers:
+        elif not config.auth.keys and "authorization" in request.headers:
             headers["authorization"] = request.headers["authorization"]
         url = f"{upstream.base_url}/{path}"
         if request.url.query:

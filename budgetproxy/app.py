@@ -17,7 +17,12 @@ from budgetproxy.api import build_api
 from budgetproxy.asgi import Receive, Scope, Send, send_error
 from budgetproxy.config import ENV_MULTIPROC_DIR, Config
 from budgetproxy.core.ids import is_valid_episode_id, split_episode_prefix
-from budgetproxy.errors import ProxyError, invalid_episode_id, request_too_large
+from budgetproxy.errors import (
+    ProxyError,
+    invalid_api_key,
+    invalid_episode_id,
+    request_too_large,
+)
 from budgetproxy.forward import ModelCalls
 from budgetproxy.metrics import Metrics
 from budgetproxy.recorder import Recorder
@@ -155,16 +160,17 @@ class BudgetProxy:
     async def _timed_api(self, scope: Scope, receive: Receive, send: Send) -> None:
         t0 = time.perf_counter()
         status = 500
+        headers = dict(scope["headers"])
         if self._auth_keys and scope["path"].startswith("/v1") and (
-                dict(scope["headers"]).get(b"authorization") not in self._auth_keys):
-            # Before FastAPI, which judges a body (as JSON) before any dependency runs.
-            await send_error(send, ProxyError(401, "invalid_api_key",
-                                              "Missing or invalid API key for this proxy"))
+                headers.get(b"authorization") not in self._auth_keys):
+            # Every /v1 route the API serves needs the key; checked here, before FastAPI,
+            # which would judge a body (as JSON) before any route dependency ran.
+            await send_error(send, invalid_api_key())
             return
         if scope["method"] in ("POST", "PUT", "PATCH"):
             # The episode API and pass-through routes take no more than model calls do.
             limit = self.config.server.max_body_bytes
-            declared = dict(scope["headers"]).get(b"content-length", b"0")
+            declared = headers.get(b"content-length", b"0")
             if declared.isdigit() and int(declared) > limit:
                 await send_error(send, request_too_large(limit))
                 return

@@ -66,6 +66,10 @@ def request_too_large(limit: int) -> ProxyError:
                       "bytes (server.max_body_bytes)")
 
 
+def invalid_api_key() -> ProxyError:
+    return ProxyError(401, "invalid_api_key", "Missing or invalid API key for this proxy")
+
+
 def invalid_request(message: str, param: str | None = None) -> ProxyError:
     return ProxyError(400, "invalid_request", message, param=param)
 

@@ -27,6 +27,7 @@ from budgetproxy.errors import (
     budget_exhausted,
     checked_episode_id,
     episode_finished,
+    invalid_api_key,
     invalid_episode_id,
     invalid_request,
 )
@@ -151,7 +152,7 @@ class ModelCalls:
     ) -> None:
         headers: dict[bytes, bytes] = dict(scope["headers"])
         if self.auth_keys and headers.get(b"authorization") not in self.auth_keys:
-            raise ProxyError(401, "invalid_api_key", "Missing or invalid API key for this proxy")
+            raise invalid_api_key()
         if len(headers) < len(scope["headers"]):  # a header sent twice: the dict kept the last
             self._one_id_each(scope["headers"])
         eid = self._episode_id(headers, path_episode)
