@@ -72,6 +72,13 @@ class ModelCall:
         self.exact = False  # the payload was read again to keep integers past 64 bits
         self.ended: EpisodeState | None = None  # its episode, when settling this call ended it
 
+    def refuse(self, http_status: int) -> None:
+        """The proxy answers this forwarded call itself, with `http_status`: its turn is
+        given back, and its record says it was refused."""
+        self.result = SettleResult.REFUNDABLE
+        self.status = "rejected"
+        self.http_status = http_status
+
 
 def turn_record(
     call: ModelCall, st: EpisodeState, conversation: list[Any] | None,

@@ -404,9 +404,7 @@ class ModelCalls:
             # The server cancels calls still running at its shutdown deadline; one whose answer
             # had not begun gets a 503 (app.py) and, like an upstream failure, its turn back.
             if not call.started:
-                call.result = SettleResult.REFUNDABLE
-                call.status = "rejected"
-                call.http_status = 503
+                call.refuse(503)
             raise
         finally:
             await self._settle(call)
@@ -444,9 +442,7 @@ class ModelCalls:
         if call.exact:  # integers past 64 bits, which only the standard library writes
             with contextlib.suppress(ValueError, RecursionError):
                 return encode_exact(payload)
-        call.result = SettleResult.REFUNDABLE
-        call.status = "rejected"
-        call.http_status = 400
+        call.refuse(400)
         raise invalid_request("Request body nests arrays and objects too deeply to be "
                               "rewritten (at most 254 levels)")
 

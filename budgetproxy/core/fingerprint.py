@@ -57,35 +57,32 @@ class Fingerprint:
         self._states = states
         self._digests: dict[int, str] = {}
 
-    def _digest(self, length: int) -> str:
-        cached = self._digests.get(length)
-        if cached is None:
-            i = min(length // _STRIDE, len(self._states) - 1)
-            h = self._states[i].copy()
-            h.update(self._blob[i * _STRIDE : length])
-            # 128 bits of the hash: kept per turn in the store, where size adds up
-            cached = self._digests[length] = f"{length}:{h.hexdigest()[:32]}"
-        return cached
-
     def digest(self) -> str:
         """The digest of the whole conversation, for later turns to compare with."""
-        return self._digest(len(self._blob) - 1)
+        end = len(self._blob) - 1
+        self._hash_prefixes([end])
+        return self._digests[end]
 
-    def extends_each(self, digests: list[str]) -> list[bool]:
+    def extends_each(self, digests: list[str | None]) -> list[bool]:
         """extends() for each of several digests (an episode's earlier placements), hashing
         the conversation once in order of length instead of up to a stride per digest."""
         lengths = [self._boundary(d) for d in digests]
-        todo = sorted({n for n in lengths if n is not None and n not in self._digests})
+        self._hash_prefixes([n for n in lengths if n is not None])
+        return [n is not None and self._digests[n] == d
+                for n, d in zip(lengths, digests, strict=True)]
+
+    def _hash_prefixes(self, lengths: list[int]) -> None:
+        """Put the digests of the conversation's first `lengths` bytes in `_digests`: the
+        missing ones in one pass, in order of length, from the nearest kept hash state."""
         h, at = None, 0
-        for n in todo:
+        for n in sorted({n for n in lengths if n not in self._digests}):
             i = min(n // _STRIDE, len(self._states) - 1)
             if h is None or i * _STRIDE > at:  # a kept state is nearer than where h is
                 h, at = self._states[i].copy(), i * _STRIDE
             h.update(self._blob[at:n])
             at = n
+            # 128 bits of the hash: kept per turn in the store, where size adds up
             self._digests[n] = f"{n}:{h.hexdigest()[:32]}"
-        return [n is not None and self._digests[n] == d
-                for n, d in zip(lengths, digests, strict=True)]
 
     def _boundary(self, digest: str | None) -> int | None:
         """The length a digest covers, if this conversation has a message boundary there:
@@ -101,5 +98,4 @@ class Fingerprint:
     def extends(self, digest: str | None) -> bool:
         """Whether this conversation starts with every message of the one `digest` was taken
         of, unchanged. An empty or unknown digest matches nothing."""
-        length = self._boundary(digest)
-        return length is not None and self._digest(length) == digest
+        return self.extends_each([digest])[0]
