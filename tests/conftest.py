@@ -228,6 +228,17 @@ def default_proxy(proxy: ProxyFactory) -> Proxy:
     return proxy({})
 
 
+def nested(depth: int) -> list[Any]:
+    """Lists `depth` deep: past what orjson (254 levels) or the stdlib's recursion can write."""
+    out: list[Any] = []
+    cur = out
+    for _ in range(depth):
+        nxt: list[Any] = []
+        cur.append(nxt)
+        cur = nxt
+    return out
+
+
 def chat_body(text: str = "hello", model: str = "m1", **extra: Any) -> dict[str, Any]:
     return {"model": model, "messages": [{"role": "user", "content": text}], **extra}
 

@@ -271,6 +271,17 @@ def test_recovery_view(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> No
     assert "Recovery after tool errors" in capsys.readouterr().out
 
 
+def _recovery_row(tmp_path: Path, capsys: pytest.CaptureFixture[str],
+                  records: list[dict[str, Any]]) -> dict[str, Any]:
+    """`analyze --json`'s one recovery row for these records, errors being "Error: ..."."""
+    log = tmp_path / "log.jsonl"
+    log.write_text("".join(json.dumps(r) + "\n" for r in records))
+    assert analyze(str(log), "--error-pattern", "^Error:", "--json", "--k", "1") == 0
+    (row,) = json.loads(capsys.readouterr().out)["recovery"]
+    assert isinstance(row, dict)
+    return row
+
+
 def test_recovery_counts_an_error_once_when_a_rewrite_logs_it_again(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
@@ -291,10 +302,7 @@ def test_recovery_counts_an_error_once_when_a_rewrite_logs_it_again(
         episode("r", "t1", "g", 10, success_turn=3, turns_used=3, outcome="success",
                 end_reason="success", exhausted=False),
     ]
-    log = tmp_path / "log.jsonl"
-    log.write_text("".join(json.dumps(r) + "\n" for r in records))
-    assert analyze(str(log), "--error-pattern", "^Error:", "--json", "--k", "1") == 0
-    (row,) = json.loads(capsys.readouterr().out)["recovery"]
+    row = _recovery_row(tmp_path, capsys, records)
     assert (row["errors"], row["errors_with_next_action"], row["changed_next_action"]) == (
         1, 1, 1.0)
 
@@ -313,10 +321,7 @@ def test_recovery_counts_every_error_when_call_ids_repeat_across_responses(
         episode("n", "t1", "g", 10, success_turn=3, turns_used=3, outcome="success",
                 end_reason="success", exhausted=False),
     ]
-    log = tmp_path / "log.jsonl"
-    log.write_text("".join(json.dumps(r) + "\n" for r in records))
-    assert analyze(str(log), "--error-pattern", "^Error:", "--json", "--k", "1") == 0
-    (row,) = json.loads(capsys.readouterr().out)["recovery"]
+    row = _recovery_row(tmp_path, capsys, records)
     assert (row["errors"], row["errors_with_next_action"]) == (2, 2)
 
 

@@ -9,17 +9,7 @@ from typing import Any
 
 import httpx
 import pytest
-from conftest import Proxy, ProxyFactory, assert_openai_error, chat_body, new_id
-
-
-def _nested(depth: int) -> list[Any]:
-    out: list[Any] = []
-    cur = out
-    for _ in range(depth):
-        nxt: list[Any] = []
-        cur.append(nxt)
-        cur = nxt
-    return out
+from conftest import Proxy, ProxyFactory, assert_openai_error, chat_body, nested, new_id
 
 
 def _post(proxy: Proxy, path: str, body: Any, headers: dict[str, Any] | None = None
@@ -63,7 +53,7 @@ def test_a_body_too_deep_to_rewrite_is_a_400_and_gives_its_turn_back(disclosed: 
     """The disclosed arm re-encodes the body, which orjson cannot past 254 levels: the call
     was a 500 whose turn stayed charged, with no record."""
     eid = new_id("deep")
-    body = chat_body("deep") | {"x": _nested(300)}
+    body = chat_body("deep") | {"x": nested(300)}
     r = _post(disclosed, "/v1/chat/completions", body, {"X-Episode-Id": eid,
                                                         "X-Episode-Budget": "3"})
     assert_openai_error(r, 400, "invalid_request")
@@ -81,12 +71,12 @@ def test_a_forwarded_body_orjson_cannot_log_still_gets_its_record(default_proxy:
     """The hidden arm forwards the body untouched; its record carries the agent's messages,
     300 levels deep: that record used to end the trajectory writer."""
     eid = new_id("deeplog")
-    message = {"role": "user", "content": "hi", "x": _nested(300)}
+    message = {"role": "user", "content": "hi", "x": nested(300)}
     r = _post(default_proxy, "/v1/chat/completions",
               {"model": "m1", "messages": [message]}, {"X-Episode-Id": eid})
     assert r.status_code == 200, r.text
     (rec,) = default_proxy.wait_records(1, type="turn", episode_id=eid)
-    assert rec["request_messages"][0]["x"] == _nested(300)
+    assert rec["request_messages"][0]["x"] == nested(300)
     _still_logging(default_proxy)
 
 
@@ -94,7 +84,7 @@ def test_a_forwarded_body_orjson_cannot_log_still_gets_its_record(default_proxy:
     ("/v1/episodes", {"budget": 100000000000000000000}),
     ("/v1/episodes", {"max_turns": 2**31}),
     ("/v1/episodes", {"tags": {"a": 100000000000000000000}}),
-    ("/v1/episodes", {"tags": {"a": _nested(300)}}),
+    ("/v1/episodes", {"tags": {"a": nested(300)}}),
 ])
 def test_episode_fields_the_log_cannot_hold_are_a_400(default_proxy: Proxy, path: str,
                                                       body: dict[str, Any]) -> None:
@@ -108,7 +98,7 @@ def test_episode_fields_the_log_cannot_hold_are_a_400(default_proxy: Proxy, path
 
 @pytest.mark.parametrize("body", [
     {"success": True, "reward": "1.5"}, {"success": True, "reward": True},
-    {"success": True, "metadata": {"x": _nested(300)}},
+    {"success": True, "metadata": {"x": nested(300)}},
     {"success": True, "metadata": {"n": 100000000000000000000}},
     {"success": True, "success_turn": 2**31},
 ])

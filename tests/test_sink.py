@@ -8,6 +8,7 @@ from pathlib import Path
 
 import orjson
 import pytest
+from conftest import nested
 
 from budgetproxy.sink import JsonlSink
 
@@ -59,16 +60,6 @@ async def test_rotation_keeps_every_record(tmp_path: Path) -> None:
     assert sorted(r["i"] for r in _lines(tmp_path)) == list(range(50))
 
 
-def _nested(depth: int) -> list[object]:
-    out: list[object] = []
-    cur = out
-    for _ in range(depth):
-        nxt: list[object] = []
-        cur.append(nxt)
-        cur = nxt
-    return out
-
-
 @pytest.mark.asyncio
 async def test_records_orjson_cannot_write_are_written_and_the_writer_lives_on(
         tmp_path: Path) -> None:
@@ -78,8 +69,8 @@ async def test_records_orjson_cannot_write_are_written_and_the_writer_lives_on(
     sink = JsonlSink(tmp_path, max_file_bytes=1 << 30, gzip_rotated=False, queue_size=3)
     await sink.start()
     await sink.put({"i": 0, "big": 10**30})
-    await sink.put({"i": 1, "deep": _nested(300)})
-    await sink.put({"i": 2, "deep": _nested(5000), "big": 10**30, "text": "kept"})
+    await sink.put({"i": 1, "deep": nested(300)})
+    await sink.put({"i": 2, "deep": nested(5000), "big": 10**30, "text": "kept"})
     await sink.put({"i": 3, "bad": "\udc80"})
     for i in range(4, 20):  # more than the queue holds: the writer must still be draining it
         await sink.put({"i": i})
@@ -88,6 +79,6 @@ async def test_records_orjson_cannot_write_are_written_and_the_writer_lives_on(
              for line in path.read_bytes().splitlines()]
     assert [r["i"] for r in lines] == list(range(20))
     assert lines[0]["big"] == 10**30
-    assert lines[1]["deep"] == _nested(300)  # written whole, by the standard library
+    assert lines[1]["deep"] == nested(300)  # written whole, by the standard library
     assert lines[2]["unencodable"] == ["big", "deep"] and lines[2]["text"] == "kept"
     assert lines[3]["unencodable"] == ["bad"]
