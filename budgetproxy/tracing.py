@@ -130,7 +130,9 @@ class CallTrace:
         self.start_ns = time.time_ns()
 
     def traceparent(self) -> str:
-        return f"00-{self.trace_id:032x}-{self.span_id:016x}-{'01' if self.sampled else '00'}"
+        # %-formatting: half the time of an f-string's format specs on a 128-bit int.
+        return "00-%032x-%016x-%s" % (self.trace_id, self.span_id,  # noqa: UP031
+                                      "01" if self.sampled else "00")
 
     def encode(self, enc: SpanEncoder) -> bytes:
         """The finished call's Span message (see OtlpBatchProcessor.defer). Built from parts
