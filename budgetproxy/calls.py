@@ -33,7 +33,7 @@ def with_stream_usage(body: bytes) -> bytes:
 
 
 class ModelCall:
-    """One model call's state, carried through the handler (forward.py)."""
+    """One model call's state, carried through the handler (forward.py, upstream_call.py)."""
 
     __slots__ = (
         "t0", "route", "kind", "model", "stream", "episode_id", "state", "grant",
