@@ -286,29 +286,11 @@ class ModelCalls:
         await self._record_turn(call, conversation, None, charged=False)
         if not finish_mode:
             raise budget_exhausted(st.episode_id, st.budget)
-        reason = self.budget_cfg.finish_reason
-        model = call.model or ""
-        extra = [(b"x-episode-exhausted", b"true")]
-        if call.stream:
-            so = payload.get("stream_options")
-            usage = isinstance(so, dict) and bool(so.get("include_usage"))
-            data = (
-                synthetic.chat_completion_stream(model, reason, usage)
-                if call.kind == "chat"
-                else synthetic.text_completion_stream(model, reason)
-            )
-            ctype = b"text/event-stream"
-        else:
-            data = (
-                synthetic.chat_completion(model, reason)
-                if call.kind == "chat"
-                else synthetic.text_completion(model, reason)
-            )
-            ctype = b"application/json"
+        ctype, data = synthetic.reply(call.kind, call.model or "", self.budget_cfg.finish_reason,
+                                      call.stream, payload.get("stream_options"))
         call.started = True
-        await send_response(
-            send, 200, [(b"content-type", ctype), *self._episode_headers(call), *extra], data
-        )
+        await send_response(send, 200, [(b"content-type", ctype), *self._episode_headers(call),
+                                        (b"x-episode-exhausted", b"true")], data)
 
     # -- forwarding ----------------------------------------------------------------------------
     def _settled(self, call: ModelCall, charged: bool) -> tuple[bool, int | None]:

@@ -80,3 +80,17 @@ def text_completion_stream(model: str, finish_reason: str) -> bytes:
     ]
     out = b"".join(b"data: " + orjson.dumps(c) + b"\n\n" for c in chunks)
     return out + b"data: [DONE]\n\n"
+
+
+def reply(kind: str, model: str, finish_reason: str, stream: bool,
+          stream_options: object = None) -> tuple[bytes, bytes]:
+    """The content type and body of the synthetic reply to a chat or text completion call,
+    streamed (with a usage chunk when `stream_options` asks for one) or not."""
+    if stream:
+        usage = isinstance(stream_options, dict) and bool(stream_options.get("include_usage"))
+        data = (chat_completion_stream(model, finish_reason, usage) if kind == "chat"
+                else text_completion_stream(model, finish_reason))
+        return b"text/event-stream", data
+    data = (chat_completion(model, finish_reason) if kind == "chat"
+            else text_completion(model, finish_reason))
+    return b"application/json", data
