@@ -201,22 +201,13 @@ class ModelCalls:
             exact = self._exact(call, body, payload)
             if exact is not None:
                 payload, conversation = exact, conversation_of(call.kind, exact)
-            text = disclosure.render(
-                self.disc_cfg.template, grant.turn, st.budget, st.announced_budget
-            )
-            call.disclosure_text = text
-            earlier: list[tuple[int, str]] = []
-            if self.disc_cfg.history == "keep" and call.prints is not None:
-                # Only where this conversation still extends the one the text was placed in:
-                # a client that rewrote its history gets no text on a message it replaced.
-                earlier = [
-                    (idx, disclosure.render(self.disc_cfg.template, t, st.budget,
-                                            st.announced_budget))
-                    for idx, t in disclosure.replayable(grant.disclosed_at, call.prints)
-                ]
-            payload["messages"] = disclosure.apply(
-                conversation, self.disc_cfg.placement, text, earlier
-            )
+            # Earlier texts go back only where this conversation still extends the one they
+            # were placed in: a client that rewrote its history gets none on what it replaced.
+            cfg = self.disc_cfg
+            call.disclosure_text, payload["messages"] = disclosure.disclose(
+                conversation, cfg.template, cfg.placement, grant.turn, st.budget,
+                st.announced_budget, grant.disclosed_at,
+                call.prints if cfg.history == "keep" else None)
             body = b""  # re-encode below
         await self._forward(call, upstream, headers, body, payload, receive, send,
                             conversation=conversation)

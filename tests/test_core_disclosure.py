@@ -141,6 +141,22 @@ def test_replayable_skips_texts_placed_before_an_edit() -> None:
     assert disclosure.replayable([(1, 1, 2, "")], Fingerprint(first)) == []
 
 
+def test_disclose_places_this_turns_text_and_replays_only_with_a_conversation() -> None:
+    template = "Turn {turn} of {total}."
+    first = [{"role": "system", "content": "s"}, {"role": "user", "content": "a"}]
+    third = [*first, {"role": "assistant", "content": "b"}, {"role": "user", "content": "c"}]
+    placed = [(1, 1, 2, Fingerprint(first).digest())]
+    text, out = disclosure.disclose(third, template, "last_message", 2, 4, None, placed,
+                                    Fingerprint(third))
+    assert text == "Turn 2 of 4."
+    assert [m["content"] for m in out] == ["s", "a\n\nTurn 1 of 4.", "b", "c\n\nTurn 2 of 4."]
+    # history: drop (no conversation given): only this turn's text, the announced total used
+    text, out = disclosure.disclose(third, template, "last_message", 2, 4, 10, placed)
+    assert text == "Turn 2 of 10."
+    assert [m["content"] for m in out] == ["s", "a", "b", "c\n\nTurn 2 of 10."]
+    assert third[3] == {"role": "user", "content": "c"}  # the client's messages untouched
+
+
 def test_new_message_never_parts_tool_calls_from_their_replies() -> None:
     """An earlier text placed after some of an assistant's tool replies goes back after all
     of them: a user message between an assistant's tool calls and a reply is refused."""

@@ -16,6 +16,22 @@ def render(template: str, turn: int, budget: int, announced_budget: int | None) 
     return template.format(turn=turn, total=total, remaining=max(0, total - turn), used=turn - 1)
 
 
+def disclose(
+    messages: list[Any], template: str, placement: Placement, turn: int, budget: int,
+    announced_budget: int | None, earlier: Iterable[Placed] = (),
+    conversation: Fingerprint | None = None,
+) -> tuple[str, list[Any]]:
+    """This turn's text, and the messages with it placed. With `conversation` (the digests of
+    `messages`; history: keep), the `earlier` placements this conversation still extends are
+    re-applied with their own turns' texts."""
+    text = render(template, turn, budget, announced_budget)
+    again: list[tuple[int, str]] = []
+    if conversation is not None:
+        again = [(idx, render(template, t, budget, announced_budget))
+                 for idx, t in replayable(earlier, conversation)]
+    return text, apply(messages, placement, text, again)
+
+
 def placement_index(placement: Placement, message_count: int) -> int | None:
     """The client-message index a turn's text attaches to; None for `system` (not replayed)."""
     if placement == "last_message":
