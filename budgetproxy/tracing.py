@@ -23,7 +23,6 @@ import random
 import time
 from collections.abc import Callable
 from typing import Any
-from urllib.parse import urlsplit
 
 import orjson
 from opentelemetry import propagate, trace
@@ -36,8 +35,6 @@ from opentelemetry.trace import (
     NonRecordingSpan,
     SpanContext,
     SpanKind,
-    Status,
-    StatusCode,
     TraceFlags,
     TraceState,
 )
@@ -47,15 +44,23 @@ from budgetproxy.config import TracingConfig, UpstreamConfig
 from budgetproxy.core.episode import EpisodeState, Grant
 from budgetproxy.otlp import SpanEncoder, span_message, status_field
 from budgetproxy.otlp_export import OtlpBatchProcessor, build_exporter
+from budgetproxy.span_attrs import (
+    ERROR,
+    OPERATION,
+    UNSET,
+    episode_attrs,
+    error_type_of,
+    finish_reason_attr,
+    message_parts,
+    outcome_attrs,
+    span_parts,
+    upstream_attrs,
+)
 from budgetproxy.wire import token_counts
 
 log = logging.getLogger("budgetproxy.tracing")
 
-_OPERATION = {"chat": "chat", "completions": "text_completion", "responses": "chat",
-              "messages": "chat"}
 _SAMPLED = TraceFlags(TraceFlags.SAMPLED)
-_UNSET = Status(StatusCode.UNSET)
-_ERROR = Status(StatusCode.ERROR)
 _HEX = frozenset("0123456789abcdef")
 _SCOPE = InstrumentationScope("budgetproxy", __version__)
 _LOW_64 = (1 << 64) - 1
@@ -116,7 +121,7 @@ class CallTrace:
     __slots__ = ("trace_id", "span_id", "parent", "sampled", "start_ns", "end_ns", "resource",
                  "call")
     scope = _SCOPE
-    # Set by Tracing.finish: the end, and the values _span_parts() takes.
+    # Set by Tracing.finish: the end, and the values span_parts() takes.
     end_ns: int
     resource: Resource
     call: tuple[Any, ...]
@@ -144,23 +149,23 @@ class CallTrace:
                      episode_id, episode)
         fixed = enc.recall(fixed_key)
         if fixed is None:
-            op = _OPERATION.get(kind, kind)
+            op = OPERATION.get(kind, kind)
             fixed = enc.remember(fixed_key, (
                 enc.head(f"{op} {model}", SpanKind.CLIENT),
                 enc.attributes(b"\x4a", {
-                    **_upstream_attrs(op, model, upstream.name, upstream.kind, upstream.base_url),
-                    **(_episode_attrs(episode_id) if episode is None
-                       else _episode_attrs(episode_id, *episode))}),
+                    **upstream_attrs(op, model, upstream.name, upstream.kind, upstream.base_url),
+                    **(episode_attrs(episode_id) if episode is None
+                       else episode_attrs(episode_id, *episode))}),
             ))
-        reason = _finish_reason(finish_reason)
+        reason = finish_reason_attr(finish_reason)
         outcome_key = (_OUTCOME, status, remaining, grant, reason, error_class)
         outcome = enc.recall(outcome_key)
         if outcome is None:
-            error_type = _error_type(status, error_class)
+            error_type = error_type_of(status, error_class)
             outcome = enc.remember(outcome_key, (
-                enc.attributes(b"\x4a", _outcome_attrs(status, remaining, grant, reason,
+                enc.attributes(b"\x4a", outcome_attrs(status, remaining, grant, reason,
                                                          error_type)),
-                status_field(_UNSET if error_type is None else _ERROR),
+                status_field(UNSET if error_type is None else ERROR),
             ))
         attrs = [fixed[1], outcome[0]]
         tin, tout = token_counts(usage)
@@ -173,9 +178,9 @@ class CallTrace:
         parent = self.parent
         if parent is not None and parent.trace_state:
             return enc.fields(self.trace_id, self.span_id, parent.trace_state, parent,
-                              f"{_OPERATION.get(kind, kind)} {model}", SpanKind.CLIENT,
+                              f"{OPERATION.get(kind, kind)} {model}", SpanKind.CLIENT,
                               self.start_ns, self.end_ns, b"".join(attrs),
-                              _UNSET if _error_type(status, error_class) is None else _ERROR)
+                              UNSET if error_type_of(status, error_class) is None else ERROR)
         return span_message(self.trace_id, self.span_id, parent, fixed[0], self.start_ns,
                             self.end_ns, b"".join(attrs), outcome[1])
 
@@ -266,7 +271,7 @@ class Tracing:
             else:
                 ctx = (trace.set_span_in_context(NonRecordingSpan(parent)) if parent is not None
                        else Context())
-                name = f"{_OPERATION.get(kind, kind)} {model}"
+                name = f"{OPERATION.get(kind, kind)} {model}"
                 assert self.sampler is not None
                 decision = self.sampler.should_sample(ctx, trace_id, name, SpanKind.CLIENT).decision
                 sampled = decision is Decision.RECORD_AND_SAMPLE
@@ -340,11 +345,11 @@ class Tracing:
                 ct.call = call
                 direct.defer(ct)
                 return
-            name, call_key, episode_key, outcome_key, extra, span_status = _span_parts(*call)
+            name, call_key, episode_key, outcome_key, extra, span_status = span_parts(*call)
             span = ReadableSpan(
                 name, self._context(ct), ct.parent, self.resource,
-                {**_upstream_attrs(*call_key), **_episode_attrs(*episode_key),
-                 **_outcome_attrs(*outcome_key), **extra},
+                {**upstream_attrs(*call_key), **episode_attrs(*episode_key),
+                 **outcome_attrs(*outcome_key), **extra},
                 kind=SpanKind.CLIENT,
                 status=span_status, start_time=ct.start_ns, end_time=end_ns,
                 instrumentation_scope=_SCOPE,
@@ -359,11 +364,11 @@ class Tracing:
         attrs: dict[str, Any] = {}
         if conversation:
             attrs["gen_ai.input.messages"] = orjson.dumps(
-                [_message_parts(m) for m in conversation if isinstance(m, dict)]
+                [message_parts(m) for m in conversation if isinstance(m, dict)]
             ).decode()
         message = reply.get("message")
         if isinstance(message, dict):
-            out = _message_parts(message)
+            out = message_parts(message)
             if finish_reason:
                 out["finish_reason"] = finish_reason
             attrs["gen_ai.output.messages"] = orjson.dumps([out]).decode()
@@ -377,132 +382,8 @@ class Tracing:
                 log.warning("tracing shutdown failed", exc_info=True)
 
 
-def _span_parts(
-    kind: str, model: str | None, upstream: UpstreamConfig, episode_id: str | None,
-    episode: tuple[int, str, str | None] | None, remaining: int | None,
-    grant: tuple[int, int, bool] | None,
-    status: int, error_class: str | None, usage: Any, finish_reason: Any,
-    content: dict[str, Any] | None,
-) -> tuple[str, tuple[Any, ...], tuple[Any, ...], tuple[Any, ...], dict[str, Any], Status]:
-    """A finished call's span name, the keys of its three repeating attribute groups (fixed
-    by upstream and model, fixed for an episode, the call's small values), its other
-    attributes (tokens, content) and its status: the ReadableSpan path's parts. CallTrace.encode
-    builds the same attributes from the same helpers; the tests compare the two byte for byte."""
-    op = _OPERATION.get(kind, kind)
-    error_type = _error_type(status, error_class)
-    outcome_key = (status, remaining, grant, _finish_reason(finish_reason), error_type)
-    extra = _token_attrs(usage)
-    if content:
-        extra.update(content)
-    return (f"{op} {model}", (op, model, upstream.name, upstream.kind, upstream.base_url),
-            (episode_id, None) if episode is None else (episode_id, *episode), outcome_key,
-            extra, _UNSET if error_type is None else _ERROR)
-
-
 @functools.lru_cache(maxsize=4096)
 def _episode_bits(episode_id: str) -> int:
     """64 bits fixed by an episode id, the same on every replica and after restarts."""
     return int.from_bytes(hashlib.blake2b(episode_id.encode(), digest_size=8).digest(), "big")
 
-
-def _error_type(status: int, error_class: str | None) -> str | None:
-    """The span's error.type: the upstream failure's class, or a 5xx status; else None."""
-    if error_class is None and status < 500:
-        return None
-    return error_class or str(status)
-
-
-def _finish_reason(value: Any) -> str | None:
-    return (value if type(value) is str else str(value)) if value else None
-
-
-def _upstream_attrs(op: str, model: str | None, upstream: str, kind: str,
-                    base_url: str) -> dict[str, Any]:
-    """A span's attributes fixed by the upstream and model (the first group)."""
-    return {
-        "gen_ai.operation.name": op,
-        "gen_ai.provider.name": "openai" if kind == "openai" else "litellm",
-        "gen_ai.request.model": model or "",
-        **_server_attrs(base_url),
-        "budgetproxy.upstream": upstream,
-    }
-
-
-def _server_attrs(base_url: str) -> dict[str, Any]:
-    """server.address (the host) and server.port of an upstream base URL, per the conventions."""
-    try:
-        url = urlsplit(base_url)
-        port = url.port or {"http": 80, "https": 443}.get(url.scheme)
-    except ValueError:
-        return {"server.address": base_url}
-    out: dict[str, Any] = {"server.address": url.hostname or base_url}
-    if port is not None:
-        out["server.port"] = port
-    return out
-
-
-def _episode_attrs(episode_id: str | None, budget: int | None = None,
-                   disclosure: str | None = None, task_id: str | None = None) -> dict[str, Any]:
-    """A span's attributes fixed for an episode (the second group)."""
-    out: dict[str, Any] = {}
-    if episode_id is not None:
-        out["gen_ai.conversation.id"] = episode_id
-    if budget is not None:
-        out["budgetproxy.budget"] = budget
-        out["budgetproxy.disclosure"] = disclosure
-        if task_id:
-            out["budgetproxy.task_id"] = task_id
-    return out
-
-
-def _outcome_attrs(status: int, remaining: int | None,
-                   grant: tuple[int, int, bool] | None, finish_reason: str | None,
-                   error_type: str | None) -> dict[str, Any]:
-    """A span's attributes from the call's small, repeating values (the third group)."""
-    out: dict[str, Any] = {"http.response.status_code": status}
-    if remaining is not None:
-        out["budgetproxy.remaining"] = remaining
-    if grant is not None:
-        out["budgetproxy.turn"], out["budgetproxy.attempt"], out["budgetproxy.charged"] = grant
-    if finish_reason:
-        out["gen_ai.response.finish_reasons"] = (finish_reason,)
-    if error_type is not None:
-        out["error.type"] = error_type
-    return out
-
-
-def _token_attrs(usage: Any) -> dict[str, Any]:
-    """Token usage attributes from an OpenAI-style (or Responses/Messages) usage object."""
-    out: dict[str, Any] = {}
-    tin, tout = token_counts(usage)
-    if tin is not None:
-        out["gen_ai.usage.input_tokens"] = tin
-    if tout is not None:
-        out["gen_ai.usage.output_tokens"] = tout
-    return out
-
-
-def _message_parts(message: dict[str, Any]) -> dict[str, Any]:
-    """An OpenAI-style message in the GenAI conventions' shape: role and typed parts."""
-    role = message.get("role") or "user"
-    parts: list[dict[str, Any]] = []
-    content = message.get("content")
-    if role == "tool":
-        parts.append({"type": "tool_call_response", "id": message.get("tool_call_id"),
-                      "response": content})
-    elif isinstance(content, str):
-        parts.append({"type": "text", "content": content})
-    elif isinstance(content, list):
-        for item in content:
-            if isinstance(item, dict) and isinstance(item.get("text"), str):
-                parts.append({"type": "text", "content": item["text"]})
-            elif isinstance(item, dict):
-                parts.append({"type": str(item.get("type", "unknown"))})
-    for tc in message.get("tool_calls") or ():
-        if isinstance(tc, dict):
-            fn = tc.get("function")
-            if not isinstance(fn, dict):
-                fn = {}
-            parts.append({"type": "tool_call", "id": tc.get("id"), "name": fn.get("name"),
-                          "arguments": fn.get("arguments")})
-    return {"role": role, "parts": parts}
