@@ -26,7 +26,8 @@ from budgetproxy.core.episode import (
     reserve,
     settle,
 )
-from budgetproxy.store.redis import _CODEC, RedisStore, decode_state, encode_state
+from budgetproxy.store.redis import RedisStore, decode_state, encode_state
+from budgetproxy.store.redis_codec import _CODEC
 
 pytestmark = pytest.mark.redis
 

@@ -2,7 +2,7 @@
 
 Key layout (the id sits in braces, a Redis Cluster hash tag, so an episode's keys share a slot):
 
-- ``{prefix}:ep:{<id>}`` — the episode, a hash of strings (codec below). Active episodes expire
+- ``{prefix}:ep:{<id>}`` — the episode, a hash of strings (`redis_codec.py`). Active episodes expire
   after 2 × idle timeout + retention without activity, a backstop for when no replica sweeps;
   finished ones expire after retention.
 - ``{prefix}:gone:{<id>}`` — the remembered id of a finished episode, kept for retention +
@@ -20,7 +20,7 @@ import asyncio
 import math
 from collections.abc import Awaitable, Callable, Iterator, Sequence
 from contextlib import contextmanager
-from dataclasses import dataclass, fields
+from dataclasses import dataclass
 from importlib import resources
 from typing import Any, TypeVar
 
@@ -47,6 +47,7 @@ from budgetproxy.core.episode import (
     placed,
 )
 from budgetproxy.store.base import FinishOutcome, StoreUnavailable, TurnClose, TurnOpen
+from budgetproxy.store.redis_codec import decode_state, encode_state
 
 __all__ = ["RedisStore", "decode_state", "encode_state"]
 
@@ -62,103 +63,6 @@ _UNAVAILABLE: tuple[type[BaseException], ...] = (
     TimeoutError,
 )
 _SWEEP_BATCH = 256
-
-# How each EpisodeState field is kept in the hash. None is an absent field.
-_INT, _FLOAT, _BOOL, _STR, _JSON = "int", "float", "bool", "str", "json"
-_CODEC: dict[str, str] = {
-    "episode_id": _STR, "budget": _INT, "max_turns": _INT, "disclosure": _STR,
-    "task_id": _STR, "group": _STR, "announced_budget": _INT, "tags": _JSON,
-    "created_at": _FLOAT, "last_activity": _FLOAT, "model": _STR, "turns_used": _INT,
-    "inflight": _INT, "last_turn": _INT, "last_attempt": _INT, "last_hash": _STR,
-    "last_state": _STR, "last_charged": _BOOL, "free_retries_used": _INT, "refused": _BOOL,
-    "disclosed_at": _JSON, "messages_seen": _INT, "messages_digest": _STR, "status": _STR,
-    "outcome": _STR, "success_turn": _INT, "reward": _JSON, "metadata": _JSON,
-    "end_reason": _STR, "ended_at": _FLOAT, "end_pending": _BOOL,
-}
-
-
-def _encode_value(kind: str, value: Any) -> str | bytes:
-    if kind == _INT:
-        return str(int(value))
-    if kind == _FLOAT:
-        return repr(float(value))  # repr round-trips a float exactly
-    if kind == _BOOL:
-        return "1" if value else "0"
-    if kind == _JSON:
-        return orjson.dumps(value)
-    return str(value)
-
-
-# Hash fields named otherwise than the EpisodeState field. Placements are kept under a name of
-# their own since they carry message counts and digests: versions that read `disclosed_at`
-# as [index, turn] pairs (and require the field) still find it, empty, during a rolling
-# deploy; each version re-applies only the placements it made.
-_FIELD = {"disclosed_at": "placements"}
-_LEGACY = ["disclosed_at", "[]"]
-
-
-def encode_state(st: EpisodeState) -> list[str | bytes]:
-    """The episode as flat hash field/value pairs (None fields left out)."""
-    out: list[str | bytes] = []
-    for f in fields(st):
-        value = getattr(st, f.name)
-        if value is None:
-            continue
-        out.append(_FIELD.get(f.name, f.name))
-        out.append(_encode_value(_CODEC[f.name], value))
-    out += _LEGACY
-    return out
-
-
-def _opt_int(raw: str | None) -> int | None:
-    return None if raw is None else int(raw)
-
-
-def decode_state(pairs: list[str]) -> EpisodeState:
-    """An episode from flat field/value pairs, as HGETALL (or a script's snapshot) gives them.
-
-    Written out field by field, and built like `EpisodeState.snapshot` (no __init__): it runs
-    twice per turn.
-    """
-    d = dict(zip(pairs[::2], pairs[1::2], strict=True))
-    g = d.get
-    reward, ended_at = g("reward"), g("ended_at")
-    st = object.__new__(EpisodeState)
-    st.__dict__.update(
-        episode_id=d["episode_id"],
-        budget=int(d["budget"]),
-        max_turns=_opt_int(g("max_turns")),
-        disclosure=d["disclosure"],
-        task_id=g("task_id"),
-        group=g("group"),
-        announced_budget=_opt_int(g("announced_budget")),
-        tags=orjson.loads(d["tags"]),
-        created_at=float(d["created_at"]),
-        last_activity=float(d["last_activity"]),
-        model=g("model"),
-        turns_used=int(d["turns_used"]),
-        inflight=int(d["inflight"]),
-        last_turn=int(d["last_turn"]),
-        last_attempt=int(d["last_attempt"]),
-        last_hash=g("last_hash"),
-        last_state=d["last_state"],
-        last_charged=d["last_charged"] == "1",
-        free_retries_used=int(d["free_retries_used"]),
-        refused=d["refused"] == "1",
-        disclosed_at=orjson.loads(g("placements") or "[]"),
-        messages_seen=int(d["messages_seen"]),
-        messages_digest=g("messages_digest"),
-        status=d["status"],
-        outcome=g("outcome"),
-        success_turn=_opt_int(g("success_turn")),
-        reward=None if reward is None else orjson.loads(reward),
-        metadata=orjson.loads(d["metadata"]),
-        end_reason=g("end_reason"),
-        ended_at=None if ended_at is None else float(ended_at),
-        end_pending=g("end_pending") == "1",  # absent in episodes stored by older versions
-    )
-    return st
-
 
 @dataclass(frozen=True)
 class _Eval:
