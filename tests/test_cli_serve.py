@@ -208,6 +208,15 @@ def test_sigterm_during_traffic_finishes_calls_and_loses_no_record(
     json.dumps(records)  # plain JSON all the way down
 
 
+def _read_response(s: Any) -> bytes:
+    """Everything the server sends until it closes the connection (it says `connection:
+    close`); one recv may return the head alone, the chunked body in later segments."""
+    data = b""
+    while chunk := s.recv(65536):
+        data += chunk
+    return data
+
+
 def test_calls_unanswered_at_the_shutdown_deadline_get_a_json_503(
     upstream: FakeUpstream, tmp_path: Path
 ) -> None:
@@ -240,10 +249,10 @@ def test_calls_unanswered_at_the_shutdown_deadline_get_a_json_503(
         time.sleep(0.3)
         proc.send_signal(signal.SIGTERM)
         for s in stalled:
-            head, _, body = s.recv(65536).partition(b"\r\n\r\n")
+            head, _, body = _read_response(s).partition(b"\r\n\r\n")
             assert head.startswith(b"HTTP/1.1 503"), head
             assert b"content-type: application/json" in head.lower()
-            assert b'"code":"shutting_down"' in body
+            assert b'"code":"shutting_down"' in body  # chunked: the JSON sits between sizes
             s.close()
         caller.join(20)
         (r,) = slow
