@@ -22,6 +22,14 @@ def _paired_ratio(
 
     Rounds are interleaved, so each round's pair ran within seconds of each other: the ratio
     of a pair cancels the drift of a shared machine that a ratio of medians keeps."""
+    ratios = _paired_ratios(row, base, key, invert)
+    return round(statistics.median(ratios), 3) if ratios else None
+
+
+def _paired_ratios(
+    row: dict[str, Any], base: dict[str, Any], key: str, invert: bool = False
+) -> list[float]:
+    """Each round's row/base (base/row with `invert`) for one wrk measure."""
     runs, base_runs = row.get("runs"), base.get("runs")
     pairs: list[tuple[Any, Any]] = (
         [(r.get(key), b.get(key)) for r, b in zip(runs, base_runs, strict=True)]
@@ -30,12 +38,11 @@ def _paired_ratio(
     )
     # A round the row answered nothing in is a ratio of 0, not a round to skip; CPU per
     # request (`invert`) has no value then, and a baseline without one compares nothing.
-    ratios = [
+    return [
         (b / v if invert else v / b)
         for v, b in pairs
         if b and v is not None and (v or not invert)
     ]
-    return round(statistics.median(ratios), 3) if ratios else None
 
 
 def summarize(
@@ -61,9 +68,12 @@ def summarize(
         for c in levels:
             key = f"c{c}"
             if key in wrk and key in base:
-                ratio = _paired_ratio(wrk[key], base[key], "rps")
-                if ratio is not None:
-                    summary[f"rps_vs_baseline_{key}"] = ratio
+                ratios = _paired_ratios(wrk[key], base[key], "rps")
+                if ratios:
+                    summary[f"rps_vs_baseline_{key}"] = round(statistics.median(ratios), 3)
+                if len(ratios) > 1 and name != baseline:
+                    summary[f"rps_vs_baseline_{key}_range"] = [round(min(ratios), 3),
+                                                               round(max(ratios), 3)]
                 # Requests per CPU-second relative to the baseline: the throughput ratio a
                 # dedicated core would show, and robust to other load on the machine.
                 cpu = _paired_ratio(wrk[key], base[key], "cpu_us_per_req", invert=True)
@@ -83,6 +93,27 @@ def summarize(
                     summary["ttft_overhead_vs_baseline"] = round(ttft / base_ttft, 2)
         out[name] = summary
     return out
+
+
+# Rounds whose paired req/s ratios span more than this cannot tell apart rows a few percent
+# apart: the machine's other load moved between the two runs of a pair.
+NOISY_SPREAD = 0.15
+
+
+def noise_note(summary: dict[str, dict[str, Any]], levels: list[int]) -> str | None:
+    """A warning when the rounds disagree too much for the medians to settle small costs."""
+    worst: tuple[float, str, int, list[float]] | None = None
+    for name, s in summary.items():
+        for c in levels:
+            span = s.get(f"rps_vs_baseline_c{c}_range")
+            if span and (worst is None or span[1] - span[0] > worst[0]):
+                worst = (span[1] - span[0], name, c, span)
+    if worst is None or worst[0] <= NOISY_SPREAD:
+        return None
+    _, name, c, (low, high) = worst
+    return (f"noisy machine: {name}'s rounds ranged {low:.2f}x-{high:.2f}x at c={c}; medians "
+            f"cannot separate rows a few percent apart. For small costs, load the rows together "
+            f"(bench/overhead.py) or count instructions (bench/instructions.py).")
 
 
 def verdicts(summary: dict[str, dict[str, Any]], baseline: str = BASELINE) -> list[str]:

@@ -247,6 +247,9 @@ def main(argv: list[str] | None = None) -> int:
     print(f"ratios against {args.baseline}: "
           + (f"medians of the {repeat} rounds' ratios" if repeat > 1 else "one round"))
     print(report.table(rows, summary, levels, args.baseline))
+    noisy = report.noise_note(summary, levels)
+    if noisy:
+        notes.append(noisy)
     streams = report.stream_table(rows, summary, args.baseline)
     if streams:
         print(

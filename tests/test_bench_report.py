@@ -1,0 +1,39 @@
+"""bench/report.py: paired ratios over interleaved rounds, and the noisy-machine warning."""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+from typing import Any
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "bench"))
+
+import report  # noqa: E402
+
+
+def _rows(base: list[float], row: list[float]) -> dict[str, dict[str, Any]]:
+    def wrk(rps: list[float]) -> dict[str, Any]:
+        runs = [{"rps": r, "cpu_us_per_req": 1e6 / r} for r in rps]
+        return {"wrk": {"c32": {"rps": sorted(rps)[len(rps) // 2], "runs": runs}}}
+
+    return {"base": wrk(base), "row": wrk(row)}
+
+
+def test_ratios_are_medians_of_each_rounds_pair_with_their_range() -> None:
+    # The machine slowed down in round 2; each pair still shows the row at 0.9x.
+    summary = report.summarize(_rows([1000, 500, 1000], [900, 450, 900]), [32], "base")
+    row = summary["row"]
+    assert row["rps_vs_baseline_c32"] == 0.9
+    assert row["rps_vs_baseline_c32_range"] == [0.9, 0.9]
+    assert row["cpu_capacity_vs_baseline_c32"] == 0.9
+    assert "rps_vs_baseline_c32_range" not in summary["base"]
+    assert report.noise_note(summary, [32]) is None
+
+
+def test_rounds_that_disagree_are_called_noisy() -> None:
+    summary = report.summarize(_rows([1000, 1000, 1000], [700, 950, 1250]), [32], "base")
+    assert summary["row"]["rps_vs_baseline_c32"] == 0.95
+    note = report.noise_note(summary, [32])
+    assert note is not None
+    assert "row's rounds ranged 0.70x-1.25x at c=32" in note
+    assert "bench/overhead.py" in note
