@@ -95,8 +95,8 @@ def summarize(
     return out
 
 
-# Rounds whose paired req/s ratios span more than this cannot tell apart rows a few percent
-# apart: the machine's other load moved between the two runs of a pair.
+# Rounds whose paired req/s ratios span more than this share of their median cannot tell
+# apart rows a few percent apart: the machine's other load moved between the runs of a pair.
 NOISY_SPREAD = 0.15
 
 
@@ -106,8 +106,12 @@ def noise_note(summary: dict[str, dict[str, Any]], levels: list[int]) -> str | N
     for name, s in summary.items():
         for c in levels:
             span = s.get(f"rps_vs_baseline_c{c}_range")
-            if span and (worst is None or span[1] - span[0] > worst[0]):
-                worst = (span[1] - span[0], name, c, span)
+            median = s.get(f"rps_vs_baseline_c{c}")
+            if not span or not median:
+                continue
+            spread = (span[1] - span[0]) / median  # relative: `direct` runs at ~2.7x
+            if worst is None or spread > worst[0]:
+                worst = (spread, name, c, span)
     if worst is None or worst[0] <= NOISY_SPREAD:
         return None
     _, name, c, (low, high) = worst

@@ -50,7 +50,7 @@ def finish_reason_attr(value: Any) -> str | None:
 
 
 def upstream_attrs(op: str, model: str | None, upstream: str, kind: str,
-                    base_url: str) -> dict[str, Any]:
+                   base_url: str) -> dict[str, Any]:
     """A span's attributes fixed by the upstream and model (the first group)."""
     return {
         "gen_ai.operation.name": op,
@@ -75,7 +75,7 @@ def _server_attrs(base_url: str) -> dict[str, Any]:
 
 
 def episode_attrs(episode_id: str | None, budget: int | None = None,
-                   disclosure: str | None = None, task_id: str | None = None) -> dict[str, Any]:
+                  disclosure: str | None = None, task_id: str | None = None) -> dict[str, Any]:
     """A span's attributes fixed for an episode (the second group)."""
     out: dict[str, Any] = {}
     if episode_id is not None:
@@ -89,8 +89,8 @@ def episode_attrs(episode_id: str | None, budget: int | None = None,
 
 
 def outcome_attrs(status: int, remaining: int | None,
-                   grant: tuple[int, int, bool] | None, finish_reason: str | None,
-                   error_type: str | None) -> dict[str, Any]:
+                  grant: tuple[int, int, bool] | None, finish_reason: str | None,
+                  error_type: str | None) -> dict[str, Any]:
     """A span's attributes from the call's small, repeating values (the third group)."""
     out: dict[str, Any] = {"http.response.status_code": status}
     if remaining is not None:

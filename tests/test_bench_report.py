@@ -37,3 +37,9 @@ def test_rounds_that_disagree_are_called_noisy() -> None:
     assert note is not None
     assert "row's rounds ranged 0.70x-1.25x at c=32" in note
     assert "bench/overhead.py" in note
+
+
+def test_the_spread_is_judged_relative_to_the_ratio() -> None:
+    # +-3% around 2.66x (the upstream alone against the forwarder) is not noise.
+    summary = report.summarize(_rows([1000, 1000, 1000], [2580, 2660, 2740]), [32], "base")
+    assert report.noise_note(summary, [32]) is None
