@@ -73,10 +73,8 @@ class ModelCalls:
         self.recorder = recorder
         self.metrics = metrics
         self.tracing = tracing
-        self.litellm_call = litellm_call
         names = ["x-episode-id", *(h.lower() for h in config.episodes.id_headers)]
         self.id_headers = tuple(dict.fromkeys(n.encode() for n in names))
-        self.strip_headers = DROP_REQUEST_HEADERS | set(self.id_headers)
         self._store_down_logged_at = float("-inf")
         self.auth_keys = frozenset(f"Bearer {k}".encode() for k in config.auth.keys)
         self.uncounted = tuple(config.episodes.uncounted_models)
@@ -85,7 +83,8 @@ class ModelCalls:
         self.max_body = config.server.max_body_bytes
         self.fail_open = config.store.on_unavailable == "fail_open"
         self.upstream = UpstreamCall(
-            pool, metrics, tracing, litellm_call, strip_headers=self.strip_headers,
+            pool, metrics, tracing, litellm_call,
+            strip_headers=DROP_REQUEST_HEADERS | set(self.id_headers),
             auth_keys=self.auth_keys, episode_headers=self._episode_headers, settle=self._settle)
 
     # -- entry -------------------------------------------------------------------------------
