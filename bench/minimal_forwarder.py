@@ -81,7 +81,7 @@ def main() -> None:
     parser.add_argument("--host", default="127.0.0.1")
     parser.add_argument("--port", type=int, default=8001)
     args = parser.parse_args()
-    # The same uvicorn settings as `budgetproxy serve` (budgetproxy/server.py).
+    # The same uvicorn settings as `budgetproxy serve` (budgetproxy/serve/server.py).
     uvicorn.run(
         create_app(args.upstream),
         host=args.host,

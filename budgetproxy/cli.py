@@ -85,7 +85,7 @@ def _serve(args: argparse.Namespace) -> int:
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: "
                         "%(message)s")
     if config.server.workers > 1:
-        from budgetproxy.workers import run_workers
+        from budgetproxy.serve.workers import run_workers
 
         # Set before any worker imports prometheus_client, which reads it at import time. A
         # directory made here is removed on exit; one the user named is theirs to keep.
@@ -97,7 +97,7 @@ def _serve(args: argparse.Namespace) -> int:
         finally:
             if own_dir is not None:
                 shutil.rmtree(own_dir, ignore_errors=True)
-    from budgetproxy.server import run_foreground
+    from budgetproxy.serve.server import run_foreground
 
     return run_foreground(config)
 

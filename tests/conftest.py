@@ -19,7 +19,7 @@ import pytest
 from hypothesis import settings
 
 from budgetproxy.config import load_config
-from budgetproxy.server import ProxyServer
+from budgetproxy.serve.server import ProxyServer
 from budgetproxy.testing import FakeUpstream
 
 # Two shared cores: a per-example deadline would only measure the neighbours' load.

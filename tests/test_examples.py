@@ -18,7 +18,7 @@ from budgetproxy.analysis.passk import budgetmix_candidates
 from budgetproxy.config import load_config
 from budgetproxy.demo.frozenlake import TASKS
 from budgetproxy.demo.model_server import ModelServer
-from budgetproxy.server import ProxyServer
+from budgetproxy.serve.server import ProxyServer
 
 EXAMPLES = Path(__file__).resolve().parent.parent / "examples"
 TASK = {t.task_id: t for t in TASKS}

@@ -14,7 +14,7 @@ from typing import Any
 from budgetproxy.analysis.db import InputError, sql_str
 from budgetproxy.analysis.load import TURN_COLUMNS
 from budgetproxy.analysis.progress import Progress
-from budgetproxy.records import SCHEMA_VERSION
+from budgetproxy.trajectories.records import SCHEMA_VERSION
 
 EPISODES_SQL = f"""
 SELECT {SCHEMA_VERSION} AS schema, 'episode' AS type, episode_id, task_id, "group", tags,

@@ -17,7 +17,7 @@ from typing import Any
 from budgetproxy.analysis import parquet
 from budgetproxy.analysis.db import InputError, connect, sql_list, sql_str
 from budgetproxy.analysis.progress import Progress
-from budgetproxy.records import SCHEMA_VERSION
+from budgetproxy.trajectories.records import SCHEMA_VERSION
 
 __all__ = [
     "EPISODE_FIELDS", "TURN_COLUMNS", "InputError", "Inputs", "ScanSummary", "connect",

@@ -10,7 +10,7 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 from budgetproxy.analysis.db import InputError, sql_str
-from budgetproxy.records import SCHEMA_VERSION
+from budgetproxy.trajectories.records import SCHEMA_VERSION
 
 Columns = dict[str, str]  # column name → DuckDB type
 

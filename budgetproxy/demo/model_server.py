@@ -30,7 +30,7 @@ from budgetproxy.demo.policies import (
     game_over,
     policy_for_model,
 )
-from budgetproxy.local_server import LocalAiohttpServer
+from budgetproxy.serve.local_server import LocalAiohttpServer
 
 _JSON = {"Content-Type": "application/json"}
 

@@ -208,7 +208,7 @@ def run_demo(s: DemoSettings, out: TextIO = sys.stdout, err: TextIO = sys.stderr
     from budgetproxy.client import BudgetClient
     from budgetproxy.demo.model_server import ModelServer
     from budgetproxy.demo.summary import BY, what_this_shows
-    from budgetproxy.server import ProxyServer
+    from budgetproxy.serve.server import ProxyServer
 
     started = time.monotonic()
     traj = s.out / "trajectories"

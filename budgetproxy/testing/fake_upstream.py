@@ -20,7 +20,7 @@ from typing import Any
 import orjson
 from aiohttp import web
 
-from budgetproxy.local_server import LocalAiohttpServer
+from budgetproxy.serve.local_server import LocalAiohttpServer
 
 __all__ = ["FakeUpstream", "Received", "main"]
 

@@ -1,0 +1,1 @@
+"""The model-call hot path: parse, account, disclose, forward upstream, relay, record."""

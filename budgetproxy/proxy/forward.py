@@ -1,0 +1,464 @@
+"""Model calls: parse, open a turn, rewrite for disclosure, forward (upstream_call.py), record."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import fnmatch
+import logging
+import time
+from collections.abc import Callable
+from typing import Any
+
+import orjson
+
+from budgetproxy.config import Config, UpstreamConfig
+from budgetproxy.core import disclosure
+from budgetproxy.core.budget import tier_label
+from budgetproxy.core.episode import EpisodeState, Grant, GrantKind, SettleResult
+from budgetproxy.core.fingerprint import Fingerprint
+from budgetproxy.core.spec import SpecError, new_episode
+from budgetproxy.core.usage import token_counts
+from budgetproxy.errors import (
+    ProxyError,
+    budget_exhausted,
+    checked_episode_id,
+    episode_finished,
+    invalid_api_key,
+    invalid_episode_id,
+    invalid_request,
+)
+from budgetproxy.proxy import synthetic
+from budgetproxy.proxy.asgi import (
+    ClientGone,
+    Receive,
+    Scope,
+    Send,
+    read_body,
+    send_error,
+    send_response,
+)
+from budgetproxy.proxy.calls import ModelCall, turn_hash, turn_record, with_stream_usage
+from budgetproxy.proxy.sse import assemble
+from budgetproxy.proxy.upstream import UpstreamPool
+from budgetproxy.proxy.upstream_call import UpstreamCall
+from budgetproxy.proxy.wire import (
+    DROP_REQUEST_HEADERS,
+    MODEL_ROUTES,
+    conversation_of,
+    encode_exact,
+    exact_payload,
+    read_reply,
+    spec_from_headers,
+    validate_payload,
+)
+from budgetproxy.store.base import EpisodeStore, StoreUnavailable
+from budgetproxy.telemetry.metrics import Metrics
+from budgetproxy.telemetry.tracing import Tracing
+from budgetproxy.trajectories.recorder import Recorder
+
+log = logging.getLogger("budgetproxy")
+
+STORE_DOWN_LOG_EVERY_S = 10.0
+
+
+class ModelCalls:
+    """The hot path for POST /v1/chat/completions, /completions, /responses, /messages."""
+
+    def __init__(
+        self,
+        config: Config,
+        pool: UpstreamPool,
+        store: EpisodeStore,
+        recorder: Recorder,
+        metrics: Metrics | None,
+        tracing: Tracing,
+        litellm_call: Callable[..., Any] | None = None,
+    ) -> None:
+        self.cfg = config
+        self.pool = pool
+        self.store = store
+        self.recorder = recorder
+        self.metrics = metrics
+        self.tracing = tracing
+        names = ["x-episode-id", *(h.lower() for h in config.episodes.id_headers)]
+        self.id_headers = tuple(dict.fromkeys(n.encode() for n in names))
+        self._store_down_logged_at = float("-inf")
+        self.auth_keys = frozenset(f"Bearer {k}".encode() for k in config.auth.keys)
+        self.uncounted = tuple(config.episodes.uncounted_models)
+        self.budget_cfg = config.budget
+        self.disc_cfg = config.disclosure
+        self.max_body = config.server.max_body_bytes
+        self.fail_open = config.store.on_unavailable == "fail_open"
+        self.upstream = UpstreamCall(
+            pool, metrics, tracing, litellm_call,
+            strip_headers=DROP_REQUEST_HEADERS | set(self.id_headers),
+            auth_keys=self.auth_keys, episode_headers=self._episode_headers, settle=self._settle)
+
+    # -- entry -------------------------------------------------------------------------------
+    async def handle(
+        self, scope: Scope, receive: Receive, send: Send, route: str, path_episode: str | None
+    ) -> None:
+        call = ModelCall(route, MODEL_ROUTES[route])
+        try:
+            await self._handle(call, scope, receive, send, path_episode)
+        except ClientGone:
+            call.http_status = 499
+        except ProxyError as e:
+            call.http_status = e.status
+            if not call.started:
+                await send_error(send, e, self._episode_headers(call))
+        except asyncio.CancelledError:
+            raise
+        except Exception:
+            log.exception("unexpected error on %s", route)
+            call.http_status = 500
+            if not call.started:
+                await send_error(
+                    send,
+                    ProxyError(500, "internal_error", "The proxy failed on this request; "
+                               "it has been logged.", type_="api_error"),
+                )
+        finally:
+            if self.metrics is not None:
+                total = time.perf_counter() - call.t0
+                duration, overhead, requests = self.metrics.call_children(route,
+                                                                          call.http_status)
+                duration.observe(total)
+                requests.inc()
+                if call.upstream is not None:
+                    overhead.observe(max(0.0, total - call.t_upstream))
+
+    def _episode_id(self, headers: dict[bytes, bytes], path_episode: str | None) -> str | None:
+        eid: str | None = None
+        for name in self.id_headers:
+            raw = headers.get(name)
+            if raw is not None:  # an empty id is a bad id, not none: it would go uncounted
+                eid = raw.decode("latin-1")
+                break
+        if path_episode is not None:
+            if eid is not None and eid != path_episode:
+                raise invalid_episode_id(
+                    f"Episode id in the header ({eid!r}) differs from the one in the path "
+                    f"({path_episode!r})"
+                )
+            eid = path_episode
+        return None if eid is None else checked_episode_id(eid)
+
+    def _one_id_each(self, raw_headers: list[tuple[bytes, bytes]]) -> None:
+        """An id header sent twice with different ids names no one episode: a 400, as a header
+        and a path that disagree are (the last line used to win, silently)."""
+        seen: dict[bytes, bytes] = {}
+        for name, value in raw_headers:
+            if name in self.id_headers and seen.setdefault(name, value) != value:
+                raise invalid_episode_id(
+                    f"{name.decode('latin-1')} is sent twice with different episode ids "
+                    f"({seen[name].decode('latin-1')!r}, {value.decode('latin-1')!r})")
+
+    async def _handle(
+        self, call: ModelCall, scope: Scope, receive: Receive, send: Send, path_episode: str | None
+    ) -> None:
+        headers: dict[bytes, bytes] = dict(scope["headers"])
+        if self.auth_keys and headers.get(b"authorization") not in self.auth_keys:
+            raise invalid_api_key()
+        if len(headers) < len(scope["headers"]):  # a header sent twice: the dict kept the last
+            self._one_id_each(scope["headers"])
+        eid = self._episode_id(headers, path_episode)
+        body = await read_body(receive, headers, self.max_body)
+        payload = validate_payload(call.kind, body)
+        call.model = model = payload["model"]
+        call.stream = payload.get("stream") is True
+        upstream = self.pool.route(model)
+        if upstream is None:
+            raise ProxyError(404, "model_not_found", f"No upstream serves model {model!r}",
+                             param="model")
+        if eid is None and self.cfg.episodes.require_id:
+            raise ProxyError(
+                400, "episode_id_required",
+                "This proxy requires an episode id (X-Episode-Id header or /episodes/{id}/v1 "
+                "path prefix)", param="episode_id",
+            )
+        counted = eid is not None and not (
+            self.uncounted and any(fnmatch.fnmatchcase(model, p) for p in self.uncounted)
+        )
+        call.episode_id = eid
+        if not counted:
+            if self.metrics is not None:
+                m = self.metrics
+                m.child(m.calls_without_episode, call.route).inc()
+            await self._forward(call, upstream, headers, body, payload, receive, send,
+                                conversation=None)
+            return
+        assert eid is not None
+        conversation = conversation_of(call.kind, payload)
+        if call.kind == "responses":
+            prev = payload.get("previous_response_id")
+            call.previous_response = prev if isinstance(prev, str) and prev else None
+        grant, st = await self._open_turn(call, eid, headers, body, conversation)
+        if grant is None:  # store down, fail_open
+            await self._forward(call, upstream, headers, body, payload, receive, send,
+                                conversation=None)
+            return
+        if grant.kind is GrantKind.FINISHED:
+            raise episode_finished(eid)
+        if grant.kind is GrantKind.EXHAUSTED:
+            await self._exhausted(call, st, send, payload, conversation)
+            return
+        if st.disclosure == "disclosed" and call.kind == "chat":
+            exact = self._exact(call, body, payload)
+            if exact is not None:
+                payload, conversation = exact, conversation_of(call.kind, exact)
+            # Earlier texts go back only where this conversation still extends the one they
+            # were placed in: a client that rewrote its history gets none on what it replaced.
+            cfg = self.disc_cfg
+            call.disclosure_text, payload["messages"] = disclosure.disclose(
+                conversation, cfg.template, cfg.placement, grant.turn, st.budget,
+                st.announced_budget, grant.disclosed_at,
+                call.prints if cfg.history == "keep" else None)
+            body = b""  # re-encode below
+        await self._forward(call, upstream, headers, body, payload, receive, send,
+                            conversation=conversation)
+
+    async def _open_turn(
+        self, call: ModelCall, eid: str, headers: dict[bytes, bytes], body: bytes,
+        conversation: list[Any],
+    ) -> tuple[Grant | None, EpisodeState]:
+        now = time.time()
+
+        def fresh() -> EpisodeState:
+            try:
+                st = new_episode(spec_from_headers(eid, headers), self.budget_cfg,
+                                 self.disc_cfg, now)
+            except SpecError as e:
+                raise invalid_request(str(e), e.param) from None
+            st.model = call.model
+            return st
+
+        count = len(conversation)
+        keep = call.kind == "chat" and self.disc_cfg.history == "keep"
+        index = disclosure.placement_index(self.disc_cfg.placement, count) if keep else None
+        # The digest of what this turn sends: the log and history-keep disclosure compare
+        # the next turn's conversation with it (one write and one hash of the messages).
+        if self.recorder.keeps_turns or keep:
+            call.prints = Fingerprint(conversation)
+        fingerprint = call.prints.digest() if call.prints is not None else None
+        try:
+            opened = await self.store.open_turn(
+                eid, fresh, turn_hash(call.route, body), now,
+                free_retries=self.budget_cfg.free_retries_per_turn,
+                message_count=count, disclosure_index=index, model=call.model,
+                fingerprint=fingerprint,
+            )
+        except StoreUnavailable:
+            policy = "fail_open" if self.fail_open else "fail_closed"
+            if self.metrics is not None:
+                self.metrics.store_unavailable.labels(policy).inc()
+            if now - self._store_down_logged_at >= STORE_DOWN_LOG_EVERY_S:
+                # once in a while, not per call: an outage would otherwise flood the log
+                self._store_down_logged_at = now
+                log.warning("episode store unavailable: model calls are %s (%s)",
+                            "forwarded without accounting" if self.fail_open
+                            else "answered 503 store_unavailable", policy)
+            if self.fail_open:
+                return None, fresh()
+            raise ProxyError(503, "store_unavailable",
+                             "The episode store is unavailable; try again shortly") from None
+        if opened.created:
+            await self.recorder.episode_started(opened.state)
+        call.state = opened.state
+        call.grant = opened.grant
+        return opened.grant, opened.state
+
+    # -- budget spent --------------------------------------------------------------------------
+    async def _exhausted(
+        self, call: ModelCall, st: EpisodeState, send: Send, payload: dict[str, Any],
+        conversation: list[Any],
+    ) -> None:
+        if self.metrics is not None:
+            self.metrics.budget_exhausted.labels(tier_label(st.budget, st.max_turns),
+                                                 st.disclosure).inc()
+        call.status = "rejected"
+        finish_mode = self.budget_cfg.on_exhausted == "finish" and call.kind in (
+            "chat", "completions")
+        call.http_status = 200 if finish_mode else 403
+        await self._record_turn(call, conversation, None, charged=False)
+        if not finish_mode:
+            raise budget_exhausted(st.episode_id, st.budget)
+        ctype, data = synthetic.reply(call.kind, call.model or "", self.budget_cfg.finish_reason,
+                                      call.stream, payload.get("stream_options"))
+        call.started = True
+        await send_response(send, 200, [(b"content-type", ctype), *self._episode_headers(call),
+                                        (b"x-episode-exhausted", b"true")], data)
+
+    # -- forwarding ----------------------------------------------------------------------------
+    def _settled(self, call: ModelCall, charged: bool) -> tuple[bool, int | None]:
+        """Whether a turn reserved as `charged` stays charged once settled (a refunded one does
+        not), and the turns its episode has left after it: what its log record and span say."""
+        st = call.state
+        if st is None:
+            return charged, None
+        if charged and self._refunded(call):
+            return False, min(st.budget, st.remaining + 1)
+        return charged, st.remaining
+
+    def _refunded(self, call: ModelCall) -> bool:
+        """Whether settling gives this call's turn back (core.episode.settle's rule)."""
+        return (
+            call.result is SettleResult.REFUNDABLE and call.grant is not None
+            and call.grant.charged and not self.budget_cfg.count_failed_turns
+        )
+
+    def _episode_headers(self, call: ModelCall) -> list[tuple[bytes, bytes]]:
+        st, grant = call.state, call.grant
+        if st is None or call.episode_id is None:
+            return []
+        # A refused call is reported as the turn it would have been, as in its log record.
+        turn = grant.turn if grant is not None and grant.kind is GrantKind.FORWARD else (
+            st.turns_used + 1)
+        out = [(b"x-episode-id", call.episode_id.encode()), (b"x-episode-turn", b"%d" % turn)]
+        mode = self.cfg.episodes.budget_headers
+        if mode == "always" or (mode == "disclosed_only" and st.disclosure == "disclosed"):
+            remaining = st.remaining
+            if self._refunded(call):
+                remaining = min(st.budget, remaining + 1)
+            out.append((b"x-episode-budget", b"%d" % st.budget))
+            out.append((b"x-episode-remaining", b"%d" % remaining))
+        return out
+
+    async def _forward(
+        self, call: ModelCall, upstream: UpstreamConfig, headers: dict[bytes, bytes], body: bytes,
+        payload: dict[str, Any], receive: Receive, send: Send, *,
+        conversation: list[Any] | None,
+    ) -> None:
+        call.upstream = upstream
+        drop_usage = False
+        if call.stream and upstream.inject_stream_usage and call.kind in ("chat", "completions"):
+            so = payload.get("stream_options")
+            if body and "stream_options" not in payload:
+                # Added to the body's bytes, which stay as sent: no re-encoding, and no walk of
+                # the payload for integers re-encoding would change.
+                body = with_stream_usage(body)
+                payload["stream_options"] = {"include_usage": True}
+                drop_usage = True
+            elif not (isinstance(so, dict) and so.get("include_usage")):
+                exact = self._exact(call, body, payload) if body else None
+                if exact is not None:
+                    payload, so = exact, exact.get("stream_options")
+                    if conversation is not None:
+                        conversation = conversation_of(call.kind, exact)
+                payload["stream_options"] = {**(so if isinstance(so, dict) else {}),
+                                             "include_usage": True}
+                drop_usage = True
+                body = b""
+        call.conversation = conversation
+        call.span = self.tracing.start(call.kind, call.model, headers, call.episode_id)
+        try:
+            if not body:
+                body = self._encode(call, payload)
+            if upstream.kind == "litellm":
+                await self.upstream.litellm(call, upstream, payload, send)
+            else:
+                await self.upstream.http(call, upstream, headers, body, receive, send,
+                                         drop_usage)
+        except asyncio.CancelledError:
+            # The server cancels calls still running at its shutdown deadline; one whose answer
+            # had not begun gets a 503 (app.py) and, like an upstream failure, its turn back.
+            if not call.started:
+                call.refuse(503)
+            raise
+        finally:
+            await self._settle(call)
+            reply = await self._after(call)
+            if call.ended is not None:  # after its last turn's record
+                await self.recorder.episode_ended(call.ended)
+            if call.span is not None and call.span.sampled:
+                grant = call.grant
+                charged, remaining = self._settled(call, grant is not None and grant.charged)
+                self.tracing.finish(
+                    call.span, kind=call.kind, model=call.model, upstream=upstream,
+                    episode_id=call.episode_id, state=call.state, grant=grant,
+                    charged=charged, remaining=remaining,
+                    status=call.http_status, error_class=call.error_class, reply=reply,
+                    conversation=conversation,
+                )
+
+    @staticmethod
+    def _exact(call: ModelCall, body: bytes, payload: dict[str, Any]) -> dict[str, Any] | None:
+        """The payload to rewrite, read again when orjson's reading lost an integer's
+        digits (the rewrite must not change what it does not touch); None: `payload` is."""
+        exact = exact_payload(body, payload)
+        call.exact = exact is not None
+        return exact
+
+    @staticmethod
+    def _encode(call: ModelCall, payload: dict[str, Any]) -> bytes:
+        """The rewritten body's bytes. What the proxy parsed it can write, except nesting past
+        orjson's 254 levels (in a body with no integer past 64 bits, which the standard
+        library writes instead): that call is refused, its turn given back, its record kept."""
+        try:
+            return orjson.dumps(payload)
+        except (TypeError, ValueError):
+            pass
+        if call.exact:  # integers past 64 bits, which only the standard library writes
+            with contextlib.suppress(ValueError, RecursionError):
+                return encode_exact(payload)
+        call.refuse(400)
+        raise invalid_request("Request body nests arrays and objects too deeply to be "
+                              "rewritten (at most 254 levels)")
+
+    # -- after the response --------------------------------------------------------------------
+    async def _settle(self, call: ModelCall) -> None:
+        grant = call.grant
+        if grant is None or call.episode_id is None or grant.kind is not GrantKind.FORWARD:
+            return
+        if call.settled:
+            return
+        call.settled = True
+        try:
+            closed = await self.store.close_turn(
+                call.episode_id, grant, call.result, time.time(),
+                count_failed=self.budget_cfg.count_failed_turns,
+            )
+            if closed.ended:  # the episode ended meanwhile and waited for this turn
+                call.ended = closed.state
+        except StoreUnavailable:
+            log.warning("store unavailable while settling turn of %s", call.episode_id)
+
+    async def _after(self, call: ModelCall) -> dict[str, Any]:
+        """Read the reply back for tokens and the log; runs once the client has its answer."""
+        reply: dict[str, Any] = {"message": None, "finish_reason": None, "usage": None}
+        try:
+            if call.events is not None:
+                reply = assemble(call.events)
+            elif call.data:
+                reply = read_reply(call.kind, call.data)
+        except Exception:  # an odd reply costs its details in the log, never its record
+            log.warning("could not read back the reply to %s (%s); its turn is logged without "
+                        "it", call.route, call.episode_id, exc_info=True)
+        usage = reply.get("usage")
+        m = self.metrics
+        if m is not None and isinstance(usage, dict):
+            tokens_in, tokens_out = m.token_children(call.model)
+            tin, tout = token_counts(usage)
+            if tin is not None:
+                tokens_in.inc(tin)
+            if tout is not None:
+                tokens_out.inc(tout)
+        grant, st = call.grant, call.state
+        if grant is None or st is None:
+            return reply
+        charged = grant.charged and not self._refunded(call)
+        if charged and m is not None:
+            m.turns_child(st.budget, st.max_turns, st.disclosure).inc()
+        await self._record_turn(call, call.conversation, reply, charged=grant.charged)
+        return reply
+
+    async def _record_turn(
+        self, call: ModelCall, conversation: list[Any] | None, reply: dict[str, Any] | None,
+        *, charged: bool,
+    ) -> None:
+        st = call.state
+        if st is None or call.episode_id is None or not self.recorder.keeps_turns:
+            return
+        charged, remaining = self._settled(call, charged)
+        await self.recorder.turn(turn_record(call, st, conversation, reply, charged, remaining))

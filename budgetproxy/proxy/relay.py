@@ -1,0 +1,102 @@
+"""Relaying an upstream SSE stream: each event goes out as it arrives, inspected on the side."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import time
+from dataclasses import dataclass, field
+from enum import StrEnum
+
+import aiohttp
+
+from budgetproxy.proxy.asgi import Receive, Send
+from budgetproxy.proxy.sse import EventSplitter, event_data, is_usage_only
+
+
+class StreamEnd(StrEnum):
+    COMPLETE = "complete"
+    CLIENT_GONE = "client_gone"  # the client disconnected; the upstream call was cancelled
+    BROKEN = "broken"  # the upstream failed mid-stream
+
+
+@dataclass
+class Relayed:
+    end: StreamEnd = StreamEnd.COMPLETE
+    events: list[bytes] = field(default_factory=list)  # every event, dropped ones included
+    started: bool = False  # response head sent
+    sent_body: bool = False  # at least one event reached the client
+    first_sent_at: float | None = None  # perf_counter() of the first event sent
+    done_sent: bool = False  # the stream's `data: [DONE]` reached the client
+
+
+async def relay_stream(
+    resp: aiohttp.ClientResponse,
+    receive: Receive,
+    send: Send,
+    head: list[tuple[bytes, bytes]],
+    *,
+    drop_usage: bool,
+) -> Relayed:
+    """Send `resp`'s events to the client as they arrive; nothing is held back but a partial
+    event. With `drop_usage`, the usage-only chunk the proxy asked for is not passed on.
+
+    A client disconnect cancels the upstream read at once. On a break before any event was
+    sent, nothing has been sent at all, so the caller can still answer with an error.
+    """
+    out = Relayed()
+    splitter = EventSplitter()
+    task = asyncio.current_task()
+    gone = False
+
+    async def watch() -> None:
+        nonlocal gone
+        while True:
+            msg = await receive()
+            if msg["type"] == "http.disconnect":
+                gone = True
+                if task is not None:
+                    task.cancel()
+                return
+
+    watcher = asyncio.create_task(watch())
+    try:
+        async for data in resp.content.iter_any():
+            chunk = []
+            for ev in splitter.feed(data):
+                out.events.append(ev)
+                if not (drop_usage and is_usage_only(ev)):
+                    chunk.append(ev)
+            if not chunk:
+                continue
+            if not out.started:
+                out.started = True
+                out.first_sent_at = time.perf_counter()
+                await send({"type": "http.response.start", "status": 200, "headers": head})
+            body = b"".join(chunk)
+            await send({"type": "http.response.body", "body": body, "more_body": True})
+            out.sent_body = True
+            if event_data(chunk[-1]) == b"[DONE]":
+                out.done_sent = True
+        rest = splitter.rest()
+        if rest:
+            out.events.append(rest)
+        if not out.started:
+            out.started = True
+            await send({"type": "http.response.start", "status": 200, "headers": head})
+        await send({"type": "http.response.body", "body": rest, "more_body": False})
+    except asyncio.CancelledError:
+        if not gone:
+            raise
+        # A client that hangs up once it has [DONE] got the whole answer.
+        out.end = StreamEnd.COMPLETE if out.done_sent else StreamEnd.CLIENT_GONE
+    except (TimeoutError, aiohttp.ClientError):
+        out.end = StreamEnd.BROKEN
+        if out.started:
+            with contextlib.suppress(Exception):
+                await send({"type": "http.response.body", "body": b"", "more_body": False})
+    finally:
+        watcher.cancel()
+        if gone and task is not None:
+            task.uncancel()
+    return out

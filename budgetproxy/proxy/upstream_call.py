@@ -1,0 +1,200 @@
+"""A model call's upstream leg: its request sent (aiohttp, or the litellm adapter) and the
+answer relayed to the client, streams event by event as they arrive."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Awaitable, Callable
+from typing import Any
+
+import aiohttp
+
+from budgetproxy.config import UpstreamConfig
+from budgetproxy.core.episode import SettleResult
+from budgetproxy.errors import ProxyError
+from budgetproxy.proxy.asgi import Receive, Send, send_response
+from budgetproxy.proxy.calls import ModelCall
+from budgetproxy.proxy.relay import StreamEnd, relay_stream
+from budgetproxy.proxy.sse import EventSplitter
+from budgetproxy.proxy.upstream import UpstreamPool
+from budgetproxy.proxy.wire import DROP_RESPONSE_HEADERS
+from budgetproxy.telemetry.metrics import Metrics
+from budgetproxy.telemetry.tracing import Tracing
+
+
+class UpstreamCall:
+    """Sends model calls upstream and relays the answers; what a call learns on the way (its
+    status, upstream time, failure class, the events or body it got) is left on its ModelCall.
+
+    `episode_headers(call)` are the X-Episode-* headers its answer carries; `settle(call)`
+    settles its turn, which a refundable answer does before the client has it (a retry the
+    client sends at once must find the turn given back)."""
+
+    def __init__(
+        self, pool: UpstreamPool, metrics: Metrics | None, tracing: Tracing,
+        litellm_call: Callable[..., Any] | None, *, strip_headers: frozenset[bytes],
+        auth_keys: frozenset[bytes],
+        episode_headers: Callable[[ModelCall], list[tuple[bytes, bytes]]],
+        settle: Callable[[ModelCall], Awaitable[None]],
+    ) -> None:
+        self.pool = pool
+        self.metrics = metrics
+        self.tracing = tracing
+        self.litellm_call = litellm_call
+        self.strip_headers = strip_headers
+        self.auth_keys = auth_keys
+        self.episode_headers = episode_headers
+        self.settle = settle
+
+    async def http(
+        self, call: ModelCall, upstream: UpstreamConfig, headers: dict[bytes, bytes], body: bytes,
+        receive: Receive, send: Send, drop_usage: bool,
+    ) -> None:
+        url = upstream.base_url + call.route[3:]
+        t_up = time.perf_counter()
+        try:
+            out_headers = self.request_headers(headers, upstream)
+            self.tracing.inject(call.span, out_headers)
+            resp = await self.pool.session.post(
+                url, data=body, headers=out_headers, timeout=self.pool.timeout(upstream)
+            )
+        except (TimeoutError, aiohttp.ServerTimeoutError):
+            self._fail(call, "timeout", t_up)
+            raise ProxyError(504, "upstream_timeout",
+                             f"Upstream {upstream.name!r} timed out") from None
+        except (aiohttp.ClientError, OSError) as e:
+            self._fail(call, "connect", t_up)
+            raise ProxyError(502, "upstream_unreachable",
+                             f"Upstream {upstream.name!r} is unreachable: {e}") from None
+        try:
+            ctype = resp.headers.get("content-type", "")
+            if call.stream and resp.status == 200 and ctype.startswith("text/event-stream"):
+                await self._relay_stream(call, resp, receive, send, drop_usage, t_up)
+                return
+            try:
+                data = await resp.read()
+            except (TimeoutError, aiohttp.ClientError) as e:
+                cls = "timeout" if isinstance(e, TimeoutError) else "connect"
+                self._fail(call, cls, t_up)
+                raise ProxyError(502, "upstream_unreachable",
+                                 f"Upstream {upstream.name!r} failed mid-response") from None
+            call.t_upstream = time.perf_counter() - t_up
+            call.http_status = resp.status
+            self._classify(call, resp.status)
+            out = self._response_headers(resp, call)
+            call.started = True
+            if call.result is SettleResult.REFUNDABLE:
+                await self.settle(call)
+            await send_response(send, resp.status, out, data)
+            call.sent_body = True
+        finally:
+            resp.release()
+        self._observe_upstream(call)
+        call.data = data
+
+    async def litellm(
+        self, call: ModelCall, upstream: UpstreamConfig, payload: dict[str, Any], send: Send
+    ) -> None:
+        if self.litellm_call is None:
+            raise ProxyError(500, "litellm_unavailable", "litellm upstream is not set up")
+        t = time.perf_counter()
+        status, data = await self.litellm_call(upstream, payload, call.stream)
+        call.t_upstream = time.perf_counter() - t
+        call.http_status = status
+        self._classify(call, status)
+        call.started = True
+        ctype = b"text/event-stream" if call.stream and status == 200 else b"application/json"
+        await send_response(send, status, [(b"content-type", ctype),
+                                           *self.episode_headers(call)], data)
+        call.sent_body = True
+        self._observe_upstream(call)
+        if call.stream:
+            call.events = EventSplitter().feed(data)
+        else:
+            call.data = data
+
+    def request_headers(
+        self, headers: dict[bytes, bytes], upstream: UpstreamConfig
+    ) -> dict[str, str]:
+        out: dict[str, str] = {}
+        strip = self.strip_headers
+        for k, v in headers.items():
+            if k in strip or k.startswith(b"x-episode-"):
+                continue
+            out[k.decode("latin-1")] = v.decode("latin-1")
+        out["content-type"] = "application/json"
+        if upstream.api_key:
+            out["authorization"] = f"Bearer {upstream.api_key}"
+        elif not self.auth_keys:
+            auth = headers.get(b"authorization")
+            if auth:
+                out["authorization"] = auth.decode("latin-1")
+            key = headers.get(b"x-api-key")
+            if key:
+                out["x-api-key"] = key.decode("latin-1")
+        return out
+
+    async def _relay_stream(
+        self, call: ModelCall, resp: aiohttp.ClientResponse, receive: Receive, send: Send,
+        drop_usage: bool, t_up: float,
+    ) -> None:
+        head = self._response_headers(resp, call)
+        relayed = await relay_stream(resp, receive, send, head, drop_usage=drop_usage)
+        call.started = relayed.started
+        call.sent_body = relayed.sent_body
+        call.events = relayed.events
+        call.t_upstream = time.perf_counter() - t_up
+        if relayed.end is StreamEnd.CLIENT_GONE:
+            call.status = "upstream_error"
+            call.http_status = 499
+            if not call.sent_body:
+                call.result = SettleResult.REFUNDABLE
+        elif relayed.end is StreamEnd.BROKEN:
+            call.error_class = "stream_broken"
+            call.status = "upstream_error"
+            call.result = SettleResult.BROKEN if call.sent_body else SettleResult.REFUNDABLE
+        self._observe_upstream(call)
+        if relayed.end is StreamEnd.BROKEN and not call.started:
+            call.http_status = 502
+            raise ProxyError(502, "upstream_unreachable",
+                             "Upstream stream ended before sending any data")
+        if relayed.first_sent_at is not None and self.metrics is not None:
+            call.ttft = relayed.first_sent_at - call.t0
+            m = self.metrics
+            m.child(m.ttft, m.model_label(call.model)).observe(call.ttft)
+
+    def _response_headers(
+        self, resp: aiohttp.ClientResponse, call: ModelCall
+    ) -> list[tuple[bytes, bytes]]:
+        out = [
+            (k.lower().encode("latin-1"), v.encode("latin-1"))
+            for k, v in resp.headers.items()
+            if k.lower() not in DROP_RESPONSE_HEADERS
+        ]
+        out.extend(self.episode_headers(call))
+        return out
+
+    def _classify(self, call: ModelCall, status: int) -> None:
+        if status == 429 or status >= 500:
+            call.result = SettleResult.REFUNDABLE
+            call.status = "upstream_error"
+            call.error_class = "status_429" if status == 429 else "status_5xx"
+        elif status >= 400:
+            call.status = "upstream_error"
+            call.error_class = "status_4xx"
+
+    def _fail(self, call: ModelCall, cls: str, t_up: float) -> None:
+        call.t_upstream = time.perf_counter() - t_up
+        call.result = SettleResult.REFUNDABLE
+        call.status = "upstream_error"
+        call.error_class = cls
+        call.http_status = 504 if cls == "timeout" else 502
+        self._observe_upstream(call)
+
+    def _observe_upstream(self, call: ModelCall) -> None:
+        m = self.metrics
+        if m is None or call.upstream is None:
+            return
+        m.child(m.upstream_duration, call.upstream.name).observe(call.t_upstream)
+        if call.error_class is not None:
+            m.upstream_errors.labels(call.upstream.name, call.error_class).inc()

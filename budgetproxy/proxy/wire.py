@@ -1,0 +1,197 @@
+"""What a model call carries: routes, payload checks, episode headers, the reply read back."""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+import orjson
+
+from budgetproxy.core.budget import TURNS_MAX
+from budgetproxy.core.spec import EpisodeSpec
+from budgetproxy.errors import invalid_request
+
+MODEL_ROUTES: dict[str, str] = {
+    "/v1/chat/completions": "chat",
+    "/v1/completions": "completions",
+    "/v1/responses": "responses",
+    "/v1/messages": "messages",
+}
+DROP_REQUEST_HEADERS = frozenset(
+    {
+        b"host", b"content-length", b"connection", b"keep-alive", b"transfer-encoding", b"te",
+        b"trailer", b"upgrade", b"proxy-authorization", b"proxy-connection", b"authorization",
+        b"accept-encoding", b"x-api-key", b"expect",
+    }
+)
+DROP_RESPONSE_HEADERS = frozenset(
+    {
+        "content-length", "content-encoding", "transfer-encoding", "connection", "keep-alive",
+        "date", "server",
+    }
+)
+_SPEC_HEADERS = {
+    "budget": b"x-episode-budget",
+    "max_turns": b"x-episode-max-turns",
+    "announced_budget": b"x-episode-announced-budget",
+}
+
+
+def _int_header(headers: dict[bytes, bytes], name: bytes, param: str) -> int | None:
+    raw = headers.get(name)
+    if raw is None or raw == b"":
+        return None
+    digits = raw.strip()
+    if not digits.isdigit():  # bytes.isdigit: ASCII digits only (no sign, "_" or spaces)
+        raise invalid_request(
+            f"Header {name.decode().title()} must be a positive integer, "
+            f"got {raw.decode('latin-1')!r}", param)
+    value = int(digits)
+    if not 1 <= value <= TURNS_MAX:
+        raise invalid_request(
+            f"Header {name.decode().title()} must be between 1 and {TURNS_MAX}", param)
+    return value
+
+
+def _text_header(headers: dict[bytes, bytes], name: bytes, param: str) -> str | None:
+    raw = headers.get(name)
+    if not raw:
+        return None
+    try:
+        return raw.decode()
+    except UnicodeDecodeError:
+        raise invalid_request(f"Header {name.decode().title()} must be UTF-8 text",
+                              param) from None
+
+
+def spec_from_headers(episode_id: str, headers: dict[bytes, bytes]) -> EpisodeSpec:
+    arm_raw = headers.get(b"x-episode-disclosure")
+    arm = arm_raw.decode("latin-1").strip().lower() if arm_raw else None
+    if arm not in (None, "hidden", "disclosed"):
+        raise invalid_request(
+            f"Header X-Episode-Disclosure must be 'hidden' or 'disclosed', got {arm!r}",
+            "disclosure",
+        )
+    task = _text_header(headers, b"x-episode-task", "task_id")
+    group = _text_header(headers, b"x-episode-group", "group")
+    return EpisodeSpec(
+        episode_id=episode_id,
+        budget=_int_header(headers, _SPEC_HEADERS["budget"], "budget"),
+        max_turns=_int_header(headers, _SPEC_HEADERS["max_turns"], "max_turns"),
+        announced_budget=_int_header(
+            headers, _SPEC_HEADERS["announced_budget"], "announced_budget"
+        ),
+        task_id=task,
+        group=group,
+        disclosure=arm,  # type: ignore[arg-type]
+    )
+
+
+def validate_payload(kind: str, body: bytes) -> dict[str, Any]:
+    try:
+        payload = orjson.loads(body)
+    except orjson.JSONDecodeError as e:
+        raise invalid_request(f"Request body is not valid JSON: {e}") from None
+    if not isinstance(payload, dict):
+        raise invalid_request("Request body must be a JSON object")
+    model = payload.get("model")
+    if not isinstance(model, str) or not model:
+        raise invalid_request("'model' is required and must be a non-empty string", "model")
+    if kind in ("chat", "messages"):
+        messages = payload.get("messages")
+        if not isinstance(messages, list) or not messages:
+            raise invalid_request(
+                "'messages' is required and must be a non-empty array", "messages"
+            )
+        for i, m in enumerate(messages):
+            if not isinstance(m, dict) or not isinstance(m.get("role"), str):
+                raise invalid_request(
+                    f"messages[{i}] must be an object with a string 'role'", f"messages[{i}]"
+                )
+    elif kind == "completions" and "prompt" not in payload:
+        raise invalid_request("'prompt' is required", "prompt")
+    elif kind == "responses" and "input" not in payload:
+        raise invalid_request("'input' is required", "input")
+    stream = payload.get("stream")
+    if stream is not None and not isinstance(stream, bool):
+        raise invalid_request("'stream' must be a boolean", "stream")
+    return payload
+
+
+# orjson reads an integer outside [-2**63, 2**64) as a float; only such floats can stand for one.
+_LOSSY_FLOAT = float(1 << 63)
+
+
+def exact_payload(body: bytes, payload: dict[str, Any]) -> dict[str, Any] | None:
+    """The body read again keeping every integer exact, when orjson's reading of it (the
+    `payload`) turned one past 64 bits into a float; None when that reading is exact.
+
+    Only a body the proxy re-encodes needs this (a seed, or a schema default, must reach the
+    upstream as sent); one that is forwarded as is keeps its bytes anyway. The check walks
+    the parsed values, not the bytes: its cost follows the number of values, not the size of
+    the texts and images they carry.
+    """
+    if not _has_lossy_float(payload):
+        return None
+    try:
+        exact = json.loads(body)
+    except (RecursionError, ValueError):  # deeper than the stdlib parser goes: keep orjson's
+        return None
+    return exact if isinstance(exact, dict) else None
+
+
+def _has_lossy_float(payload: dict[str, Any]) -> bool:
+    stack: list[Any] = [payload]
+    pop, push = stack.pop, stack.append
+    while stack:
+        container = pop()
+        for value in container.values() if type(container) is dict else container:
+            kind = type(value)
+            if kind is str:  # most values: skipped first
+                continue
+            if kind is dict or kind is list:
+                push(value)
+            elif kind is float and not -_LOSSY_FLOAT < value < _LOSSY_FLOAT:
+                return True
+    return False
+
+
+def encode_exact(payload: dict[str, Any]) -> bytes:
+    """A payload from `exact_payload` written back: the standard library writes integers of
+    any size, which orjson refuses. Raises ValueError or RecursionError when it cannot."""
+    return json.dumps(payload, ensure_ascii=False, allow_nan=False,
+                      separators=(",", ":")).encode()
+
+
+def conversation_of(kind: str, payload: dict[str, Any]) -> list[Any]:
+    if kind in ("chat", "messages"):
+        msgs: list[Any] = payload["messages"]
+        return msgs
+    if kind == "completions":
+        return [{"role": "user", "content": payload.get("prompt")}]
+    inp = payload.get("input")
+    return inp if isinstance(inp, list) else [{"role": "user", "content": inp}]
+
+
+def read_reply(kind: str, data: bytes) -> dict[str, Any]:
+    try:
+        obj = orjson.loads(data)
+    except orjson.JSONDecodeError:
+        return {"message": None, "finish_reason": None, "usage": None}
+    if not isinstance(obj, dict):
+        return {"message": None, "finish_reason": None, "usage": None}
+    usage = obj.get("usage")
+    choices = obj.get("choices")
+    if isinstance(choices, list) and choices and isinstance(choices[0], dict):
+        c0 = choices[0]
+        if kind == "completions":
+            message: Any = {"role": "assistant", "content": c0.get("text")}
+        else:
+            message = c0.get("message")
+        return {"message": message, "finish_reason": c0.get("finish_reason"), "usage": usage}
+    if "error" in obj:
+        return {"message": None, "finish_reason": None, "usage": None, "error": obj["error"]}
+    # responses / messages APIs: keep the output as the reply
+    out = obj.get("output", obj.get("content"))
+    return {"message": {"role": "assistant", "content": out},
+            "finish_reason": obj.get("stop_reason", obj.get("status")), "usage": usage}

@@ -1,0 +1,301 @@
+"""The ASGI application: a thin dispatcher, the model-call hot path, and the lifespan."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import os
+import time
+from typing import Any
+
+from opentelemetry.sdk.trace import SpanProcessor
+from prometheus_client import CollectorRegistry
+from starlette.exceptions import HTTPException as StarletteHTTPException
+
+from budgetproxy.config import ENV_MULTIPROC_DIR, Config
+from budgetproxy.core.ids import is_valid_episode_id, split_episode_prefix
+from budgetproxy.errors import (
+    ProxyError,
+    invalid_api_key,
+    invalid_episode_id,
+    request_too_large,
+)
+from budgetproxy.proxy.asgi import Receive, Scope, Send, send_error
+from budgetproxy.proxy.forward import ModelCalls
+from budgetproxy.proxy.upstream import UpstreamPool
+from budgetproxy.proxy.wire import MODEL_ROUTES
+from budgetproxy.serve.episode_api import build_api
+from budgetproxy.store.base import EpisodeStore, StoreUnavailable
+from budgetproxy.telemetry.metrics import Metrics
+from budgetproxy.telemetry.tracing import Tracing, build_processor, tracing_wanted
+from budgetproxy.trajectories.recorder import Recorder
+from budgetproxy.trajectories.sink import JsonlSink, NullSink, TrajectorySink
+
+log = logging.getLogger("budgetproxy")
+METRICS_FLUSH_S = 1.0
+
+
+def _make_store(config: Config) -> EpisodeStore:
+    if config.store.kind == "redis":
+        from budgetproxy.store.redis import RedisStore
+
+        ep = config.episodes
+        store: EpisodeStore = RedisStore(config.store.url, prefix=config.store.key_prefix,
+                                         idle_timeout_s=ep.idle_timeout_s,
+                                         retention_s=ep.retention_s)
+        return store
+    from budgetproxy.store.memory import MemoryStore
+
+    return MemoryStore()
+
+
+def _metrics_registries(turn_buckets: int) -> tuple[Metrics, CollectorRegistry]:
+    """The metric families and the registry /metrics exposes."""
+    if not os.environ.get(ENV_MULTIPROC_DIR):
+        exposed = CollectorRegistry(auto_describe=True)
+        return Metrics(exposed, turn_buckets), exposed
+    from prometheus_client import multiprocess
+
+    # Families are still defined on a per-process registry; the exposition merges the files
+    # every worker writes, after this worker has flushed its deferred updates into its own.
+    metrics = Metrics(CollectorRegistry(), turn_buckets)
+    exposed = CollectorRegistry()
+    exposed.register(metrics.flusher())
+    multiprocess.MultiProcessCollector(exposed)  # type: ignore[no-untyped-call]
+    return metrics, exposed
+
+
+class BudgetProxy:
+    """Model calls go straight to the hot path; everything else to the FastAPI app."""
+
+    def __init__(
+        self,
+        config: Config,
+        *,
+        store: EpisodeStore | None = None,
+        sink: TrajectorySink | None = None,
+        registry: CollectorRegistry | None = None,
+        span_processor: SpanProcessor | None = None,
+    ) -> None:
+        self.config = config
+        self.store = store if store is not None else _make_store(config)
+        if sink is None:
+            t = config.trajectories
+            sink = (
+                JsonlSink(t.dir, max_file_bytes=t.max_file_bytes, gzip_rotated=t.gzip_rotated,
+                          queue_size=t.queue_size)
+                if t.enabled else NullSink()
+            )
+        self.sink = sink
+        self.metrics: Metrics | None = None
+        self.registry: CollectorRegistry | None = None
+        if config.metrics.enabled:
+            if registry is None:
+                self.metrics, self.registry = _metrics_registries(config.metrics.turn_buckets)
+            else:
+                self.metrics = Metrics(registry, config.metrics.turn_buckets)
+                self.registry = registry
+        # A processor passed in belongs to the caller; one built here is shut down here.
+        self._own_processor = span_processor is None and tracing_wanted(config.tracing)
+        if self._own_processor:
+            span_processor = build_processor(
+                self.metrics.count_spans if self.metrics is not None else None)
+            if self.metrics is not None and span_processor is not None:
+                self.metrics.touch_trace_labels()
+        self.tracing = Tracing(span_processor, capture_content=config.tracing.capture_content)
+        self.pool = UpstreamPool(config.upstreams)
+        if self.metrics is not None:
+            for u in config.upstreams:
+                self.metrics.touch_upstream_labels(u.name)
+        self.recorder = Recorder(self.sink, self.metrics, config.trajectories.content == "full")
+        litellm_call = None
+        if any(u.kind == "litellm" for u in config.upstreams):
+            from budgetproxy.proxy.litellm_adapter import call_litellm
+
+            litellm_call = call_litellm
+        self.calls = ModelCalls(config, self.pool, self.store, self.recorder, self.metrics,
+                                self.tracing, litellm_call)
+        self.api = build_api(config, self.store, self.recorder, self.pool, self.registry)
+        self._auth_keys = frozenset(f"Bearer {k}".encode() for k in config.auth.keys)
+        self._sweeper: asyncio.Task[None] | None = None
+        self._flusher: asyncio.Task[None] | None = None
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http":
+            if scope["type"] == "lifespan":
+                await self._lifespan(receive, send)
+            else:
+                await self.api(scope, receive, send)
+            return
+        try:
+            path: str = scope["path"]
+            if path in MODEL_ROUTES and scope["method"] == "POST":
+                await self.calls.handle(scope, receive, send, path, None)
+                return
+            if path.startswith("/episodes/"):
+                split = split_episode_prefix(path)
+                if split is not None:
+                    eid, tail = split
+                    if tail in MODEL_ROUTES and scope["method"] == "POST":
+                        await self.calls.handle(scope, receive, send, tail, eid)
+                        return
+                    if not is_valid_episode_id(eid):  # other routes ignore the id, not a bad one
+                        await send_error(send, invalid_episode_id())
+                        return
+                    scope = dict(scope)
+                    scope["path"] = tail
+                    scope["raw_path"] = tail.encode()
+                elif _slash_in_id(scope):
+                    await send_error(send, invalid_episode_id())
+                    return
+            await self._timed_api(scope, receive, send)
+        except asyncio.CancelledError:
+            # The server gave up waiting for this request at shutdown (a stalled upload, a call
+            # past server.shutdown_timeout_s): an OpenAI-shaped 503, which SDKs retry elsewhere,
+            # instead of the server's plain-text 500.
+            if not await _answer_cancelled(send):
+                raise
+
+    async def _timed_api(self, scope: Scope, receive: Receive, send: Send) -> None:
+        t0 = time.perf_counter()
+        status = 500
+        headers = dict(scope["headers"])
+        if self._auth_keys and scope["path"].startswith("/v1") and (
+                headers.get(b"authorization") not in self._auth_keys):
+            # Every /v1 route the API serves needs the key; checked here, before FastAPI,
+            # which would judge a body (as JSON) before any route dependency ran.
+            await send_error(send, invalid_api_key())
+            return
+        if scope["method"] in ("POST", "PUT", "PATCH"):
+            # The episode API and pass-through routes take no more than model calls do.
+            limit = self.config.server.max_body_bytes
+            declared = headers.get(b"content-length", b"0")
+            if declared.isdigit() and int(declared) > limit:
+                await send_error(send, request_too_large(limit))
+                return
+            receive = _limited(receive, limit)
+
+        async def send_status(message: Any) -> None:
+            nonlocal status
+            if message["type"] == "http.response.start":
+                status = message["status"]
+            await send(message)
+
+        try:
+            await self.api(scope, receive, send_status)
+        finally:
+            if self.metrics is not None:
+                route = scope.get("route")
+                template = getattr(route, "path", None) or "other"
+                self.metrics.request_duration.labels(template).observe(time.perf_counter() - t0)
+                self.metrics.requests.labels(template, str(status)).inc()
+
+    # -- lifespan ------------------------------------------------------------------------------
+    async def startup(self) -> None:
+        await self.pool.start()
+        await self.sink.start()
+        self._sweeper = asyncio.create_task(self._sweep(), name="episode-sweeper")
+        if self.metrics is not None:
+            self._flusher = asyncio.create_task(self._flush_metrics(), name="metrics-flush")
+
+    async def shutdown(self) -> None:
+        for task in (self._sweeper, self._flusher):
+            if task is not None:
+                task.cancel()
+                with contextlib.suppress(asyncio.CancelledError):
+                    await task
+        try:
+            for st in await self.store.finish_all_active(time.time()):
+                await self.recorder.episode_ended(st)
+        except StoreUnavailable:
+            log.warning("store unavailable at shutdown; active episodes were not ended")
+        await self.sink.close()
+        await self.pool.close()
+        await self.store.close()
+        if self.metrics is not None:
+            self.metrics.flush()
+        if self._own_processor:
+            # Off the event loop: a last export may wait on the collector for a few seconds.
+            await asyncio.to_thread(self.tracing.shutdown)
+
+    async def _flush_metrics(self) -> None:
+        """Deferred metric updates reach prometheus-client at least once a second (scrapes
+        flush too; this is for the other workers' scrapes in multiprocess mode)."""
+        assert self.metrics is not None
+        while True:
+            await asyncio.sleep(METRICS_FLUSH_S)
+            self.metrics.flush()
+
+    async def _sweep(self) -> None:
+        ep = self.config.episodes
+        while True:
+            await asyncio.sleep(ep.sweep_interval_s)
+            try:
+                ended = await self.store.expire_idle(time.time(), ep.idle_timeout_s,
+                                                     ep.retention_s)
+                for st in ended:
+                    await self.recorder.episode_ended(st)
+                if self.metrics is not None:
+                    self.metrics.queue_depth.set(self.sink.depth())
+            except StoreUnavailable:
+                continue
+            except Exception:
+                log.exception("episode sweep failed")
+
+    async def _lifespan(self, receive: Receive, send: Send) -> None:
+        while True:
+            message = await receive()
+            if message["type"] == "lifespan.startup":
+                try:
+                    await self.startup()
+                except Exception as e:
+                    log.exception("startup failed")
+                    await send({"type": "lifespan.startup.failed", "message": str(e)})
+                    return
+                await send({"type": "lifespan.startup.complete"})
+            elif message["type"] == "lifespan.shutdown":
+                try:
+                    await self.shutdown()
+                finally:
+                    await send({"type": "lifespan.shutdown.complete"})
+                return
+
+
+def create_app(config: Config, **kwargs: Any) -> BudgetProxy:
+    """Build the proxy for `config`; nothing starts until the server runs its lifespan."""
+    return BudgetProxy(config, **kwargs)
+
+
+async def _answer_cancelled(send: Send) -> bool:
+    """Answer a request cancelled before its response began; False if it had begun."""
+    try:
+        await send_error(send, ProxyError(
+            503, "shutting_down", "The proxy is shutting down; retry the request"))
+    except Exception:  # the response had started: the server closes the connection
+        return False
+    return True
+
+
+def _slash_in_id(scope: Scope) -> bool:
+    """Whether an /episodes/{id}/v1/... path only failed to split because its id holds an
+    encoded slash (`a%2Fb`): the server decodes it, so the id's end is only in the raw path."""
+    raw = scope.get("raw_path")
+    return isinstance(raw, bytes) and split_episode_prefix(raw.decode("latin-1")) is not None
+
+
+def _limited(receive: Receive, limit: int) -> Receive:
+    """`receive`, refusing a body that grows past `limit` bytes (chunked uploads say no size
+    up front): the route's error handler answers 413."""
+    seen = 0
+
+    async def limited() -> Any:
+        nonlocal seen
+        message = await receive()
+        if message["type"] == "http.request":
+            seen += len(message.get("body", b""))
+            if seen > limit:
+                raise StarletteHTTPException(413, request_too_large(limit).message)
+        return message
+
+    return limited

@@ -1,0 +1,342 @@
+"""The episode API, health, metrics, model list and pass-through routes (FastAPI)."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+import uuid
+from typing import Annotated, Any, Literal
+
+import aiohttp
+import orjson
+from fastapi import Body, FastAPI, Request
+from fastapi.exceptions import RequestValidationError
+from fastapi.responses import Response
+from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_latest
+from pydantic import AfterValidator, BaseModel, ConfigDict, Field, StrictBool
+from starlette.exceptions import HTTPException as StarletteHTTPException
+
+from budgetproxy.config import Config
+from budgetproxy.core.budget import TURNS_MAX, tier_label
+from budgetproxy.core.episode import EpisodeState, FinishStatus, OutcomeReport
+from budgetproxy.core.spec import EpisodeSpec, SpecError, new_episode
+from budgetproxy.errors import ProxyError, checked_episode_id, request_too_large
+from budgetproxy.proxy.upstream import UpstreamPool
+from budgetproxy.store.base import EpisodeStore, StoreUnavailable
+from budgetproxy.trajectories.recorder import Recorder
+
+log = logging.getLogger("budgetproxy")
+
+
+def _loggable(value: dict[str, Any]) -> dict[str, Any]:
+    """Free-form JSON (tags, metadata) the trajectory log and the stores can write as is."""
+    try:
+        orjson.dumps(value)
+    except (TypeError, ValueError):
+        raise ValueError("must be JSON with integers within 64 bits and at most 250 levels "
+                         "of nesting") from None
+    return value
+
+
+class EpisodeCreate(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+    episode_id: str | None = None
+    budget: int | None = Field(None, ge=1, le=TURNS_MAX, strict=True)
+    max_turns: int | None = Field(None, ge=1, le=TURNS_MAX, strict=True)
+    task_id: str | None = None
+    group: str | None = None
+    disclosure: Literal["hidden", "disclosed"] | None = None
+    announced_budget: int | None = Field(None, ge=1, le=TURNS_MAX, strict=True)
+    tags: Annotated[dict[str, Any], AfterValidator(_loggable)] = Field(default_factory=dict)
+
+
+class OutcomeBody(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+    success: StrictBool
+    reward: float | None = Field(None, allow_inf_nan=False, strict=True)
+    success_turn: int | None = Field(None, ge=1, le=TURNS_MAX, strict=True)
+    metadata: Annotated[dict[str, Any], AfterValidator(_loggable)] = Field(default_factory=dict)
+
+
+def episode_view(st: EpisodeState) -> dict[str, Any]:
+    return {
+        "episode_id": st.episode_id,
+        "task_id": st.task_id,
+        "group": st.group,
+        "budget": st.budget,
+        "max_turns": st.max_turns,
+        "tier": tier_label(st.budget, st.max_turns),
+        "disclosure": st.disclosure,
+        "announced_budget": st.announced_budget,
+        "turns_used": st.turns_used,
+        "remaining": st.remaining,
+        "status": st.status,
+        "outcome": st.outcome,
+        "success_turn": st.settled_success_turn,
+        "reward": st.reward,
+        "exhausted": st.exhausted,
+        "end_reason": st.end_reason,
+        # Ended while turns were in flight: until they settle (and may be refunded), the
+        # numbers and end reason above are provisional, and the episode is not yet logged.
+        "settling": st.end_pending,
+        "tags": st.tags,
+    }
+
+
+def _json(data: Any, status: int = 200) -> Response:
+    return Response(orjson.dumps(data), status_code=status, media_type="application/json")
+
+
+def _error(err: ProxyError) -> Response:
+    return Response(err.body(), status_code=err.status,
+                    headers=dict((k.decode(), v.decode()) for k, v in err.header_list()))
+
+
+def _not_found(episode_id: str) -> ProxyError:
+    return ProxyError(404, "episode_not_found", f"No episode with id {episode_id!r}",
+                      param="episode_id")
+
+
+def _episode_route_methods(path: str) -> str | None:
+    """The method the episode API route matching `path` (under /v1/) takes, or None."""
+    parts = path.split("/")
+    if parts == ["episodes"]:
+        return "POST"
+    if len(parts) == 2 and parts[1]:
+        return "GET"
+    if len(parts) == 3 and parts[1] and parts[2] in ("outcome", "end"):
+        return "POST"
+    return None
+
+
+def build_api(
+    config: Config,
+    store: EpisodeStore,
+    recorder: Recorder,
+    pool: UpstreamPool,
+    registry: CollectorRegistry | None,
+) -> FastAPI:
+    """The episode API, /v1/models, pass-through routes and the service endpoints. API keys
+    (`auth.keys`) are checked by the app before any /v1 route here (app.py)."""
+    app = FastAPI(
+        title="budgetproxy",
+        summary="Turn budgets per agent episode, in front of any OpenAI-compatible model.",
+        docs_url="/docs",
+        openapi_url="/openapi.json",
+        # No redirects: a 307 to "/v1/" built from a rewritten /episodes/{id}/v1 path lost the
+        # id, and API clients do not expect to be sent elsewhere for a slash.
+        redirect_slashes=False,
+    )
+
+    @app.exception_handler(ProxyError)
+    async def _proxy_error(_: Request, exc: ProxyError) -> Response:
+        return _error(exc)
+
+    @app.exception_handler(RequestValidationError)
+    async def _invalid(_: Request, exc: RequestValidationError) -> Response:
+        first = exc.errors()[0] if exc.errors() else {}
+        loc = [str(p) for p in first.get("loc", ()) if p != "body"]
+        param = ".".join(loc) or None
+        if first.get("type") == "json_invalid":
+            msg = "Request body is not valid JSON"
+            param = None
+        elif first.get("type") == "extra_forbidden":
+            msg = f"Unknown field {param!r}"
+        else:
+            msg = f"{param or 'body'}: {first.get('msg', 'invalid value')}"
+        return _error(ProxyError(400, "invalid_request", msg, param=param))
+
+    @app.exception_handler(StarletteHTTPException)
+    async def _http_error(request: Request, exc: StarletteHTTPException) -> Response:
+        # Unknown routes and methods are the proxy's own errors too: OpenAI-shaped.
+        code = {404: "not_found", 405: "method_not_allowed",
+                413: "request_too_large"}.get(exc.status_code, "http_error")
+        message = str(exc.detail)
+        if exc.status_code == 404 and message == "Not Found":
+            message = f"No route {request.method} {request.url.path}"
+        return _error(ProxyError(exc.status_code, code, message,
+                                 headers=dict(exc.headers or {})))
+
+    @app.exception_handler(StoreUnavailable)
+    async def _store_down(_: Request, exc: StoreUnavailable) -> Response:
+        return _error(ProxyError(503, "store_unavailable", "The episode store is unavailable"))
+
+    async def end_and_record(episode_id: str, report: OutcomeReport | None) -> Response:
+        done = await store.finish(episode_id, report, time.time())
+        if done.status is None or done.state is None:
+            if await store.is_known(episode_id):
+                return _json({"episode_id": episode_id, "status": "finished"})
+            raise _not_found(episode_id)
+        if done.status is FinishStatus.CONFLICT:
+            raise ProxyError(
+                409, "outcome_conflict",
+                f"Episode {episode_id!r} already ended ({done.state.end_reason}, "
+                + (f"outcome {done.state.outcome}" if done.state.outcome else "no outcome")
+                + "); a different report is refused",
+            )
+        if done.status is FinishStatus.FINISHED and not done.state.end_pending:
+            # (with turns in flight, the last of them to settle records it: see forward)
+            await recorder.episode_ended(done.state)
+        return _json(episode_view(done.state))
+
+    @app.get("/healthz", include_in_schema=False)
+    async def healthz() -> Response:
+        return _json({"status": "ok"})
+
+    @app.get("/readyz", include_in_schema=False)
+    async def readyz() -> Response:
+        try:
+            ok = await asyncio.wait_for(store.ping(), 2.0)
+        except (TimeoutError, StoreUnavailable, OSError):
+            ok = False
+        if not ok:
+            return _json({"status": "unavailable", "store": config.store.kind}, 503)
+        return _json({"status": "ready", "store": config.store.kind})
+
+    @app.get("/metrics", include_in_schema=False)
+    async def metrics() -> Response:
+        if registry is None:
+            return Response("metrics are disabled\n", status_code=404)
+        return Response(generate_latest(registry), media_type=CONTENT_TYPE_LATEST)
+
+    @app.post("/v1/episodes", status_code=201)
+    async def create_episode(
+        request: Request, body: EpisodeCreate | None = Body(None)  # noqa: B008
+    ) -> Response:
+        if body is None:
+            if (await request.body()).strip():
+                raise ProxyError(400, "invalid_request", "Request body must be a JSON object")
+            body = EpisodeCreate()  # no body at all: every field is optional
+        # An empty id is a bad id (as in the header), not a request for a generated one.
+        eid = checked_episode_id(
+            f"ep-{uuid.uuid4().hex}" if body.episode_id is None else body.episode_id)
+        spec = EpisodeSpec(
+            episode_id=eid, budget=body.budget, max_turns=body.max_turns, task_id=body.task_id,
+            group=body.group, disclosure=body.disclosure,
+            announced_budget=body.announced_budget, tags=body.tags,
+        )
+        try:
+            st = new_episode(spec, config.budget, config.disclosure, time.time())
+        except SpecError as e:
+            raise ProxyError(400, "invalid_request", str(e), param=e.param) from None
+        if not await store.create(st):
+            raise ProxyError(409, "episode_exists", f"Episode {eid!r} already exists",
+                             param="episode_id")
+        await recorder.episode_started(st)
+        base = str(request.base_url).rstrip("/")
+        # The contract's fields, with the rest of what GET answers: one shape for both.
+        return _json({**episode_view(st), "base_url": f"{base}/episodes/{eid}/v1"}, 201)
+
+    @app.get("/v1/episodes/{episode_id}")
+    async def get_episode(episode_id: str) -> Response:
+        st = await store.get(checked_episode_id(episode_id))
+        if st is None:
+            if await store.is_known(episode_id):
+                return _json({"episode_id": episode_id, "status": "finished"})
+            raise _not_found(episode_id)
+        return _json(episode_view(st))
+
+    @app.post("/v1/episodes/{episode_id}/outcome")
+    async def report_outcome(
+        episode_id: str, body: OutcomeBody = Body()  # noqa: B008
+    ) -> Response:
+        checked_episode_id(episode_id)
+        if body.success_turn is not None:
+            st = await store.get(episode_id)
+            if st is not None and st.status == "active" and body.success_turn > st.turns_used:
+                raise ProxyError(
+                    400, "invalid_request",
+                    f"success_turn {body.success_turn} is past the {st.turns_used} turn(s) "
+                    "this episode has used", param="success_turn",
+                )
+        report = OutcomeReport(success=body.success, reward=body.reward,
+                               success_turn=body.success_turn, metadata=body.metadata)
+        return await end_and_record(episode_id, report)
+
+    @app.post("/v1/episodes/{episode_id}/end")
+    async def end_episode(episode_id: str) -> Response:
+        return await end_and_record(checked_episode_id(episode_id), None)
+
+    @app.get("/v1/models")
+    async def list_models() -> Response:
+        merged: dict[str, dict[str, Any]] = {}
+
+        async def fetch(u: Any) -> list[dict[str, Any]] | None:
+            if u.kind != "openai":
+                return [{"id": m, "object": "model", "owned_by": u.name} for m in u.models
+                        if "*" not in m]
+            headers = {"authorization": f"Bearer {u.api_key}"} if u.api_key else {}
+            try:
+                async with pool.session.get(f"{u.base_url}/models", headers=headers,
+                                            timeout=aiohttp.ClientTimeout(total=10)) as r:
+                    if r.status != 200:
+                        log.warning("upstream %s answered %d to GET /models", u.name, r.status)
+                        return None
+                    data = orjson.loads(await r.read()).get("data", [])
+                    return [m for m in data if isinstance(m, dict) and "id" in m]
+            except (aiohttp.ClientError, TimeoutError, orjson.JSONDecodeError, AttributeError):
+                log.warning("could not list models of upstream %s", u.name)
+                return None
+
+        answers = await asyncio.gather(*(fetch(u) for u in pool.upstreams))
+        if answers and all(a is None for a in answers):
+            raise ProxyError(502, "upstream_unreachable",
+                             "No upstream answered GET /models")
+        for models in answers:
+            for m in models or ():
+                merged.setdefault(m["id"], m)
+        return _json({"object": "list", "data": list(merged.values())})
+
+    @app.api_route("/v1/{path:path}", methods=["GET", "POST", "PUT", "PATCH", "DELETE"],
+                   include_in_schema=False)
+    async def passthrough(request: Request, path: str) -> Response:
+        if path == "episodes" or path.startswith("episodes/"):
+            # The episode API is the proxy's own: a wrong method or an unknown sub-route is
+            # answered here, never sent upstream.
+            allowed = _episode_route_methods(path)
+            if allowed is None:
+                raise ProxyError(404, "not_found", f"No route /v1/{path}")
+            raise ProxyError(405, "method_not_allowed",
+                             f"/v1/{path} takes {allowed}, not {request.method}",
+                             headers={"allow": allowed})
+        body = await request.body()
+        if len(body) > config.server.max_body_bytes:
+            raise request_too_large(config.server.max_body_bytes)
+        model = None
+        if body and request.headers.get("content-type", "").startswith("application/json"):
+            try:
+                parsed = orjson.loads(body)
+                model = parsed.get("model") if isinstance(parsed, dict) else None
+            except orjson.JSONDecodeError:
+                model = None
+        upstream = pool.route(model if isinstance(model, str) else None) or (
+            pool.upstreams[0] if pool.upstreams else None)
+        if upstream is None or upstream.kind != "openai":
+            raise ProxyError(404, "not_found", f"No upstream serves /v1/{path}")
+        headers = {k: v for k, v in request.headers.items()
+                   if k not in ("host", "content-length", "authorization", "accept-encoding",
+                                "connection", "x-api-key") and not k.startswith("x-episode-")}
+        if upstream.api_key:
+            headers["authorization"] = f"Bearer {upstream.api_key}"
+        elif not config.auth.keys and "authorization" in request.headers:
+            headers["authorization"] = request.headers["authorization"]
+        url = f"{upstream.base_url}/{path}"
+        if request.url.query:
+            url += f"?{request.url.query}"
+        try:
+            async with pool.session.request(request.method, url, data=body, headers=headers,
+                                            timeout=pool.timeout(upstream)) as r:
+                data = await r.read()
+                out = {k: v for k, v in r.headers.items()
+                       if k.lower() not in ("content-length", "content-encoding",
+                                            "transfer-encoding", "connection", "date", "server")}
+                return Response(data, status_code=r.status, headers=out)
+        except TimeoutError:
+            raise ProxyError(504, "upstream_timeout",
+                             f"Upstream {upstream.name!r} timed out") from None
+        except aiohttp.ClientError as e:
+            raise ProxyError(502, "upstream_unreachable",
+                             f"Upstream {upstream.name!r} is unreachable: {e}") from None
+
+    return app

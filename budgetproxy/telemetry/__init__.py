@@ -1,0 +1,1 @@
+"""Observability that consumes finished work: Prometheus metrics and OpenTelemetry traces."""

@@ -1,0 +1,97 @@
+"""Consumers of finished work: trajectory records and metrics for turns and episodes."""
+
+from __future__ import annotations
+
+import time
+from typing import Any
+
+from budgetproxy.core.budget import tier_label
+from budgetproxy.core.episode import EpisodeState
+from budgetproxy.telemetry.metrics import Metrics
+from budgetproxy.trajectories.records import SCHEMA_VERSION, rfc3339
+from budgetproxy.trajectories.sink import NullSink, TrajectorySink
+
+
+def _strip_text(value: Any) -> Any:
+    """content: none — texts out, lengths kept."""
+    if isinstance(value, str):
+        return {"length": len(value)}
+    if isinstance(value, list):
+        return [_strip_text(v) for v in value]
+    if isinstance(value, dict):
+        out: dict[str, Any] = {}
+        for k, v in value.items():
+            if k in ("content", "text", "arguments", "input", "output") and v is not None:
+                out[k] = _strip_text(v)
+            elif isinstance(v, dict | list):
+                out[k] = _strip_text(v)
+            else:
+                out[k] = v
+        return out
+    return value
+
+
+class Recorder:
+    """Turns finished turns and episodes into log records and metric updates."""
+
+    def __init__(self, sink: TrajectorySink, metrics: Metrics | None, content_full: bool) -> None:
+        self.sink = sink
+        self.metrics = metrics
+        self.content_full = content_full
+        # With trajectories off, a turn's record is not even built (~13 us a call).
+        self.keeps_turns = not isinstance(sink, NullSink)
+
+    def labels(self, st: EpisodeState) -> tuple[str, str]:
+        return tier_label(st.budget, st.max_turns), st.disclosure
+
+    async def episode_started(self, st: EpisodeState) -> None:
+        if self.metrics is not None:
+            labels = self.labels(st)
+            self.metrics.touch_episode_labels(*labels)
+            self.metrics.episodes_started.labels(*labels).inc()
+            self.metrics.active_episodes.inc()
+
+    async def episode_ended(self, st: EpisodeState) -> None:
+        tier, arm = self.labels(st)
+        reason = st.end_reason or "abandoned"
+        if self.metrics is not None:
+            m = self.metrics
+            m.episodes_finished.labels(tier, arm, reason).inc()
+            success_turn = st.settled_success_turn
+            used = success_turn if reason == "success" and success_turn else st.turns_used
+            m.episode_turns.labels(tier, arm, reason).observe(used)
+            m.active_episodes.dec()
+        await self.sink.put(
+            {
+                "schema": SCHEMA_VERSION,
+                "type": "episode",
+                "episode_id": st.episode_id,
+                "task_id": st.task_id,
+                "group": st.group,
+                "tags": st.tags,
+                "model": st.model,
+                "budget": st.budget,
+                "max_turns": st.max_turns,
+                "tier": tier,
+                "disclosure": arm,
+                "announced_budget": st.announced_budget,
+                "turns_used": st.turns_used,
+                "outcome": st.outcome,
+                "success_turn": st.settled_success_turn,
+                "reward": st.reward,
+                "exhausted": st.exhausted,
+                "end_reason": reason,
+                "started_at": rfc3339(st.created_at),
+                "ended_at": rfc3339(st.ended_at or time.time()),
+                "metadata": st.metadata,
+            }
+        )
+
+    async def turn(self, record: dict[str, Any]) -> None:
+        if not self.content_full:
+            for key in ("request_messages", "response"):
+                if record.get(key) is not None:
+                    record[key] = _strip_text(record[key])
+            if record.get("disclosure", {}).get("text") is not None:
+                record["disclosure"]["text"] = _strip_text(record["disclosure"]["text"])
+        await self.sink.put(record)  # queue depth is sampled by the sweeper, not per turn

@@ -1,0 +1,84 @@
+"""The JSONL trajectory sink: order kept, back-pressure instead of drops, close drains."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from pathlib import Path
+
+import orjson
+import pytest
+from conftest import nested
+
+from budgetproxy.trajectories.sink import JsonlSink
+
+
+def _lines(directory: Path) -> list[dict[str, int]]:
+    out = []
+    for path in sorted(directory.glob("trajectories-*.jsonl")):
+        out += [orjson.loads(line) for line in path.read_bytes().splitlines()]
+    return out
+
+
+@pytest.mark.asyncio
+async def test_records_are_written_in_order_and_close_drains(tmp_path: Path) -> None:
+    sink = JsonlSink(tmp_path, max_file_bytes=1 << 30, gzip_rotated=False, queue_size=10_000)
+    await sink.start()
+    for i in range(5000):  # more than one writer batch
+        await sink.put({"i": i})
+    await sink.close()
+    assert [r["i"] for r in _lines(tmp_path)] == list(range(5000))
+
+
+@pytest.mark.asyncio
+async def test_a_full_queue_makes_callers_wait_and_loses_nothing(tmp_path: Path) -> None:
+    sink = JsonlSink(tmp_path, max_file_bytes=1 << 30, gzip_rotated=False, queue_size=3,
+                     linger_s=0.05)
+    await sink.start()
+    await asyncio.sleep(0)  # the writer is idle, waiting for a first record
+    puts = [asyncio.create_task(sink.put({"i": i})) for i in range(10)]
+    await asyncio.sleep(0.01)  # the writer is still lingering over its first batch
+    waiting = [t for t in puts if not t.done()]
+    assert len(waiting) >= 5  # back-pressure: callers wait instead of records being dropped
+    # A caller that gives up while waiting costs nobody else their record.
+    waiting[-1].cancel()
+    await asyncio.wait_for(asyncio.gather(*waiting[:-1]), 2)
+    await sink.close()
+    assert [r["i"] for r in _lines(tmp_path)] == list(range(9))
+
+
+@pytest.mark.asyncio
+async def test_rotation_keeps_every_record(tmp_path: Path) -> None:
+    sink = JsonlSink(tmp_path, max_file_bytes=200, gzip_rotated=False, queue_size=100)
+    await sink.start()
+    for i in range(50):
+        await sink.put({"i": i, "pad": "x" * 20})
+        if i % 10 == 9:
+            await asyncio.sleep(0.02)  # let the writer cut several files
+    await sink.close()
+    assert len(list(tmp_path.glob("trajectories-*.jsonl"))) > 1
+    assert sorted(r["i"] for r in _lines(tmp_path)) == list(range(50))
+
+
+@pytest.mark.asyncio
+async def test_records_orjson_cannot_write_are_written_and_the_writer_lives_on(
+        tmp_path: Path) -> None:
+    """An agent's request can carry what orjson refuses (integers over 64 bits, nesting past
+    254 levels): such a record used to end the writer task, silently, and every later record
+    with it; calls then waited on a full queue and SIGTERM hung."""
+    sink = JsonlSink(tmp_path, max_file_bytes=1 << 30, gzip_rotated=False, queue_size=3)
+    await sink.start()
+    await sink.put({"i": 0, "big": 10**30})
+    await sink.put({"i": 1, "deep": nested(300)})
+    await sink.put({"i": 2, "deep": nested(5000), "big": 10**30, "text": "kept"})
+    await sink.put({"i": 3, "bad": "\udc80"})
+    for i in range(4, 20):  # more than the queue holds: the writer must still be draining it
+        await sink.put({"i": i})
+    await asyncio.wait_for(sink.close(), 5)
+    lines = [json.loads(line) for path in sorted(tmp_path.glob("trajectories-*.jsonl"))
+             for line in path.read_bytes().splitlines()]
+    assert [r["i"] for r in lines] == list(range(20))
+    assert lines[0]["big"] == 10**30
+    assert lines[1]["deep"] == nested(300)  # written whole, by the standard library
+    assert lines[2]["unencodable"] == ["big", "deep"] and lines[2]["text"] == "kept"
+    assert lines[3]["unencodable"] == ["bad"]
