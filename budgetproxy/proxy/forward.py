@@ -77,8 +77,9 @@ class ModelCalls:
         self.recorder = recorder
         self.metrics = metrics
         self.tracing = tracing
-        names = ["x-episode-id", *(h.lower() for h in config.episodes.id_headers)]
+        names = ["x-episode-id", *(h.lower() for h in config.episodes.all_id_headers())]
         self.id_headers = tuple(dict.fromkeys(n.encode() for n in names))
+        self.alias_headers = self.id_headers[1:]
         self._store_down_logged_at = float("-inf")
         self.auth_keys = frozenset(f"Bearer {k}".encode() for k in config.auth.keys)
         self.raw_keys = frozenset(k.encode() for k in config.auth.keys)
@@ -128,20 +129,25 @@ class ModelCalls:
                     overhead.observe(max(0.0, total - call.t_upstream))
 
     def _episode_id(self, headers: dict[bytes, bytes], path_episode: str | None) -> str | None:
-        eid: str | None = None
-        for name in self.id_headers:
-            raw = headers.get(name)
-            if raw is not None:  # an empty id is a bad id, not none: it would go uncounted
-                eid = raw.decode("latin-1")
-                break
+        """The path prefix, else X-Episode-Id, else the first alias header sent. Only the
+        path and X-Episode-Id can disagree (a 400); an alias never overrides either: agents
+        send theirs on every call (Claude Code's session id), whatever the harness chose."""
+        raw = headers.get(b"x-episode-id")
+        primary = None if raw is None else raw.decode("latin-1")
         if path_episode is not None:
-            if eid is not None and eid != path_episode:
+            if primary is not None and primary != path_episode:
                 raise invalid_episode_id(
-                    f"Episode id in the header ({eid!r}) differs from the one in the path "
+                    f"Episode id in the header ({primary!r}) differs from the one in the path "
                     f"({path_episode!r})"
                 )
-            eid = path_episode
-        return None if eid is None else checked_episode_id(eid)
+            return checked_episode_id(path_episode)
+        if primary is not None:  # an empty id is a bad id, not none: it would go uncounted
+            return checked_episode_id(primary)
+        for name in self.alias_headers:
+            raw = headers.get(name)
+            if raw is not None:
+                return checked_episode_id(raw.decode("latin-1"))
+        return None
 
     def _one_id_each(self, raw_headers: list[tuple[bytes, bytes]]) -> None:
         """An id header sent twice with different ids names no one episode: a 400, as a header
