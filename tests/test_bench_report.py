@@ -43,4 +43,3 @@ def test_the_spread_is_judged_relative_to_the_ratio() -> None:
     # +-3% around 2.66x (the upstream alone against the forwarder) is not noise.
     summary = report.summarize(_rows([1000, 1000, 1000], [2580, 2660, 2740]), [32], "base")
     assert report.noise_note(summary, [32]) is None
-
