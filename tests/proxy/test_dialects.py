@@ -211,3 +211,15 @@ def test_responses_new_message_replays_go_after_tool_outputs() -> None:
         "user", "function_call", "function_call_output", "user", "user", "user"]
     assert out["input"][3] == {"role": "user", "content": "[old]"}
     assert out["input"][-1] == {"role": "user", "content": T}
+
+
+@pytest.mark.parametrize(("dialect", "payload"), [
+    (RESPONSES, {"model": "m", "input": [{"role": "user", "content": "x"}]}),
+    (MESSAGES, {"model": "m", "messages": [{"role": "user", "content": "x"}]}),
+])
+def test_a_resent_turn_gets_its_text_once(dialect: Any, payload: dict[str, Any]) -> None:
+    """A retry of a turn carries that turn's own earlier placement: not re-applied there."""
+    conv = dialect.conversation(payload)
+    index = dialect.placement_index("last_message", conv)
+    out = place(dialect, payload, "last_message", [(index, T)])
+    assert str(out).count(T) == 1
