@@ -39,6 +39,7 @@ from budgetproxy.proxy.asgi import (
 )
 from budgetproxy.proxy.calls import ModelCall, turn_hash, turn_record, with_stream_usage
 from budgetproxy.proxy.dialects import DIALECTS, Reply
+from budgetproxy.proxy.dialects.base import lone_text
 from budgetproxy.proxy.refusal import refusal_status
 from budgetproxy.proxy.upstream import UpstreamPool
 from budgetproxy.proxy.upstream_call import UpstreamCall
@@ -78,12 +79,14 @@ class ModelCalls:
         self.recorder = recorder
         self.metrics = metrics
         self.tracing = tracing
-        names = ["x-episode-id", *(h.lower() for h in config.episodes.id_headers)]
+        names = ["x-episode-id", *(h.lower() for h in config.episodes.all_id_headers())]
         self.id_headers = tuple(dict.fromkeys(n.encode() for n in names))
+        self.alias_headers = self.id_headers[1:]
         self._store_down_logged_at = float("-inf")
         self.auth_keys = frozenset(f"Bearer {k}".encode() for k in config.auth.keys)
         self.raw_keys = frozenset(k.encode() for k in config.auth.keys)
         self.uncounted = tuple(config.episodes.uncounted_models)
+        self.uncounted_prompts = frozenset(p.strip() for p in config.episodes.uncounted_prompts)
         self.budget_cfg = config.budget
         self.disc_cfg = config.disclosure
         self.max_body = config.server.max_body_bytes
@@ -129,20 +132,25 @@ class ModelCalls:
                     overhead.observe(max(0.0, total - call.t_upstream))
 
     def _episode_id(self, headers: dict[bytes, bytes], path_episode: str | None) -> str | None:
-        eid: str | None = None
-        for name in self.id_headers:
-            raw = headers.get(name)
-            if raw is not None:  # an empty id is a bad id, not none: it would go uncounted
-                eid = raw.decode("latin-1")
-                break
+        """The path prefix, else X-Episode-Id, else the first alias header sent. Only the
+        path and X-Episode-Id can disagree (a 400); an alias never overrides either: agents
+        send theirs on every call (Claude Code's session id), whatever the harness chose."""
+        raw = headers.get(b"x-episode-id")
+        primary = None if raw is None else raw.decode("latin-1")
         if path_episode is not None:
-            if eid is not None and eid != path_episode:
+            if primary is not None and primary != path_episode:
                 raise invalid_episode_id(
-                    f"Episode id in the header ({eid!r}) differs from the one in the path "
+                    f"Episode id in the header ({primary!r}) differs from the one in the path "
                     f"({path_episode!r})"
                 )
-            eid = path_episode
-        return None if eid is None else checked_episode_id(eid)
+            return checked_episode_id(path_episode)
+        if primary is not None:  # an empty id is a bad id, not none: it would go uncounted
+            return checked_episode_id(primary)
+        for name in self.alias_headers:
+            raw = headers.get(name)
+            if raw is not None:
+                return checked_episode_id(raw.decode("latin-1"))
+        return None
 
     def _one_id_each(self, raw_headers: list[tuple[bytes, bytes]]) -> None:
         """An id header sent twice with different ids names no one episode: a 400, as a header
@@ -183,6 +191,10 @@ class ModelCalls:
         counted = eid is not None and not (
             self.uncounted and any(fnmatch.fnmatchcase(model, p) for p in self.uncounted)
         )
+        conversation = dialect.conversation(payload) if counted else []
+        if counted and self.uncounted_prompts and (
+                lone_text(conversation, dialect.heads) in self.uncounted_prompts):
+            counted = False  # a capability probe, not a turn of the task
         call.episode_id = eid
         if not counted:
             if self.metrics is not None:
@@ -192,7 +204,6 @@ class ModelCalls:
                                 conversation=None)
             return
         assert eid is not None
-        conversation = dialect.conversation(payload)
         call.previous_response = dialect.continues(payload)
         grant, st = await self._open_turn(call, eid, headers, body, conversation)
         if grant is None:  # store down, fail_open

@@ -143,7 +143,7 @@ class BudgetProxy:
                         await self.calls.handle(scope, receive, send, tail, eid)
                         return
                     if not is_valid_episode_id(eid):  # other routes ignore the id, not a bad one
-                        await send_error(send, invalid_episode_id())
+                        await send_error(send, invalid_episode_id(), None, _shape(tail))
                         return
                     scope = dict(scope)
                     scope["path"] = tail

@@ -11,7 +11,7 @@ from typing import Any
 
 import pytest
 from agent_clis import claude_print
-from conftest import Proxy, ProxyFactory
+from conftest import Proxy, ProxyFactory, new_id
 
 from budgetproxy.proxy.synthetic import EXHAUSTED_TEXT
 from budgetproxy.testing import FakeUpstream
@@ -30,13 +30,10 @@ def rejecting(proxy: ProxyFactory) -> Proxy:
     return proxy({"episodes": ALIAS, "budget": {"on_exhausted": "reject"}})
 
 
-def open_episode(p: Proxy, budget: int) -> str:
-    """A disclosed episode whose id is the session id Claude Code will send."""
-    sid = str(uuid.uuid4())
-    r = p.http().post("/v1/episodes", json={"episode_id": sid, "budget": budget,
+def open_episode(p: Proxy, budget: int, episode_id: str) -> None:
+    r = p.http().post("/v1/episodes", json={"episode_id": episode_id, "budget": budget,
                                             "disclosure": "disclosed"})
     assert r.status_code == 201, r.text
-    return sid
 
 
 def sent_upstream(upstream: FakeUpstream, marker: str) -> list[dict[str, Any]]:
@@ -45,34 +42,40 @@ def sent_upstream(upstream: FakeUpstream, marker: str) -> list[dict[str, Any]]:
             if r.path == "/v1/messages" and marker.encode() in r.body]
 
 
+@pytest.mark.parametrize("named_by", ["alias", "path"])
 def test_finish_mode_ends_the_run_with_the_synthetic_reply(
-    finishing: Proxy, upstream: FakeUpstream, tmp_path: Path
+    finishing: Proxy, upstream: FakeUpstream, tmp_path: Path, named_by: str
 ) -> None:
-    sid = open_episode(finishing, budget=1)
-    run = claude_print(finishing.url, tmp_path, f"Read a file, then stop ({sid}).",
-                       session_id=sid)
+    # The episode is the session id (the alias header), or the path prefix's id, which wins
+    # over the alias header Claude Code still sends.
+    sid = str(uuid.uuid4())
+    eid = sid if named_by == "alias" else new_id("claude")
+    open_episode(finishing, 1, eid)
+    base_url = finishing.url if named_by == "alias" else f"{finishing.url}/episodes/{eid}"
+    run = claude_print(base_url, tmp_path, f"Read a file, then stop ({eid}).", session_id=sid)
     assert run.returncode == 0, run.output
     assert EXHAUSTED_TEXT in run.stdout, run.output
     # Turn 1 went upstream and came back with a tool_use; Claude Code ran the tool and asked
     # again, and the spent budget answered that second call itself.
-    turns = finishing.wait_records(2, type="turn", episode_id=sid)
+    turns = finishing.wait_records(2, type="turn", episode_id=eid)
     assert [(t["turn"], t["status"], t["http_status"]) for t in turns] == [
         (1, "ok", 200), (2, "rejected", 200)]
     assert turns[0]["disclosure"] == {"arm": "disclosed", "text": TURN_1_OF_1}
-    sent = sent_upstream(upstream, sid)
+    sent = sent_upstream(upstream, eid)
     assert len(sent) == 1, len(sent)
     assert sent[0]["stream"] is True
     # The disclosure text is in the last user message, the one the model reads last.
     last = sent[0]["messages"][-1]
     assert last["role"] == "user" and TURN_1_OF_1 in str(last["content"]), last
-    ep = finishing.episode(sid)
+    ep = finishing.episode(eid)
     assert (ep["turns_used"], ep["exhausted"]) == (1, True)
 
 
 def test_reject_mode_stops_at_once_saying_the_budget_is_spent(
     rejecting: Proxy, upstream: FakeUpstream, tmp_path: Path
 ) -> None:
-    sid = open_episode(rejecting, budget=1)
+    sid = str(uuid.uuid4())
+    open_episode(rejecting, 1, sid)
     run = claude_print(rejecting.url, tmp_path, f"Read a file, then stop ({sid}).",
                        session_id=sid)
     assert run.returncode == 1, run.output
