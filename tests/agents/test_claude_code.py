@@ -27,7 +27,9 @@ def finishing(proxy: ProxyFactory) -> Proxy:
 
 @pytest.fixture(scope="module")
 def rejecting(proxy: ProxyFactory) -> Proxy:
-    return proxy({"episodes": ALIAS, "budget": {"on_exhausted": "reject"}})
+    # The same alias by its preset name.
+    return proxy({"episodes": {"id_header_presets": ["claude_code"]},
+                  "budget": {"on_exhausted": "reject"}})
 
 
 def open_episode(p: Proxy, budget: int, episode_id: str) -> None:

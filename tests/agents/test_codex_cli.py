@@ -3,6 +3,7 @@ streaming) to the fake upstream, its budget spent mid-run in finish and reject m
 
 from __future__ import annotations
 
+import re
 import time
 from pathlib import Path
 from typing import Any
@@ -93,3 +94,21 @@ def test_a_finished_episode_stops_codex_at_once(
     assert "Reconnecting" not in run.output, run.output
     assert f"Episode '{eid}' has finished" in run.stderr, run.output
     assert sent_upstream(upstream, eid) == []
+
+
+def test_the_codex_preset_makes_each_codex_session_an_episode(
+    proxy: ProxyFactory, upstream: FakeUpstream, tmp_path: Path
+) -> None:
+    p = proxy({"episodes": {"id_header_presets": ["codex"]}, "disclosure": {"mode": "disclosed"},
+               "budget": {"on_exhausted": "finish", "default_turns": 1}})
+    marker = new_id("codex-session")
+    run = codex_exec(p.base_url, tmp_path, f"Look around, then stop ({marker}).")
+    assert run.returncode == 0, run.output
+    assert EXHAUSTED_TEXT in run.stdout, run.output
+    found = re.search(r"^session id: (\S+)$", run.stderr, re.MULTILINE)
+    assert found is not None, run.stderr
+    sid = found.group(1)
+    turns = p.wait_records(2, type="turn", episode_id=sid)
+    assert [(t["turn"], t["status"]) for t in turns] == [(1, "ok"), (2, "rejected")]
+    sent = sent_upstream(upstream, marker)
+    assert len(sent) == 1 and TURN_1_OF_1 in str(sent[0]["input"][-1])
