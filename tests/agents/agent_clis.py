@@ -2,10 +2,14 @@
 
 from __future__ import annotations
 
+import re
+import shutil
 import subprocess
 import time
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
+from urllib.parse import urlsplit
 
 import pytest
 
@@ -67,9 +71,31 @@ def cli(name: str) -> Path:
     return path
 
 
-def _run(argv: list[str], home: Path, env: dict[str, str], timeout: float) -> Run:
+_ADDRESS = re.compile(r'sin6?_port=htons\((\d+)\).*?inet_(?:addr\("|pton\(AF_INET6, ")([^"]+)"')
+
+
+def connections(trace: Path) -> set[tuple[str, int]]:
+    """The (address, port) pairs an strace connect log shows the process tree connecting to."""
+    return {(m.group(2), int(m.group(1)))
+            for m in map(_ADDRESS.search, trace.read_text(encoding="utf-8").splitlines()) if m}
+
+
+def proxy_address(p: Any) -> tuple[str, int]:
+    """A running proxy's (address, port), as `connections` reports it."""
+    url = urlsplit(p.url)
+    assert url.hostname is not None and url.port is not None
+    return url.hostname, url.port
+
+
+def _run(argv: list[str], home: Path, env: dict[str, str], timeout: float,
+         trace: Path | None) -> Run:
     work = home / "work"
     work.mkdir(parents=True, exist_ok=True)
+    if trace is not None:
+        strace = shutil.which("strace")
+        if strace is None:
+            pytest.fail("strace is not installed (apt-get install strace; .ci/run does)")
+        argv = [strace, "-f", "-qq", "-e", "trace=connect", "-o", str(trace), *argv]
     t0 = time.monotonic()
     done = subprocess.run(
         argv, cwd=work, env={"PATH": "/usr/local/bin:/usr/bin:/bin", "HOME": str(home), **env},
@@ -79,24 +105,26 @@ def _run(argv: list[str], home: Path, env: dict[str, str], timeout: float) -> Ru
 
 
 def codex_exec(base_url: str, home: Path, prompt: str, *, model: str = "m1",
-               timeout: float = 60.0) -> Run:
-    """`codex exec PROMPT` with a config.toml provider whose base_url is `base_url`."""
+               timeout: float = 60.0, trace: Path | None = None) -> Run:
+    """`codex exec PROMPT` with a config.toml provider whose base_url is `base_url`; under
+    strace, its connections logged to `trace`, when given."""
     codex_home = home / ".codex"
     codex_home.mkdir(parents=True, exist_ok=True)
     (codex_home / "config.toml").write_text(
         CODEX_CONFIG.format(model=model, base_url=base_url), encoding="utf-8")
     env = {"CODEX_HOME": str(codex_home), "BUDGETPROXY_KEY": "sk-client-secret-0000"}
     return _run([str(cli("codex")), "exec", "--skip-git-repo-check", prompt], home, env,
-                timeout)
+                timeout, trace)
 
 
 def claude_print(base_url: str, home: Path, prompt: str, *, session_id: str,
-                 model: str = "claude-sonnet-4-5", timeout: float = 60.0) -> Run:
+                 model: str = "claude-sonnet-4-5", timeout: float = 60.0,
+                 trace: Path | None = None) -> Run:
     """`claude -p PROMPT` with ANTHROPIC_BASE_URL=`base_url`, Read as its only tool (the fake
     upstream calls the first tool it is offered), and `session_id` as its session id (what it
-    sends as X-Claude-Code-Session-Id)."""
+    sends as X-Claude-Code-Session-Id); under strace, as for `codex_exec`."""
     env = {**CLAUDE_ENV, "ANTHROPIC_BASE_URL": base_url,
            "CLAUDE_CONFIG_DIR": str(home / ".claude")}
     argv = [str(cli("claude")), "-p", "--model", model, "--tools=Read",
             "--session-id", session_id, prompt]
-    return _run(argv, home, env, timeout)
+    return _run(argv, home, env, timeout, trace)

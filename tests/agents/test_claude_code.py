@@ -10,7 +10,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from agent_clis import claude_print
+from agent_clis import claude_print, connections, proxy_address
 from conftest import Proxy, ProxyFactory, new_id
 
 from budgetproxy.proxy.synthetic import EXHAUSTED_TEXT
@@ -54,9 +54,13 @@ def test_finish_mode_ends_the_run_with_the_synthetic_reply(
     eid = sid if named_by == "alias" else new_id("claude")
     open_episode(finishing, 1, eid)
     base_url = finishing.url if named_by == "alias" else f"{finishing.url}/episodes/{eid}"
-    run = claude_print(base_url, tmp_path, f"Read a file, then stop ({eid}).", session_id=sid)
+    trace = tmp_path / "connect.log"
+    run = claude_print(base_url, tmp_path, f"Read a file, then stop ({eid}).", session_id=sid,
+                       trace=trace)
     assert run.returncode == 0, run.output
     assert EXHAUSTED_TEXT in run.stdout, run.output
+    # Offline: the proxy is the only address it connected to (no telemetry, reports, updates).
+    assert connections(trace) == {proxy_address(finishing)}
     # Turn 1 went upstream and came back with a tool_use; Claude Code ran the tool and asked
     # again, and the spent budget answered that second call itself.
     turns = finishing.wait_records(2, type="turn", episode_id=eid)

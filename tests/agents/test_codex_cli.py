@@ -9,7 +9,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from agent_clis import codex_exec
+from agent_clis import codex_exec, connections, proxy_address
 from conftest import Proxy, ProxyFactory, new_id
 
 from budgetproxy.proxy.synthetic import EXHAUSTED_TEXT
@@ -48,9 +48,12 @@ def test_finish_mode_ends_the_run_with_the_synthetic_reply(
 ) -> None:
     eid, base_url = open_episode(finishing, budget=1)
     assert base_url.endswith(f"/episodes/{eid}/v1")
-    run = codex_exec(base_url, tmp_path, f"Look around, then stop ({eid}).")
+    trace = tmp_path / "connect.log"
+    run = codex_exec(base_url, tmp_path, f"Look around, then stop ({eid}).", trace=trace)
     assert run.returncode == 0, run.output
     assert EXHAUSTED_TEXT in run.stdout, run.output
+    # Offline: the proxy is the only address it connected to (no login, update or plugin sync).
+    assert connections(trace) == {proxy_address(finishing)}
     # Turn 1 went upstream and came back with a tool call; Codex ran it and asked again, and
     # the spent budget answered that second call itself.
     turns = finishing.wait_records(2, type="turn", episode_id=eid)
