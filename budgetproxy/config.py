@@ -99,14 +99,34 @@ class DisclosureConfig(_Strict):
         return v
 
 
+# Session headers agents send on every call, usable as episode-id aliases by name
+# (episodes.id_header_presets). None is on by default: an agent pointed at the proxy would
+# otherwise have every session capped at budget.default_turns without asking for it.
+ID_HEADER_PRESETS: dict[str, str] = {
+    "claude_code": "X-Claude-Code-Session-Id",
+    "codex": "session-id",
+    "litellm": "x-litellm-session-id",
+    "helicone": "Helicone-Session-Id",
+}
+
+
 class EpisodesConfig(_Strict):
     id_headers: list[str] = Field(default_factory=lambda: ["X-Episode-Id"])
+    id_header_presets: list[Literal["claude_code", "codex", "litellm", "helicone"]] = Field(
+        default_factory=list)
     require_id: bool = False
     idle_timeout_s: float = Field(3600.0, gt=0)
     retention_s: float = Field(86400.0, ge=0)
     uncounted_models: list[str] = Field(default_factory=list)
+    # Exact texts of a call whose only message is that text (inspect-ai's capability probe,
+    # "Please say 'hello, world'"): forwarded without spending a turn.
+    uncounted_prompts: list[str] = Field(default_factory=list)
     budget_headers: Literal["always", "disclosed_only", "never"] = "always"
     sweep_interval_s: float = Field(5.0, gt=0)
+
+    def all_id_headers(self) -> list[str]:
+        """The id headers in the order they are read: id_headers, then the presets'."""
+        return [*self.id_headers, *(ID_HEADER_PRESETS[p] for p in self.id_header_presets)]
 
 
 class TrajectoriesConfig(_Strict):

@@ -1,4 +1,5 @@
-"""Errors the proxy itself returns, OpenAI-shaped: {"error": {message, type, param, code}}."""
+"""Errors the proxy itself returns: OpenAI-shaped {"error": {message, type, param, code}}, or
+Anthropic-shaped {"type": "error", "error": {type, message}} on the Messages API."""
 
 from __future__ import annotations
 
@@ -17,6 +18,20 @@ _TYPE_BY_STATUS = {
     502: "upstream_error",
     503: "service_unavailable",
     504: "upstream_error",
+}
+
+# Anthropic's error types by status (its API reference, "Errors"); others are api_error.
+_ANTHROPIC_TYPE_BY_STATUS = {
+    400: "invalid_request_error",
+    401: "authentication_error",
+    403: "permission_error",
+    404: "not_found_error",
+    405: "invalid_request_error",
+    409: "invalid_request_error",
+    413: "request_too_large",
+    429: "rate_limit_error",
+    503: "overloaded_error",
+    529: "overloaded_error",
 }
 
 
@@ -50,6 +65,18 @@ class ProxyError(Exception):
                     "param": self.param,
                     "code": self.code,
                 }
+            }
+        )
+
+    def anthropic_body(self) -> bytes:
+        """The error in the Messages API's shape; the message names the proxy's code."""
+        return orjson.dumps(
+            {
+                "type": "error",
+                "error": {
+                    "type": _ANTHROPIC_TYPE_BY_STATUS.get(self.status, "api_error"),
+                    "message": f"{self.message} ({self.code})",
+                },
             }
         )
 
@@ -87,9 +114,9 @@ def checked_episode_id(episode_id: str) -> str:
     return episode_id
 
 
-def budget_exhausted(episode_id: str, budget: int) -> ProxyError:
+def budget_exhausted(episode_id: str, budget: int, status: int = 403) -> ProxyError:
     return ProxyError(
-        403,
+        status,
         "turn_budget_exhausted",
         f"Episode {episode_id!r} has used its turn budget of {budget}; no further model calls "
         "are forwarded. Report the outcome or start a new episode.",
@@ -97,9 +124,9 @@ def budget_exhausted(episode_id: str, budget: int) -> ProxyError:
     )
 
 
-def episode_finished(episode_id: str) -> ProxyError:
+def episode_finished(episode_id: str, status: int = 403) -> ProxyError:
     return ProxyError(
-        403,
+        status,
         "episode_finished",
         f"Episode {episode_id!r} has finished; model calls on it are refused.",
     )

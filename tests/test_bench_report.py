@@ -6,6 +6,8 @@ import sys
 from pathlib import Path
 from typing import Any
 
+import pytest
+
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "bench"))
 
 import report  # noqa: E402
@@ -43,3 +45,18 @@ def test_the_spread_is_judged_relative_to_the_ratio() -> None:
     # +-3% around 2.66x (the upstream alone against the forwarder) is not noise.
     summary = report.summarize(_rows([1000, 1000, 1000], [2580, 2660, 2740]), [32], "base")
     assert report.noise_note(summary, [32]) is None
+
+
+def test_rows_at_a_git_revision_run_that_revisions_package(tmp_path: Path) -> None:
+    """`budgetproxy+episodes@REV` rows compare builds side by side in one run."""
+    import targets as tg
+
+    assert tg.split_revision("budgetproxy+episodes@main~3") == ("budgetproxy+episodes", "main~3")
+    assert tg.split_revision("forwarder") == ("forwarder", None)
+    assert tg.is_budgetproxy_row("budgetproxy+redis@HEAD")
+    assert not tg.is_budgetproxy_row("budgetproxy@") and not tg.is_budgetproxy_row("nginx@HEAD")
+    src = tg.source_of("HEAD", tmp_path)
+    assert (src / "budgetproxy" / "__init__.py").is_file()
+    assert tg.source_of("HEAD", tmp_path) == src  # unpacked once per run
+    with pytest.raises(SystemExit, match="unknown git revision"):
+        tg.source_of("no-such-revision-xyz", tmp_path)

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from typing import Any, Literal
 
 from budgetproxy.core.episode import Placed
@@ -33,6 +33,19 @@ def disclose(
         again = [(idx, render(template, t, budget, announced_budget))
                  for idx, t in replayable(earlier, conversation)]
     return text, apply(messages, placement, text, again)
+
+
+def texts(
+    template: str, turn: int, budget: int, announced_budget: int | None,
+    earlier: Iterable[Placed] = (), conversation: Fingerprint | None = None,
+) -> tuple[str, list[tuple[int, str]]]:
+    """This turn's text, and (index, text) of the `earlier` placements to re-apply where
+    `conversation` (history: keep; None: drop) still extends the turn they were made in."""
+    text = render(template, turn, budget, announced_budget)
+    if conversation is None:
+        return text, []
+    return text, [(idx, render(template, t, budget, announced_budget))
+                  for idx, t in replayable(earlier, conversation)]
 
 
 def placement_index(placement: Placement, message_count: int) -> int | None:
@@ -113,4 +126,28 @@ def apply(
             out.append({"role": "user", "content": t})
         if i < n:
             out.append(messages[i])
+    return out
+
+
+def edit(
+    items: list[Any],
+    appends: dict[int, list[str]],
+    inserts: dict[int, list[str]],
+    append: Callable[[Any, str], Any],
+    new: Callable[[str], Any],
+) -> list[Any]:
+    """A new item list with texts appended to items (`appends`: index -> texts, in order) and
+    new items inserted before an index (`inserts`; index len(items) is the end). What other
+    APIs than chat completions need: each says how a text is appended and what a new item is.
+    Items not touched are the client's own objects."""
+    out: list[Any] = []
+    n = len(items)
+    for i in range(n + 1):
+        for t in inserts.get(i, ()):
+            out.append(new(t))
+        if i < n:
+            item = items[i]
+            for t in appends.get(i, ()):
+                item = append(item, t)
+            out.append(item)
     return out

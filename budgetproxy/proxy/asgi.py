@@ -52,9 +52,11 @@ async def send_response(
 
 
 async def send_error(
-    send: Send, err: ProxyError, extra: list[tuple[bytes, bytes]] | None = None
+    send: Send, err: ProxyError, extra: list[tuple[bytes, bytes]] | None = None,
+    body: Callable[[ProxyError], bytes] | None = None,
 ) -> None:
+    """Answer `err`; `body` writes it in the API's shape (OpenAI's when None)."""
     headers = err.header_list()
     if extra:
         headers.extend(extra)
-    await send_response(send, err.status, headers, err.body())
+    await send_response(send, err.status, headers, err.body() if body is None else body(err))

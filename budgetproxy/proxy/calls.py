@@ -9,6 +9,7 @@ from typing import Any
 from budgetproxy.config import UpstreamConfig
 from budgetproxy.core.episode import EpisodeState, Grant, GrantKind, SettleResult
 from budgetproxy.core.fingerprint import Fingerprint
+from budgetproxy.proxy.dialects import Dialect
 from budgetproxy.telemetry.tracing import CallTrace
 from budgetproxy.trajectories.records import SCHEMA_VERSION, rfc3339
 
@@ -36,16 +37,17 @@ class ModelCall:
     """One model call's state, carried through the handler (forward.py, upstream_call.py)."""
 
     __slots__ = (
-        "t0", "route", "kind", "model", "stream", "episode_id", "state", "grant",
+        "t0", "route", "dialect", "kind", "model", "stream", "episode_id", "state", "grant",
         "upstream", "t_upstream", "started", "sent_body", "status", "disclosure_text",
         "result", "http_status", "ttft", "error_class", "conversation", "data", "events",
         "settled", "span", "prints", "previous_response", "exact", "ended",
     )
 
-    def __init__(self, route: str, kind: str) -> None:
+    def __init__(self, route: str, dialect: Dialect) -> None:
         self.t0 = time.perf_counter()
         self.route = route
-        self.kind = kind
+        self.dialect = dialect
+        self.kind = dialect.kind
         self.model: str | None = None
         self.stream = False
         self.episode_id: str | None = None
@@ -95,9 +97,12 @@ def turn_record(
     msgs = conversation or []
     # Only what is new since the previous turn, while the conversation grows append-only;
     # one rewritten or shrunk is logged whole, from 0. So is the input of a call that
-    # continues a stored response: the client sends only what is new, all of it.
+    # continues a stored response: the client sends only what is new, all of it. And so is
+    # a retry (a later attempt of a turn), which would otherwise log nothing new: each
+    # record reads on its own.
     if seen and (call.previous_response is not None or call.prints is None
-                 or seen > len(msgs) or not call.prints.extends(digest)):
+                 or seen > len(msgs) or (grant is not None and grant.attempt > 1)
+                 or not call.prints.extends(digest)):
         seen = 0
     turn = grant.turn if grant is not None and grant.kind is GrantKind.FORWARD else (
         st.turns_used + 1)
@@ -115,8 +120,7 @@ def turn_record(
         "stream": call.stream,
         "status": call.status,
         "http_status": call.http_status,
-        "request_messages": msgs[seen:],
-        "messages_offset": seen,
+        **call.dialect.log_fields(msgs, seen),
         "response": reply.get("message"),
         "finish_reason": reply.get("finish_reason"),
         "usage": reply.get("usage"),

@@ -28,7 +28,6 @@ from budgetproxy.errors import (
     invalid_episode_id,
     invalid_request,
 )
-from budgetproxy.proxy import synthetic
 from budgetproxy.proxy.asgi import (
     ClientGone,
     Receive,
@@ -39,18 +38,17 @@ from budgetproxy.proxy.asgi import (
     send_response,
 )
 from budgetproxy.proxy.calls import ModelCall, turn_hash, turn_record, with_stream_usage
-from budgetproxy.proxy.sse import assemble
+from budgetproxy.proxy.dialects import DIALECTS, Reply
+from budgetproxy.proxy.dialects.base import lone_text
+from budgetproxy.proxy.refusal import refusal_status
 from budgetproxy.proxy.upstream import UpstreamPool
 from budgetproxy.proxy.upstream_call import UpstreamCall
 from budgetproxy.proxy.wire import (
     DROP_REQUEST_HEADERS,
-    MODEL_ROUTES,
-    conversation_of,
     encode_exact,
     exact_payload,
-    read_reply,
+    parse_payload,
     spec_from_headers,
-    validate_payload,
 )
 from budgetproxy.store.base import EpisodeStore, StoreUnavailable
 from budgetproxy.telemetry.metrics import Metrics
@@ -81,11 +79,14 @@ class ModelCalls:
         self.recorder = recorder
         self.metrics = metrics
         self.tracing = tracing
-        names = ["x-episode-id", *(h.lower() for h in config.episodes.id_headers)]
+        names = ["x-episode-id", *(h.lower() for h in config.episodes.all_id_headers())]
         self.id_headers = tuple(dict.fromkeys(n.encode() for n in names))
+        self.alias_headers = self.id_headers[1:]
         self._store_down_logged_at = float("-inf")
         self.auth_keys = frozenset(f"Bearer {k}".encode() for k in config.auth.keys)
+        self.raw_keys = frozenset(k.encode() for k in config.auth.keys)
         self.uncounted = tuple(config.episodes.uncounted_models)
+        self.uncounted_prompts = frozenset(p.strip() for p in config.episodes.uncounted_prompts)
         self.budget_cfg = config.budget
         self.disc_cfg = config.disclosure
         self.max_body = config.server.max_body_bytes
@@ -99,7 +100,7 @@ class ModelCalls:
     async def handle(
         self, scope: Scope, receive: Receive, send: Send, route: str, path_episode: str | None
     ) -> None:
-        call = ModelCall(route, MODEL_ROUTES[route])
+        call = ModelCall(route, DIALECTS[route])
         try:
             await self._handle(call, scope, receive, send, path_episode)
         except ClientGone:
@@ -107,7 +108,7 @@ class ModelCalls:
         except ProxyError as e:
             call.http_status = e.status
             if not call.started:
-                await send_error(send, e, self._episode_headers(call))
+                await send_error(send, e, self._episode_headers(call), call.dialect.error_body)
         except asyncio.CancelledError:
             raise
         except Exception:
@@ -118,6 +119,7 @@ class ModelCalls:
                     send,
                     ProxyError(500, "internal_error", "The proxy failed on this request; "
                                "it has been logged.", type_="api_error"),
+                    None, call.dialect.error_body,
                 )
         finally:
             if self.metrics is not None:
@@ -130,20 +132,25 @@ class ModelCalls:
                     overhead.observe(max(0.0, total - call.t_upstream))
 
     def _episode_id(self, headers: dict[bytes, bytes], path_episode: str | None) -> str | None:
-        eid: str | None = None
-        for name in self.id_headers:
-            raw = headers.get(name)
-            if raw is not None:  # an empty id is a bad id, not none: it would go uncounted
-                eid = raw.decode("latin-1")
-                break
+        """The path prefix, else X-Episode-Id, else the first alias header sent. Only the
+        path and X-Episode-Id can disagree (a 400); an alias never overrides either: agents
+        send theirs on every call (Claude Code's session id), whatever the harness chose."""
+        raw = headers.get(b"x-episode-id")
+        primary = None if raw is None else raw.decode("latin-1")
         if path_episode is not None:
-            if eid is not None and eid != path_episode:
+            if primary is not None and primary != path_episode:
                 raise invalid_episode_id(
-                    f"Episode id in the header ({eid!r}) differs from the one in the path "
+                    f"Episode id in the header ({primary!r}) differs from the one in the path "
                     f"({path_episode!r})"
                 )
-            eid = path_episode
-        return None if eid is None else checked_episode_id(eid)
+            return checked_episode_id(path_episode)
+        if primary is not None:  # an empty id is a bad id, not none: it would go uncounted
+            return checked_episode_id(primary)
+        for name in self.alias_headers:
+            raw = headers.get(name)
+            if raw is not None:
+                return checked_episode_id(raw.decode("latin-1"))
+        return None
 
     def _one_id_each(self, raw_headers: list[tuple[bytes, bytes]]) -> None:
         """An id header sent twice with different ids names no one episode: a 400, as a header
@@ -159,18 +166,25 @@ class ModelCalls:
         self, call: ModelCall, scope: Scope, receive: Receive, send: Send, path_episode: str | None
     ) -> None:
         headers: dict[bytes, bytes] = dict(scope["headers"])
-        if self.auth_keys and headers.get(b"authorization") not in self.auth_keys:
+        if self.auth_keys and headers.get(b"authorization") not in self.auth_keys and (
+                headers.get(b"x-api-key") not in self.raw_keys):  # Anthropic clients' header
             raise invalid_api_key()
         if len(headers) < len(scope["headers"]):  # a header sent twice: the dict kept the last
             self._one_id_each(scope["headers"])
         eid = self._episode_id(headers, path_episode)
         body = await read_body(receive, headers, self.max_body)
-        payload = validate_payload(call.kind, body)
+        dialect = call.dialect
+        payload = parse_payload(body)
+        dialect.validate(payload)
         call.model = model = payload["model"]
         call.stream = payload.get("stream") is True
         upstream = self.pool.route(model)
         if upstream is None:
             raise ProxyError(404, "model_not_found", f"No upstream serves model {model!r}",
+                             param="model")
+        if upstream.kind == "litellm" and not dialect.via_litellm:
+            raise ProxyError(400, "unsupported_api", f"Upstream {upstream.name!r} (kind: "
+                             f"litellm) serves chat completions only, not {call.route}",
                              param="model")
         if eid is None and self.cfg.episodes.require_id:
             raise ProxyError(
@@ -181,6 +195,10 @@ class ModelCalls:
         counted = eid is not None and not (
             self.uncounted and any(fnmatch.fnmatchcase(model, p) for p in self.uncounted)
         )
+        conversation = dialect.conversation(payload) if counted else []
+        if counted and self.uncounted_prompts and (
+                lone_text(conversation, dialect.heads) in self.uncounted_prompts):
+            counted = False  # a capability probe, not a turn of the task
         call.episode_id = eid
         if not counted:
             if self.metrics is not None:
@@ -190,31 +208,33 @@ class ModelCalls:
                                 conversation=None)
             return
         assert eid is not None
-        conversation = conversation_of(call.kind, payload)
-        if call.kind == "responses":
-            prev = payload.get("previous_response_id")
-            call.previous_response = prev if isinstance(prev, str) and prev else None
+        call.previous_response = dialect.continues(payload)
         grant, st = await self._open_turn(call, eid, headers, body, conversation)
         if grant is None:  # store down, fail_open
             await self._forward(call, upstream, headers, body, payload, receive, send,
                                 conversation=None)
             return
         if grant.kind is GrantKind.FINISHED:
-            raise episode_finished(eid)
+            raise episode_finished(eid, refusal_status(headers))
         if grant.kind is GrantKind.EXHAUSTED:
-            await self._exhausted(call, st, send, payload, conversation)
+            await self._exhausted(call, st, send, payload, conversation,
+                                  refusal_status(headers))
             return
-        if st.disclosure == "disclosed" and call.kind == "chat":
+        if st.disclosure == "disclosed" and dialect.discloses:
             exact = self._exact(call, body, payload)
             if exact is not None:
-                payload, conversation = exact, conversation_of(call.kind, exact)
+                payload, conversation = exact, dialect.conversation(exact)
             # Earlier texts go back only where this conversation still extends the one they
             # were placed in: a client that rewrote its history gets none on what it replaced.
+            # A call continuing a stored response sends only its new input: the earlier
+            # texts are in what the upstream stored.
             cfg = self.disc_cfg
-            call.disclosure_text, payload["messages"] = disclosure.disclose(
-                conversation, cfg.template, cfg.placement, grant.turn, st.budget,
-                st.announced_budget, grant.disclosed_at,
-                call.prints if cfg.history == "keep" else None)
+            keep = cfg.history == "keep" and call.previous_response is None
+            text, again = disclosure.texts(
+                cfg.template, grant.turn, st.budget, st.announced_budget, grant.disclosed_at,
+                call.prints if keep else None)
+            call.disclosure_text = text
+            payload = dialect.place(payload, conversation, cfg.placement, text, again)
             body = b""  # re-encode below
         await self._forward(call, upstream, headers, body, payload, receive, send,
                             conversation=conversation)
@@ -235,8 +255,10 @@ class ModelCalls:
             return st
 
         count = len(conversation)
-        keep = call.kind == "chat" and self.disc_cfg.history == "keep"
-        index = disclosure.placement_index(self.disc_cfg.placement, count) if keep else None
+        keep = (self.disc_cfg.history == "keep" and call.dialect.discloses
+                and call.previous_response is None)
+        index = call.dialect.placement_index(self.disc_cfg.placement, conversation) if (
+            keep) else None
         # The digest of what this turn sends: the log and history-keep disclosure compare
         # the next turn's conversation with it (one write and one hash of the messages).
         if self.recorder.keeps_turns or keep:
@@ -272,20 +294,19 @@ class ModelCalls:
     # -- budget spent --------------------------------------------------------------------------
     async def _exhausted(
         self, call: ModelCall, st: EpisodeState, send: Send, payload: dict[str, Any],
-        conversation: list[Any],
+        conversation: list[Any], refused: int,
     ) -> None:
         if self.metrics is not None:
             self.metrics.budget_exhausted.labels(tier_label(st.budget, st.max_turns),
                                                  st.disclosure).inc()
         call.status = "rejected"
-        finish_mode = self.budget_cfg.on_exhausted == "finish" and call.kind in (
-            "chat", "completions")
-        call.http_status = 200 if finish_mode else 403
+        finish_mode = self.budget_cfg.on_exhausted == "finish"
+        call.http_status = 200 if finish_mode else refused
         await self._record_turn(call, conversation, None, charged=False)
         if not finish_mode:
-            raise budget_exhausted(st.episode_id, st.budget)
-        ctype, data = synthetic.reply(call.kind, call.model or "", self.budget_cfg.finish_reason,
-                                      call.stream, payload.get("stream_options"))
+            raise budget_exhausted(st.episode_id, st.budget, refused)
+        ctype, data = call.dialect.synthetic(call.model or "", self.budget_cfg.finish_reason,
+                                             call.stream, payload)
         call.started = True
         await send_response(send, 200, [(b"content-type", ctype), *self._episode_headers(call),
                                         (b"x-episode-exhausted", b"true")], data)
@@ -332,7 +353,7 @@ class ModelCalls:
     ) -> None:
         call.upstream = upstream
         drop_usage = False
-        if call.stream and upstream.inject_stream_usage and call.kind in ("chat", "completions"):
+        if call.stream and upstream.inject_stream_usage and call.dialect.stream_usage:
             so = payload.get("stream_options")
             if body and "stream_options" not in payload:
                 # Added to the body's bytes, which stay as sent: no re-encoding, and no walk of
@@ -345,7 +366,7 @@ class ModelCalls:
                 if exact is not None:
                     payload, so = exact, exact.get("stream_options")
                     if conversation is not None:
-                        conversation = conversation_of(call.kind, exact)
+                        conversation = call.dialect.conversation(exact)
                 payload["stream_options"] = {**(so if isinstance(so, dict) else {}),
                                              "include_usage": True}
                 drop_usage = True
@@ -424,14 +445,14 @@ class ModelCalls:
         except StoreUnavailable:
             log.warning("store unavailable while settling turn of %s", call.episode_id)
 
-    async def _after(self, call: ModelCall) -> dict[str, Any]:
+    async def _after(self, call: ModelCall) -> Reply:
         """Read the reply back for tokens and the log; runs once the client has its answer."""
-        reply: dict[str, Any] = {"message": None, "finish_reason": None, "usage": None}
+        reply: Reply = {"message": None, "finish_reason": None, "usage": None}
         try:
             if call.events is not None:
-                reply = assemble(call.events)
+                reply = call.dialect.read_events(call.events)
             elif call.data:
-                reply = read_reply(call.kind, call.data)
+                reply = call.dialect.read_body(call.data)
         except Exception:  # an odd reply costs its details in the log, never its record
             log.warning("could not read back the reply to %s (%s); its turn is logged without "
                         "it", call.route, call.episode_id, exc_info=True)

@@ -53,7 +53,7 @@ class UpstreamCall:
         url = upstream.base_url + call.route[3:]
         t_up = time.perf_counter()
         try:
-            out_headers = self.request_headers(headers, upstream)
+            out_headers = self.request_headers(headers, upstream, call)
             self.tracing.inject(call.span, out_headers)
             resp = await self.pool.session.post(
                 url, data=body, headers=out_headers, timeout=self.pool.timeout(upstream)
@@ -114,7 +114,7 @@ class UpstreamCall:
             call.data = data
 
     def request_headers(
-        self, headers: dict[bytes, bytes], upstream: UpstreamConfig
+        self, headers: dict[bytes, bytes], upstream: UpstreamConfig, call: ModelCall
     ) -> dict[str, str]:
         out: dict[str, str] = {}
         strip = self.strip_headers
@@ -123,8 +123,9 @@ class UpstreamCall:
                 continue
             out[k.decode("latin-1")] = v.decode("latin-1")
         out["content-type"] = "application/json"
-        if upstream.api_key:
-            out["authorization"] = f"Bearer {upstream.api_key}"
+        if upstream.api_key:  # where the call's API carries it (Messages: x-api-key)
+            name, value = call.dialect.upstream_key_header(upstream.api_key)
+            out[name] = value
         elif not self.auth_keys:
             auth = headers.get(b"authorization")
             if auth:
@@ -139,14 +140,17 @@ class UpstreamCall:
         drop_usage: bool, t_up: float,
     ) -> None:
         head = self._response_headers(resp, call)
-        relayed = await relay_stream(resp, receive, send, head, drop_usage=drop_usage)
+        relayed = await relay_stream(resp, receive, send, head, drop_usage=drop_usage,
+                                     ends=call.dialect.ends_stream)
         call.started = relayed.started
         call.sent_body = relayed.sent_body
         call.events = relayed.events
         call.t_upstream = time.perf_counter() - t_up
         if relayed.end is StreamEnd.CLIENT_GONE:
-            call.status = "upstream_error"
-            call.http_status = 499
+            # The client hung up: no upstream fault. What it had been sent is its status
+            # (499, nginx's "client closed request", when not even the head went out).
+            call.status = "client_closed"
+            call.http_status = 200 if call.started else 499
             if not call.sent_body:
                 call.result = SettleResult.REFUNDABLE
         elif relayed.end is StreamEnd.BROKEN:

@@ -87,7 +87,9 @@ def spec_from_headers(episode_id: str, headers: dict[bytes, bytes]) -> EpisodeSp
     )
 
 
-def validate_payload(kind: str, body: bytes) -> dict[str, Any]:
+def parse_payload(body: bytes) -> dict[str, Any]:
+    """A model call's body: a JSON object with a non-empty string `model` and, if given, a
+    boolean `stream` (what every API needs; each dialect checks its own fields)."""
     try:
         payload = orjson.loads(body)
     except orjson.JSONDecodeError as e:
@@ -97,21 +99,6 @@ def validate_payload(kind: str, body: bytes) -> dict[str, Any]:
     model = payload.get("model")
     if not isinstance(model, str) or not model:
         raise invalid_request("'model' is required and must be a non-empty string", "model")
-    if kind in ("chat", "messages"):
-        messages = payload.get("messages")
-        if not isinstance(messages, list) or not messages:
-            raise invalid_request(
-                "'messages' is required and must be a non-empty array", "messages"
-            )
-        for i, m in enumerate(messages):
-            if not isinstance(m, dict) or not isinstance(m.get("role"), str):
-                raise invalid_request(
-                    f"messages[{i}] must be an object with a string 'role'", f"messages[{i}]"
-                )
-    elif kind == "completions" and "prompt" not in payload:
-        raise invalid_request("'prompt' is required", "prompt")
-    elif kind == "responses" and "input" not in payload:
-        raise invalid_request("'input' is required", "input")
     stream = payload.get("stream")
     if stream is not None and not isinstance(stream, bool):
         raise invalid_request("'stream' must be a boolean", "stream")
@@ -161,37 +148,3 @@ def encode_exact(payload: dict[str, Any]) -> bytes:
     any size, which orjson refuses. Raises ValueError or RecursionError when it cannot."""
     return json.dumps(payload, ensure_ascii=False, allow_nan=False,
                       separators=(",", ":")).encode()
-
-
-def conversation_of(kind: str, payload: dict[str, Any]) -> list[Any]:
-    if kind in ("chat", "messages"):
-        msgs: list[Any] = payload["messages"]
-        return msgs
-    if kind == "completions":
-        return [{"role": "user", "content": payload.get("prompt")}]
-    inp = payload.get("input")
-    return inp if isinstance(inp, list) else [{"role": "user", "content": inp}]
-
-
-def read_reply(kind: str, data: bytes) -> dict[str, Any]:
-    try:
-        obj = orjson.loads(data)
-    except orjson.JSONDecodeError:
-        return {"message": None, "finish_reason": None, "usage": None}
-    if not isinstance(obj, dict):
-        return {"message": None, "finish_reason": None, "usage": None}
-    usage = obj.get("usage")
-    choices = obj.get("choices")
-    if isinstance(choices, list) and choices and isinstance(choices[0], dict):
-        c0 = choices[0]
-        if kind == "completions":
-            message: Any = {"role": "assistant", "content": c0.get("text")}
-        else:
-            message = c0.get("message")
-        return {"message": message, "finish_reason": c0.get("finish_reason"), "usage": usage}
-    if "error" in obj:
-        return {"message": None, "finish_reason": None, "usage": None, "error": obj["error"]}
-    # responses / messages APIs: keep the output as the reply
-    out = obj.get("output", obj.get("content"))
-    return {"message": {"role": "assistant", "content": out},
-            "finish_reason": obj.get("stop_reason", obj.get("status")), "usage": usage}

@@ -7,6 +7,7 @@ import contextlib
 import logging
 import os
 import time
+from collections.abc import Callable
 from typing import Any
 
 from opentelemetry.sdk.trace import SpanProcessor
@@ -118,6 +119,7 @@ class BudgetProxy:
                                 self.tracing, litellm_call)
         self.api = build_api(config, self.store, self.recorder, self.pool, self.registry)
         self._auth_keys = frozenset(f"Bearer {k}".encode() for k in config.auth.keys)
+        self._raw_keys = frozenset(k.encode() for k in config.auth.keys)
         self._sweeper: asyncio.Task[None] | None = None
         self._flusher: asyncio.Task[None] | None = None
 
@@ -141,7 +143,7 @@ class BudgetProxy:
                         await self.calls.handle(scope, receive, send, tail, eid)
                         return
                     if not is_valid_episode_id(eid):  # other routes ignore the id, not a bad one
-                        await send_error(send, invalid_episode_id())
+                        await send_error(send, invalid_episode_id(), None, _shape(tail))
                         return
                     scope = dict(scope)
                     scope["path"] = tail
@@ -154,7 +156,7 @@ class BudgetProxy:
             # The server gave up waiting for this request at shutdown (a stalled upload, a call
             # past server.shutdown_timeout_s): an OpenAI-shaped 503, which SDKs retry elsewhere,
             # instead of the server's plain-text 500.
-            if not await _answer_cancelled(send):
+            if not await _answer_cancelled(send, scope.get("path", "")):
                 raise
 
     async def _timed_api(self, scope: Scope, receive: Receive, send: Send) -> None:
@@ -162,17 +164,18 @@ class BudgetProxy:
         status = 500
         headers = dict(scope["headers"])
         if self._auth_keys and scope["path"].startswith("/v1") and (
-                headers.get(b"authorization") not in self._auth_keys):
+                headers.get(b"authorization") not in self._auth_keys) and (
+                headers.get(b"x-api-key") not in self._raw_keys):
             # Every /v1 route the API serves needs the key; checked here, before FastAPI,
             # which would judge a body (as JSON) before any route dependency ran.
-            await send_error(send, invalid_api_key())
+            await send_error(send, invalid_api_key(), None, _shape(scope["path"]))
             return
         if scope["method"] in ("POST", "PUT", "PATCH"):
             # The episode API and pass-through routes take no more than model calls do.
             limit = self.config.server.max_body_bytes
             declared = headers.get(b"content-length", b"0")
             if declared.isdigit() and int(declared) > limit:
-                await send_error(send, request_too_large(limit))
+                await send_error(send, request_too_large(limit), None, _shape(scope["path"]))
                 return
             receive = _limited(receive, limit)
 
@@ -267,11 +270,17 @@ def create_app(config: Config, **kwargs: Any) -> BudgetProxy:
     return BudgetProxy(config, **kwargs)
 
 
-async def _answer_cancelled(send: Send) -> bool:
+def _shape(path: str) -> Callable[[ProxyError], bytes] | None:
+    """How an error on `path` is written: Anthropic's shape on the Messages API's routes."""
+    return ProxyError.anthropic_body if path.startswith("/v1/messages") else None
+
+
+async def _answer_cancelled(send: Send, path: str) -> bool:
     """Answer a request cancelled before its response began; False if it had begun."""
     try:
         await send_error(send, ProxyError(
-            503, "shutting_down", "The proxy is shutting down; retry the request"))
+            503, "shutting_down", "The proxy is shutting down; retry the request"), None,
+            _shape(split[1] if (split := split_episode_prefix(path)) else path))
     except Exception:  # the response had started: the server closes the connection
         return False
     return True

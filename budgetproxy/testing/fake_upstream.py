@@ -2,7 +2,10 @@
 
 Request headers steer it (the proxy forwards them): ``X-Fake-Status``, ``X-Fake-Delay-Ms``,
 ``X-Fake-Fail-Times`` + ``X-Fake-Fail-Key``, ``X-Fake-Chunks``, ``X-Fake-Chunk-Gap-Ms``,
-``X-Fake-Stream-Break-After``, ``X-Fake-Parallel-Tools`` and ``X-Fake-Echo-Request``.
+``X-Fake-Stream-Break-After``, ``X-Fake-Parallel-Tools``, ``X-Fake-Echo-Request`` and, on
+Messages, ``X-Fake-Cache-Read`` / ``X-Fake-Cache-Write``. Chat and text completions, the
+Responses API (function calls, the full event stream) and Anthropic Messages (tool_use, cache
+tokens, the full event stream) answer as the real APIs do.
 """
 
 from __future__ import annotations
@@ -21,6 +24,11 @@ import orjson
 from aiohttp import web
 
 from budgetproxy.serve.local_server import LocalAiohttpServer
+from budgetproxy.testing import fake_messages, fake_responses
+from budgetproxy.testing.fake_text import dummy_arguments as _dummy_arguments
+from budgetproxy.testing.fake_text import split as _split
+from budgetproxy.testing.fake_text import text_of as _text_of
+from budgetproxy.testing.fake_text import words as _words
 
 __all__ = ["FakeUpstream", "Received", "main"]
 
@@ -46,57 +54,15 @@ def _error(status: int, message: str, type_: str, code: str | None) -> web.Respo
     return web.Response(status=status, body=orjson.dumps(body), headers=_JSON)
 
 
-def _fault(status: int) -> web.Response:
+def _fault(status: int, path: str = "") -> web.Response:
+    if path.startswith("/v1/messages"):  # as Anthropic answers
+        kind = {429: "rate_limit_error", 529: "overloaded_error"}.get(
+            status, "api_error" if status >= 500 else "invalid_request_error")
+        body = {"type": "error", "error": {"type": kind, "message": f"injected fault {status}"}}
+        return web.Response(status=status, body=orjson.dumps(body), headers=_JSON)
     kind = "server_error" if status >= 500 else "invalid_request_error"
     code = "rate_limit_exceeded" if status == 429 else "fake_fault"
     return _error(status, f"injected fault {status}", kind, code)
-
-
-def _text_of(content: Any) -> str:
-    """The text of a message's content: a string, or the text parts of a list of parts."""
-    if isinstance(content, str):
-        return content
-    if isinstance(content, list):
-        return "".join(
-            str(p.get("text", "")) for p in content if isinstance(p, dict) and "text" in p
-        )
-    return ""
-
-
-def _words(text: str) -> int:
-    return len(text.split())
-
-
-def _split(text: str, n: int) -> Iterator[str]:
-    """Exactly ``n`` pieces (some may be empty) that concatenate to ``text``."""
-    size, extra = divmod(len(text), n)
-    start = 0
-    for i in range(n):
-        end = start + size + (1 if i < extra else 0)
-        yield text[start:end]
-        start = end
-
-
-def _dummy_arguments(tool: Any) -> str:
-    """Small deterministic JSON arguments that fit the tool's declared parameters."""
-    fn = tool.get("function", {}) if isinstance(tool, dict) else {}
-    params = fn.get("parameters") if isinstance(fn, dict) else None
-    props = params.get("properties") if isinstance(params, dict) else None
-    if not isinstance(props, dict):
-        return "{}"
-    values: dict[Any, Any] = {
-        "string": "fake",
-        "integer": 1,
-        "number": 1,
-        "boolean": True,
-        "array": [],
-        "object": {},
-    }
-    args = {
-        name: values.get(spec.get("type") if isinstance(spec, dict) else None)
-        for name, spec in props.items()
-    }
-    return orjson.dumps(args).decode()
 
 
 def _int_header(request: web.Request, name: str, default: int) -> int:
@@ -154,6 +120,8 @@ class FakeUpstream(LocalAiohttpServer):
         app.router.add_get("/v1/models", self._list_models)
         app.router.add_post("/v1/embeddings", self._embeddings)
         app.router.add_post("/v1/responses", self._responses)
+        app.router.add_post("/v1/messages", self._messages)
+        app.router.add_post("/v1/messages/count_tokens", self._count_tokens)
         # An OTLP/HTTP trace sink, so benchmarks can run with tracing exported somewhere real.
         app.router.add_post("/v1/traces", self._otlp_traces)
         app.router.add_route("*", "/{tail:.*}", self._not_found)
@@ -206,13 +174,13 @@ class FakeUpstream(LocalAiohttpServer):
     def _injected_fault(self, request: web.Request) -> web.Response | None:
         status = _int_header(request, "X-Fake-Status", 500)
         if "X-Fake-Fail-Times" not in request.headers:
-            return _fault(status) if status >= 300 else None
+            return _fault(status, request.path) if status >= 300 else None
         key = request.headers.get("X-Fake-Fail-Key", "")
         with self._lock:
             seen = self._failures.get(key, 0)
             self._failures[key] = seen + 1
         if seen < _int_header(request, "X-Fake-Fail-Times", 0):
-            return _fault(status)
+            return _fault(status, request.path)
         return None
 
     def _next_id(self, prefix: str) -> str:
@@ -478,51 +446,47 @@ class FakeUpstream(LocalAiohttpServer):
         req, fault = await self._receive(request)
         if fault is not None:
             return fault
-        given = req.get("input", "")
-        if isinstance(given, list):
-            last = given[-1] if given and isinstance(given[-1], dict) else {}
-            given = _text_of(last.get("content"))
-        text = "echo: " + str(given)
-        rid, mid = self._next_id("resp"), self._next_id("msg")
-        p, c = _words(str(given)), _words(text)
-        message = {
-            "type": "message",
-            "id": mid,
-            "status": "completed",
-            "role": "assistant",
-            "content": [{"type": "output_text", "text": text, "annotations": []}],
-        }
-        body = {
-            "id": rid,
-            "object": "response",
-            "created_at": int(time.time()),
-            "status": "completed",
-            "model": req.get("model", self.models[0]),
-            "output": [message],
-            "usage": {"input_tokens": p, "output_tokens": c, "total_tokens": p + c},
-        }
+        echo = request.headers.get("X-Fake-Echo-Request") == "1"
+        output = fake_responses.answer(req, _int_header(request, "X-Fake-Parallel-Tools", 1),
+                                       echo)
+        for item in output:
+            item["id"] = self._next_id("msg" if item["type"] == "message" else "fc")
+        body = fake_responses.response(
+            self._next_id("resp"), req, req.get("model", self.models[0]), output, "completed",
+            fake_responses.usage_of(req, output))
         if req.get("stream") is not True:
             return web.Response(body=orjson.dumps(body), headers=_JSON)
         chunks, gap, _ = self._stream_plan(request)
+        return await self._sse(request, fake_responses.events(body, chunks, gap))
 
-        def sse(kind: str, payload: dict[str, Any]) -> bytes:
-            data = orjson.dumps({"type": kind, **payload})
-            return b"event: " + kind.encode() + b"\ndata: " + data + b"\n\n"
+    async def _messages(self, request: web.Request) -> web.StreamResponse:
+        req, fault = await self._receive(request)
+        if fault is not None:
+            return fault
+        if not isinstance(req.get("messages"), list) or not isinstance(
+                req.get("max_tokens"), int):
+            body = {"type": "error", "error": {"type": "invalid_request_error",
+                                               "message": "messages and max_tokens are required"}}
+            return web.Response(status=400, body=orjson.dumps(body), headers=_JSON)
+        echo = request.headers.get("X-Fake-Echo-Request") == "1"
+        blocks, stop = fake_messages.answer(
+            req, _int_header(request, "X-Fake-Parallel-Tools", 1), echo)
+        usage = fake_messages.usage_of(req, blocks, _int_header(request, "X-Fake-Cache-Read", 0),
+                                       _int_header(request, "X-Fake-Cache-Write", 0))
+        body = fake_messages.message(self._next_id("msg"), req.get("model", self.models[0]),
+                                     blocks, stop, usage)
+        if req.get("stream") is not True:
+            return web.Response(body=orjson.dumps(body), headers=_JSON)
+        chunks, gap, _ = self._stream_plan(request)
+        return await self._sse(request, fake_messages.events(body, chunks, gap))
 
-        def events() -> Iterator[bytes | float]:
-            yield sse(
-                "response.created", {"response": body | {"status": "in_progress", "output": []}}
-            )
-            for i, piece in enumerate(_split(text, chunks)):
-                if i:
-                    yield gap
-                yield sse(
-                    "response.output_text.delta",
-                    {"item_id": mid, "output_index": 0, "content_index": 0, "delta": piece},
-                )
-            yield sse("response.completed", {"response": body})
-
-        return await self._sse(request, events())
+    async def _count_tokens(self, request: web.Request) -> web.Response:
+        req, fault = await self._receive(request)
+        if fault is not None:
+            return fault
+        usage = fake_messages.usage_of(req, [], 0, 0)
+        return web.Response(body=orjson.dumps({"input_tokens": usage["input_tokens"]}),
+                            headers=_JSON)
 
     async def _otlp_traces(self, request: web.Request) -> web.Response:
         body = await request.read()
@@ -550,6 +514,8 @@ request headers (the proxy forwards them):
   X-Fake-Stream-Break-After: N   cut the connection after N stream events
   X-Fake-Parallel-Tools: N       tool calls per answer when the request offers tools
   X-Fake-Echo-Request: 1         answer with the request's messages as JSON (to see a rewrite)
+  X-Fake-Cache-Read: N           Messages usage: cache_read_input_tokens (default 0)
+  X-Fake-Cache-Write: N          Messages usage: cache_creation_input_tokens (default 0)
 """
 
 
@@ -559,8 +525,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         formatter_class=argparse.RawDescriptionHelpFormatter,
         epilog=_HEADERS_HELP,
         prog="python -m budgetproxy.testing.fake_upstream",
-        description="A fake OpenAI-compatible model server: deterministic answers (it echoes the "
-        "last message) to any model name, SSE streams, tool calls, fault injection by X-Fake-* "
+        description="A fake OpenAI- and Anthropic-compatible model server: deterministic "
+        "answers (it echoes the last message) to any model name, SSE streams, tool calls, "
+        "fault injection by X-Fake-* "
         "request headers; it also takes OTLP/HTTP spans on POST /v1/traces. Prints its base URL.",
     )
     parser.add_argument("--host", default="127.0.0.1",

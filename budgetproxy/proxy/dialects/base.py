@@ -1,0 +1,110 @@
+"""The one Protocol every call kind's dialect speaks: what the hot path asks of an API."""
+
+from __future__ import annotations
+
+from typing import Any, Protocol
+
+from budgetproxy.core.disclosure import Placement
+from budgetproxy.errors import ProxyError
+
+# What a reply read back gives the log, metrics and spans:
+# {"message": {role, content (text or None), tool_calls?, ...}, "finish_reason", "usage"}
+Reply = dict[str, Any]
+EMPTY_REPLY: Reply = {"message": None, "finish_reason": None, "usage": None}
+
+
+class Dialect(Protocol):
+    """One API (chat, completions, responses, messages), as the hot path needs to know it.
+
+    The conversation is the list the proxy fingerprints, logs and places disclosure texts in
+    by index; a dialect may put a head item first (the instructions or the system prompt) so
+    a change to it shows as a rewritten conversation.
+    """
+
+    kind: str
+    # Head items the conversation starts with (instructions, system prompt) before messages.
+    heads: int
+    # Whether disclosed episodes get the text placed on this API (see `place`).
+    discloses: bool
+    # Whether a `kind: litellm` upstream can serve it (litellm.acompletion takes chat).
+    via_litellm: bool
+    # Ask the upstream for usage on streams (stream_options.include_usage) and drop the extra
+    # chunk when the client did not ask for it.
+    stream_usage: bool
+
+    def validate(self, payload: dict[str, Any]) -> None:
+        """Raise invalid_request when a field this API needs is missing or mistyped."""
+
+    def conversation(self, payload: dict[str, Any]) -> list[Any]:
+        """The conversation a payload carries, as the client sent it."""
+
+    def continues(self, payload: dict[str, Any]) -> str | None:
+        """The id of a response stored upstream that this call continues (Responses)."""
+
+    def placement_index(self, placement: Placement, conversation: list[Any]) -> int | None:
+        """The conversation index a turn's text attaches to; None when not replayed."""
+
+    def place(
+        self, payload: dict[str, Any], conversation: list[Any], placement: Placement, text: str,
+        again: list[tuple[int, str]],
+    ) -> dict[str, Any]:
+        """The payload with this turn's text placed and earlier ones (index, text) re-applied;
+        what it does not touch stays the client's own objects."""
+
+    def read_body(self, data: bytes) -> Reply:
+        """The reply in a whole (non-streamed) response body."""
+
+    def read_events(self, events: list[bytes]) -> Reply:
+        """The reply in a streamed response's SSE events."""
+
+    def ends_stream(self, event: bytes) -> bool:
+        """Whether an SSE event is the one that ends a whole answer's stream (a client may
+        hang up once it has it: that turn was answered in full)."""
+
+    def synthetic(
+        self, model: str, finish_reason: str, stream: bool, payload: dict[str, Any]
+    ) -> tuple[bytes, bytes]:
+        """Content type and body of the final reply of an exhausted episode (finish mode)."""
+
+    def error_body(self, err: ProxyError) -> bytes:
+        """An error the proxy itself answers, in this API's shape."""
+
+    def upstream_key_header(self, api_key: str) -> tuple[str, str]:
+        """The header that carries the upstream's own key."""
+
+    def log_fields(self, conversation: list[Any], seen: int) -> dict[str, Any]:
+        """The turn record's request_messages and messages_offset for the conversation from
+        index `seen` on, and any head field it logs (instructions, system)."""
+
+
+def head_log_fields(conversation: list[Any], seen: int, field: str) -> dict[str, Any]:
+    """log_fields for a conversation whose item 0 is a head `{field: value}` (the instructions
+    or system prompt): logged as `field` when the conversation is logged whole (its first
+    turn, or one whose head or history changed), its items' offsets counted without it."""
+    if not conversation:
+        return {"request_messages": [], "messages_offset": 0}
+    if seen == 0:
+        out: dict[str, Any] = {"request_messages": conversation[1:], "messages_offset": 0}
+        head = conversation[0].get(field) if isinstance(conversation[0], dict) else None
+        if head is not None:
+            out[field] = head
+        return out
+    return {"request_messages": conversation[seen:], "messages_offset": seen - 1}
+
+
+def lone_text(conversation: list[Any], heads: int) -> str | None:
+    """The text of a conversation's only user message (string content, or its text parts),
+    stripped; None when it holds more, or other, messages."""
+    if len(conversation) != heads + 1:
+        return None
+    m = conversation[heads]
+    if not isinstance(m, dict) or m.get("role", "user") != "user":
+        return None
+    content = m.get("content")
+    if isinstance(content, list):
+        parts = [p.get("text") for p in content if isinstance(p, dict)]
+        texts = [t for t in parts if isinstance(t, str)]
+        if not texts or len(texts) != len(content):
+            return None
+        content = "".join(texts)
+    return content.strip() if isinstance(content, str) else None

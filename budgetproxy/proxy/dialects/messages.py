@@ -1,0 +1,237 @@
+"""Anthropic Messages (/v1/messages): `messages` after a `system` head, cache markers aside."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import orjson
+
+from budgetproxy.core import disclosure
+from budgetproxy.core.disclosure import Placement
+from budgetproxy.errors import ProxyError
+from budgetproxy.proxy.dialects import messages_finish
+from budgetproxy.proxy.dialects.base import EMPTY_REPLY, Reply, head_log_fields
+from budgetproxy.proxy.dialects.chat import check_messages
+from budgetproxy.proxy.sse import event_data
+
+
+def _unmarked(value: Any) -> Any:
+    """A message or system prompt without its `cache_control` markers (blocks and the blocks
+    of tool results): clients move them to the newest message every turn, which is no change
+    to the conversation. Objects without markers are the client's own."""
+    if isinstance(value, list):
+        out = [_unmarked(v) for v in value]
+        return value if all(a is b for a, b in zip(out, value, strict=True)) else out
+    if not isinstance(value, dict):
+        return value
+    changed = "cache_control" in value
+    content = value.get("content")
+    inner = _unmarked(content) if isinstance(content, list) else content
+    if not changed and inner is content:
+        return value
+    out_d = {k: v for k, v in value.items() if k != "cache_control"}
+    if isinstance(content, list):
+        out_d["content"] = inner
+    return out_d
+
+
+def _is_user(m: Any) -> bool:
+    return isinstance(m, dict) and m.get("role") == "user"
+
+
+def _last_user(messages: list[Any]) -> int | None:
+    """The last user message (Claude Code may put a `system` message after it)."""
+    for i in range(len(messages) - 1, -1, -1):
+        if _is_user(messages[i]):
+            return i
+        if isinstance(messages[i], dict) and messages[i].get("role") == "assistant":
+            return None
+    return None
+
+
+def _append(message: Any, text: str) -> Any:
+    """A text block added to a user message, after its tool_result blocks."""
+    out = dict(message)
+    content = message.get("content")
+    block = {"type": "text", "text": text}
+    if isinstance(content, list):
+        out["content"] = [*content, block]
+    elif isinstance(content, str) and content:
+        out["content"] = [{"type": "text", "text": content}, block]
+    else:
+        out["content"] = [block]
+    return out
+
+
+def _new(text: str) -> dict[str, Any]:
+    return {"role": "user", "content": [{"type": "text", "text": text}]}
+
+
+def _system_with(system: Any, text: str) -> Any:
+    if isinstance(system, list):
+        return [*system, {"type": "text", "text": text}]
+    if isinstance(system, str) and system:
+        return system + "\n\n" + text
+    return text
+
+
+def read_message(obj: Any) -> Reply:
+    """A message object's reply: text, tool_use blocks as tool calls, stop reason, usage."""
+    if not isinstance(obj, dict):
+        return dict(EMPTY_REPLY)
+    if obj.get("type") == "error":
+        return {**EMPTY_REPLY, "error": obj.get("error")}
+    content = obj.get("content")
+    blocks = content if isinstance(content, list) else []
+    return {"message": message_of(blocks), "finish_reason": obj.get("stop_reason"),
+            "usage": obj.get("usage")}
+
+
+def message_of(blocks: list[Any]) -> dict[str, Any]:
+    text = "".join(b["text"] for b in blocks if isinstance(b, dict)
+                   and b.get("type") == "text" and isinstance(b.get("text"), str))
+    calls = [{"id": b.get("id"), "type": "function",
+              "function": {"name": b.get("name"), "arguments": orjson.dumps(
+                  b.get("input", {})).decode()}}
+             for b in blocks if isinstance(b, dict) and b.get("type") == "tool_use"]
+    message: dict[str, Any] = {"role": "assistant", "content": text or None}
+    if calls:
+        message["tool_calls"] = calls
+    message["content_blocks"] = blocks
+    return message
+
+
+def _merge_usage(usage: dict[str, Any], more: Any) -> None:
+    if isinstance(more, dict):
+        usage.update({k: v for k, v in more.items() if v is not None})
+
+
+class MessagesDialect:
+    kind = "messages"
+    heads = 1
+    via_litellm = False
+    discloses = True
+    stream_usage = False  # message_start and message_delta carry usage
+
+    def validate(self, payload: dict[str, Any]) -> None:
+        check_messages(payload)
+
+    def conversation(self, payload: dict[str, Any]) -> list[Any]:
+        return [{"system": _unmarked(payload.get("system"))},
+                *(_unmarked(m) for m in payload["messages"])]
+
+    def continues(self, payload: dict[str, Any]) -> str | None:
+        return None
+
+    def placement_index(self, placement: Placement, conversation: list[Any]) -> int | None:
+        if placement == "system":
+            return None
+        if placement == "last_message":
+            t = _last_user(conversation[1:])
+            return len(conversation) if t is None else t + 1
+        return len(conversation)
+
+    def place(
+        self, payload: dict[str, Any], conversation: list[Any], placement: Placement, text: str,
+        again: list[tuple[int, str]],
+    ) -> dict[str, Any]:
+        if placement == "system":
+            payload["system"] = _system_with(payload.get("system"), text)
+            return payload
+        items: list[Any] = payload["messages"]  # the client's, markers and all
+        n = len(items)
+        appends: dict[int, list[str]] = {}
+        inserts: dict[int, list[str]] = {}
+
+        def put(at: int, t: str) -> None:
+            # A text placed before item `at` joins the user message there instead of
+            # making two user messages in a row (which the API refuses).
+            if at - 1 >= 0 and _is_user(items[at - 1]):
+                appends.setdefault(at - 1, []).append(t)
+            elif at < n and _is_user(items[at]):
+                appends.setdefault(at, []).append(t)
+            else:
+                inserts.setdefault(at, []).append(t)
+
+        target = _last_user(items) if placement == "last_message" else None
+        for idx, old in sorted(again):
+            i = idx - 1  # conversation index -> message index
+            if i == target:  # this turn's own place (a resend of it): its text is new
+                continue
+            if placement == "last_message" and 0 <= i < n and _is_user(items[i]):
+                appends.setdefault(i, []).append(old)
+            elif 0 <= i < n:
+                put(i, old)
+        if target is not None:
+            appends.setdefault(target, []).append(text)
+        else:
+            put(n, text)
+        payload["messages"] = disclosure.edit(items, appends, inserts, _append, _new)
+        return payload
+
+    def read_body(self, data: bytes) -> Reply:
+        try:
+            return read_message(orjson.loads(data))
+        except orjson.JSONDecodeError:
+            return dict(EMPTY_REPLY)
+
+    def read_events(self, events: list[bytes]) -> Reply:
+        blocks: dict[int, dict[str, Any]] = {}
+        partial: dict[int, list[str]] = {}
+        usage: dict[str, Any] = {}
+        stop: Any = None
+        for event in events:
+            data = event_data(event)
+            if data is None:
+                continue
+            try:
+                obj = orjson.loads(data)
+            except orjson.JSONDecodeError:
+                continue
+            if not isinstance(obj, dict):
+                continue
+            kind, index = obj.get("type"), obj.get("index")
+            if kind == "message_start" and isinstance(obj.get("message"), dict):
+                _merge_usage(usage, obj["message"].get("usage"))
+            elif kind == "content_block_start" and isinstance(index, int):
+                block = obj.get("content_block")
+                blocks[index] = dict(block) if isinstance(block, dict) else {}
+            elif kind == "content_block_delta" and index in blocks:
+                delta = obj.get("delta")
+                if not isinstance(delta, dict):
+                    continue
+                block = blocks[index]
+                for key in ("text", "thinking", "signature"):
+                    if isinstance(delta.get(key), str):
+                        block[key] = block.get(key, "") + delta[key]
+                if isinstance(delta.get("partial_json"), str):
+                    partial.setdefault(index, []).append(delta["partial_json"])
+            elif kind == "message_delta":
+                delta = obj.get("delta")
+                if isinstance(delta, dict) and delta.get("stop_reason") is not None:
+                    stop = delta["stop_reason"]
+                _merge_usage(usage, obj.get("usage"))
+        for index, pieces in partial.items():
+            try:
+                blocks[index]["input"] = orjson.loads("".join(pieces) or "{}")
+            except orjson.JSONDecodeError:  # a stream cut inside a tool's arguments
+                blocks[index]["input"] = "".join(pieces)
+        message = message_of([blocks[i] for i in sorted(blocks)])
+        return {"message": message, "finish_reason": stop, "usage": usage or None}
+
+    def ends_stream(self, event: bytes) -> bool:
+        return b"message_stop" in event[:64]  # the `event:` line, or the data's "type"
+
+    def synthetic(
+        self, model: str, finish_reason: str, stream: bool, payload: dict[str, Any]
+    ) -> tuple[bytes, bytes]:
+        return messages_finish.reply(model, finish_reason, stream)
+
+    def error_body(self, err: ProxyError) -> bytes:
+        return err.anthropic_body()
+
+    def upstream_key_header(self, api_key: str) -> tuple[str, str]:
+        return "x-api-key", api_key
+
+    def log_fields(self, conversation: list[Any], seen: int) -> dict[str, Any]:
+        return head_log_fields(conversation, seen, "system")
