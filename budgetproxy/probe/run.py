@@ -199,5 +199,7 @@ async def run_probe(opts: ProbeOptions) -> dict[str, Any]:
             "failure_examples": failures[:FAILURE_EXAMPLES],
             "seconds": round(time.monotonic() - started, 3),
         },
-        "states": [st.origin() for st in plain + errors],
+        "states": [{**st.origin(), "a_mean": _mean(scored.values.get((st.key, "a"))),
+                    "b_mean": _mean(scored.values.get((st.key, "b")))}
+                   for st in plain + errors],
     }
