@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import gzip
 import random
 import re
 from collections import Counter, defaultdict
@@ -61,12 +62,12 @@ class Episode:
 
 
 def log_files(paths: Iterable[str | Path]) -> list[Path]:
-    """Every JSONL file named or under a named folder, each once."""
+    """Every JSONL file (rotated `.jsonl.gz` too) named or under a named folder, each once."""
     out: dict[Path, None] = {}
     for raw in paths:
         p = Path(raw)
         if p.is_dir():
-            for f in sorted([*p.rglob("*.jsonl")]):
+            for f in sorted([*p.rglob("*.jsonl"), *p.rglob("*.jsonl.gz")]):
                 out[f.resolve()] = None
         elif p.exists():
             out[p.resolve()] = None
@@ -80,7 +81,8 @@ def read_episodes(paths: Iterable[str | Path]) -> dict[str, Episode]:
     episodes: dict[str, Episode] = {}
     turns: dict[str, list[dict[str, Any]]] = defaultdict(list)
     for path in log_files(paths):
-        with path.open("rb") as fh:
+        opener = gzip.open if path.name.endswith(".gz") else open
+        with opener(path, "rb") as fh:
             for line in fh:
                 try:
                     rec = orjson.loads(line)

@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
+import gzip
+import json
 import random
+from pathlib import Path
 
 import pytest
 from hypothesis import given
@@ -16,6 +19,7 @@ from budgetproxy.probe.states import (
     episode_states,
     matched_sample,
     parse_selector,
+    read_episodes,
     select,
 )
 
@@ -128,3 +132,15 @@ def test_tool_error_injection_replaces_the_last_tool_result() -> None:
     assert corrected(state, {"content": "x"}) is None
     no_tool = State(**{**state.__dict__, "conversation": conv[:1], "messages": conv[:1]})
     assert inject_tool_error(no_tool, random.Random(0)) is None
+
+
+def test_rotated_gzip_logs_are_read_with_plain_ones(tmp_path: Path) -> None:
+    ep = _episode([_turn(1, 0, [{"role": "user", "content": "hi"}])])
+    with gzip.open(tmp_path / "a.jsonl.gz", "wt") as fh:
+        fh.write(json.dumps(ep.turns[0]) + "\n")
+    (tmp_path / "sub").mkdir()
+    (tmp_path / "sub" / "b.jsonl").write_text(json.dumps(ep.record) + "\n{broken\n")
+    got = read_episodes([tmp_path])
+    assert list(got) == ["e1"] and [t["turn"] for t in got["e1"].turns] == [1]
+    with pytest.raises(ProbeInputError, match="no such file"):
+        read_episodes([tmp_path / "missing"])
