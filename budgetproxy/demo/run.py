@@ -55,7 +55,7 @@ class DemoSettings:
     @classmethod
     def quick(cls, out: Path, seed: int = 0) -> DemoSettings:
         return cls(out=out, seed=seed, k=8, tasks=QUICK_TASKS, budgetmix_groups=2,
-                   probe_states=32)
+                   probe_states=32, probe_samples=4, probe_rollouts=1)
 
 
 @dataclass

@@ -40,6 +40,12 @@ def rows(result: Mapping[str, Any]) -> list[list[str]]:
 def _lines_after(result: Mapping[str, Any]) -> list[str]:
     s = result.get("settings") or {}
     lines = []
+    for key, label in VIEWS:
+        tasks = (result.get(key) or {}).get("by_task") or []
+        if tasks:
+            lines.append(f"A wins {label}, by task: " + ", ".join(
+                f"{t['task_id']} {_p(t['win_rate'])} (ties {_p(t['tie_rate'])}, "
+                f"{t['n_states']} states)" for t in tasks))
     corr = (result.get("error_states") or {}).get("correction")
     if corr:
         lines.append(f"Error correction (next action fixes or abandons the failed call): "

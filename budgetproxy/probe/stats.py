@@ -76,7 +76,8 @@ def _rates(rows: Sequence[Compared], resamples: int, seed: int) -> dict[str, Any
         return {"win_rate": None, "tie_rate": None, "ci_low": None, "ci_high": None,
                 "n_states": 0, "n_tasks": 0, "mean_diff": None}
     groups = _by_task(rows)
-    lo, hi = bootstrap(groups, lambda rs: _mean([r.win for r in rs]), resamples, seed)
+    lo, hi = (bootstrap(groups, lambda rs: _mean([r.win for r in rs]), resamples, seed)
+              if resamples else (None, None))
     return {"win_rate": _mean([r.win for r in rows]), "tie_rate": _mean([r.tie for r in rows]),
             "ci_low": lo, "ci_high": hi, "n_states": len(rows), "n_tasks": len(groups),
             "mean_diff": _mean([r.diff for r in rows])}
@@ -89,6 +90,11 @@ def summarize(rows: Sequence[Compared], resamples: int = 1000, seed: int = 0) ->
         {"depth": name, **_rates([r for r in rows if depth_of(r.fraction) == name],
                                  resamples, seed)}
         for name, _, _ in DEPTHS
+    ]
+    out["by_task"] = [
+        {"task_id": task, **{k: v for k, v in _rates(rs, 0, seed).items()
+                             if k not in ("ci_low", "ci_high", "n_tasks")}}
+        for task, rs in sorted(_by_task(rows).items())
     ]
     judged = [r for r in rows if r.a_corrected is not None and r.b_corrected is not None]
     if judged:

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import pytest
+
 from budgetproxy.probe.stats import Compared, Continued, summarize, summarize_continuation
 
 
@@ -18,6 +20,11 @@ def test_wins_ties_and_depths_are_counted_apart() -> None:
             depth["late"]["n_states"]) == (1, 1, 2)
     assert depth["late"]["win_rate"] == 0.5 and depth["middle"]["tie_rate"] == 1.0
     assert "correction" not in out
+    assert out["by_task"] == [
+        {"task_id": "t1", "win_rate": 0.5, "tie_rate": 0.5, "n_states": 2, "mean_diff": 0.2},
+        {"task_id": "t2", "win_rate": 0.5, "tie_rate": 0.0, "n_states": 2,
+         "mean_diff": pytest.approx(0.1)},
+    ]
 
 
 def test_a_view_without_states_has_nulls_and_the_ci_is_seeded() -> None:
