@@ -43,13 +43,13 @@ async def run_continuations(
             async with gate:
                 try:
                     won = await play_on(state, model=models[side], proxy=proxy, llm=llm,
-                                        seed=sample_seed(seed, "continue", state.key, r),
+                                        seed=sample_seed(seed, "continue", state.digest, r),
                                         tags=tags)
                 except Exception as e:  # a broken rollout is reported, never fatal
                     failures.append(f"continuation of {state.key} by {models[side]}: "
                                     f"{type(e).__name__}: {e}")
                     return
-            wins.setdefault((state.key, side), []).append(1.0 if won else 0.0)
+            wins.setdefault((state.key, side), []).append(1.0 if won else 0.0)  # order-free
 
         await asyncio.gather(*(one(st, side, r) for st in states for side in models
                                for r in range(rollouts)))

@@ -53,6 +53,7 @@ async def sample_actions(
     from openai.types.chat import ChatCompletion
 
     out = Sampled()
+    got: dict[tuple[str, str, int], dict[str, Any]] = {}
     gate = asyncio.Semaphore(concurrency)
     async with openai.AsyncOpenAI(
         base_url=f"{proxy_url.rstrip('/')}/v1", api_key=api_key, timeout=timeout_s,
@@ -62,7 +63,7 @@ async def sample_actions(
         async def one(state: State, side: str, g: int) -> None:
             body: dict[str, Any] = {
                 "model": models[side], "messages": list(state.messages),
-                "seed": sample_seed(seed, state.key, side, g),
+                "seed": sample_seed(seed, state.digest, side, g),
             }
             if tools:
                 body["tools"] = tools
@@ -77,9 +78,10 @@ async def sample_actions(
                 finally:
                     out.calls += 1
             if reply.choices:
-                out.actions.setdefault((state.key, side), []).append(
-                    assistant_message(reply.choices[0].message))
+                got[(state.key, side, g)] = assistant_message(reply.choices[0].message)
 
         await asyncio.gather(*(one(st, side, g) for st in states for side in models
                                for g in range(samples)))
+    for (key, side, _), action in sorted(got.items(), key=lambda kv: kv[0]):
+        out.actions.setdefault((key, side), []).append(action)  # in sample order, as sent
     return out

@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import functools
 import gzip
+import hashlib
 import random
 import re
 from collections import Counter, defaultdict
@@ -44,7 +46,19 @@ class State:
 
     @property
     def key(self) -> str:
+        """The state's identity in one run: episode, turn and any injected error."""
         return f"{self.episode_id}#{self.turn}" + (f"!{self.injected}" if self.injected else "")
+
+    @functools.cached_property
+    def digest(self) -> str:
+        """What the model sees, hashed: the same in every run over the same logs, where
+        episode ids and log order are not (sampling seeds and order derive from it)."""
+        return hashlib.sha256(orjson.dumps(self.messages, option=orjson.OPT_SORT_KEYS)
+                              ).hexdigest()
+
+    def order(self) -> tuple[str, float, int, str]:
+        """A canonical order of states: by content, then where in an episode it was."""
+        return (self.digest, self.fraction, self.remaining or 0, self.episode_id)
 
     def origin(self) -> dict[str, Any]:
         """Where the state came from, as the report lists it."""
@@ -250,7 +264,7 @@ def matched_sample(
     out: list[State] = []
     for t in tasks:
         for side in SIDES:
-            out += rng.sample(list(pools[side][t]), quota[t])
+            out += rng.sample(sorted(pools[side][t], key=State.order), quota[t])
     return out
 
 

@@ -173,3 +173,4 @@ def test_no_proxy_answering_exits_2(
     code = main(["probe", str(logs), "--proxy", f"http://127.0.0.1:{free_port()}", "--a",
                  "policy=A", "--b", "policy=B", "--scorer", "probe_scorers:prefers_a"])
     assert code == 2 and "no proxy answers" in capsys.readouterr().err
+

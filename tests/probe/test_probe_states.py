@@ -144,3 +144,27 @@ def test_rotated_gzip_logs_are_read_with_plain_ones(tmp_path: Path) -> None:
     assert list(got) == ["e1"] and [t["turn"] for t in got["e1"].turns] == [1]
     with pytest.raises(ProbeInputError, match="no such file"):
         read_episodes([tmp_path / "missing"])
+
+
+def test_the_sample_does_not_depend_on_log_order_or_episode_ids() -> None:
+    """Two runs of a concurrent harness log the same episodes in another order under other
+    ids: the same states are drawn (by what the model saw), with the same sampling digests."""
+    def pools(ids: list[str]) -> dict[str, dict[str, list[State]]]:
+        out: dict[str, dict[str, list[State]]] = {"a": {}, "b": {}}
+        for side in ("a", "b"):
+            for i, eid in enumerate(ids):
+                msgs = ({"role": "user", "content": f"{side} state {i}"},)
+                out[side].setdefault("t", []).append(State(
+                    task_id="t", source=side, episode_id=f"{side}-{eid}", turn=1,
+                    fraction=i / 10, conversation=msgs, messages=msgs, disclosure="hidden",
+                    budget=None, max_turns=None, remaining=None))
+        return out
+
+    first = pools([f"id{i}" for i in range(10)])
+    second = {side: {"t": list(reversed(pools([f"other{i}" for i in range(10)])[side]["t"]))}
+              for side in ("a", "b")}
+    one = matched_sample(first, 6, random.Random(7))
+    two = matched_sample(second, 6, random.Random(7))
+    assert [s.digest for s in one] == [s.digest for s in two]
+    assert [s.fraction for s in one] == [s.fraction for s in two]
+    assert {s.episode_id for s in one}.isdisjoint({s.episode_id for s in two})
