@@ -43,19 +43,28 @@ def _view(view: Mapping[str, Any], where: str, expected: str) -> str:
     if not view.get("n_states"):
         return f"{where}: no states to compare."
     win, tie = float(view["win_rate"]), float(view["tie_rate"])
-    loss = 1 - win - tie
-    even = (1 - tie) / 2  # the win rate at which A and B win equally often
-    lo, hi = float(view["ci_low"]), float(view["ci_high"])
-    leader = A if win > loss else B if loss > win else None
+    net, lo, hi = (float(view[k]) for k in ("net_win", "net_ci_low", "net_ci_high"))
+    diff, d_lo, d_hi = (float(view[k]) for k in ("mean_diff", "diff_ci_low", "diff_ci_high"))
+    leader = A if net > 0 else B if net < 0 else None
     if leader is None:
-        verdict = "neither wins"
+        verdict = "neither wins more states"
     else:
-        clear = lo > even if leader == A else hi < even
-        verdict = f"{leader} wins{'' if clear else ' (the interval includes an even split)'}"
+        # whether each interval is clear of no difference, on the leader's side
+        by_states, by_value = (lo > 0, d_lo > 0) if leader == A else (hi < 0, d_hi < 0)
+        verdict = f"{leader} wins" + {
+            (True, True): "",
+            (True, False): " (by states won; the mean-value interval includes no difference)",
+            (False, True): " (by mean action value; the states-won interval includes no "
+                           "difference)",
+            (False, False): " (both intervals include no difference)",
+        }[(by_states, by_value)]
     shown = " — as expected" if leader == expected else " — not the expected picture"
     return (f"{where} ({view['n_states']} states, Q* of each action): {A}'s actions beat "
-            f"{B}'s on {_pct(win)} [95% CI {_pct(lo)}–{_pct(hi)}], lose on {_pct(loss)}, "
-            f"tie on {_pct(tie)}: {verdict}{shown}.")
+            f"{B}'s on {_pct(win)} [95% CI {_pct(float(view['ci_low']))}–"
+            f"{_pct(float(view['ci_high']))}], lose on {_pct(1 - win - tie)}, tie on "
+            f"{_pct(tie)}; net {100 * net:+.0f} points [95% CI {100 * lo:+.0f} to "
+            f"{100 * hi:+.0f}]; mean Q* {A} − {B} {diff:+.3f} [95% CI {d_lo:+.3f} to "
+            f"{d_hi:+.3f}]: {verdict}{shown}.")
 
 
 def claims(result: Mapping[str, Any]) -> list[str]:

@@ -23,17 +23,36 @@ def _diff(v: Any) -> str:
     return "—" if v is None else f"{float(v):+.4f}"
 
 
+def _diff_ci(view: Mapping[str, Any]) -> str:
+    out = _diff(view.get("mean_diff"))
+    if view.get("diff_ci_low") is not None:
+        out += f" [{_diff(view['diff_ci_low'])}, {_diff(view['diff_ci_high'])}]"
+    return out
+
+
+def _net(view: Mapping[str, Any]) -> str:
+    if view.get("net_win") is None:
+        return "—"
+    out = f"{100 * float(view['net_win']):+.0f}"
+    if view.get("net_ci_low") is not None:
+        out += f" [{100 * float(view['net_ci_low']):+.0f}, {100 * float(view['net_ci_high']):+.0f}]"
+    return out
+
+
+def _row(label: str, depth: str, view: Mapping[str, Any]) -> list[str]:
+    return [label, depth, _p(view.get("win_rate")), _p(view.get("tie_rate")), _ci(view),
+            _net(view), _diff_ci(view), str(view.get("n_states", 0))]
+
+
 def rows(result: Mapping[str, Any]) -> list[list[str]]:
-    """Header and one row per view and depth: win, tie, CI, mean value difference, states."""
-    out = [["view", "depth", "A wins", "ties", "95% CI (wins)", "mean A−B", "states"]]
+    """Header and one row per view and depth: wins, ties, the wins' CI, net wins (wins −
+    losses, in points, with CI), the mean value difference (with CI), states."""
+    out = [["view", "depth", "A wins", "ties", "95% CI (wins)", "net [95% CI]",
+            "mean A−B [95% CI]", "states"]]
     for key, label in VIEWS:
         view = result.get(key) or {}
-        out.append([label, "all", _p(view.get("win_rate")), _p(view.get("tie_rate")), _ci(view),
-                    _diff(view.get("mean_diff")), str(view.get("n_states", 0))])
-        for d in view.get("by_depth") or []:
-            if d.get("n_states"):
-                out.append(["", d["depth"], _p(d.get("win_rate")), _p(d.get("tie_rate")),
-                            _ci(d), _diff(d.get("mean_diff")), str(d["n_states"])])
+        out.append(_row(label, "all", view))
+        out += [_row("", d["depth"], d) for d in view.get("by_depth") or [] if d.get("n_states")]
     return out
 
 

@@ -35,6 +35,11 @@ class Compared:
     def tie(self) -> float:
         return 1.0 if abs(self.diff) <= TIE else 0.0
 
+    @property
+    def net(self) -> float:
+        """+1 when A wins the state, −1 when B does, 0 on a tie."""
+        return 1.0 if self.diff > TIE else -1.0 if self.diff < -TIE else 0.0
+
 
 def depth_of(fraction: float) -> str:
     return next(name for name, lo, hi in DEPTHS if lo <= fraction < hi)
@@ -72,15 +77,26 @@ def _by_task(rows: Sequence[Compared]) -> dict[str, list[Compared]]:
 
 
 def _rates(rows: Sequence[Compared], resamples: int, seed: int) -> dict[str, Any]:
+    """Win and tie rates with the win rate's CI; the net win (wins − losses, ties apart:
+    which policy wins more states) and the mean value difference A − B (by how much), each
+    with its own CI."""
     if not rows:
         return {"win_rate": None, "tie_rate": None, "ci_low": None, "ci_high": None,
-                "n_states": 0, "n_tasks": 0, "mean_diff": None}
+                "n_states": 0, "n_tasks": 0, "mean_diff": None, "diff_ci_low": None,
+                "diff_ci_high": None, "net_win": None, "net_ci_low": None, "net_ci_high": None}
     groups = _by_task(rows)
-    lo, hi = (bootstrap(groups, lambda rs: _mean([r.win for r in rs]), resamples, seed)
-              if resamples else (None, None))
+    lo = hi = net_lo = net_hi = diff_lo = diff_hi = None
+    if resamples:
+        lo, hi = bootstrap(groups, lambda rs: _mean([r.win for r in rs]), resamples, seed)
+        net_lo, net_hi = bootstrap(groups, lambda rs: _mean([r.net for r in rs]), resamples,
+                                   seed)
+        diff_lo, diff_hi = bootstrap(groups, lambda rs: _mean([r.diff for r in rs]),
+                                     resamples, seed)
     return {"win_rate": _mean([r.win for r in rows]), "tie_rate": _mean([r.tie for r in rows]),
             "ci_low": lo, "ci_high": hi, "n_states": len(rows), "n_tasks": len(groups),
-            "mean_diff": _mean([r.diff for r in rows])}
+            "mean_diff": _mean([r.diff for r in rows]), "diff_ci_low": diff_lo,
+            "diff_ci_high": diff_hi, "net_win": _mean([r.net for r in rows]),
+            "net_ci_low": net_lo, "net_ci_high": net_hi}
 
 
 def summarize(rows: Sequence[Compared], resamples: int = 1000, seed: int = 0) -> dict[str, Any]:
@@ -93,7 +109,8 @@ def summarize(rows: Sequence[Compared], resamples: int = 1000, seed: int = 0) ->
     ]
     out["by_task"] = [
         {"task_id": task, **{k: v for k, v in _rates(rs, 0, seed).items()
-                             if k not in ("ci_low", "ci_high", "n_tasks")}}
+                             if k not in ("ci_low", "ci_high", "n_tasks", "net_ci_low",
+                                          "net_ci_high", "diff_ci_low", "diff_ci_high")}}
         for task, rs in sorted(_by_task(rows).items())
     ]
     judged = [r for r in rows if r.a_corrected is not None and r.b_corrected is not None]

@@ -98,6 +98,8 @@ def test_a_scorer_preferring_a_gives_win_rate_one_and_probe_calls_spend_nothing(
     assert (single["win_rate"], single["tie_rate"], single["ci_low"], single["ci_high"]) == (
         1.0, 0.0, 1.0, 1.0)
     assert single["mean_diff"] == 1.0 and single["n_tasks"] == 3
+    assert (single["net_win"], single["net_ci_low"], single["net_ci_high"]) == (1.0, 1.0, 1.0)
+    assert (single["diff_ci_low"], single["diff_ci_high"]) == (1.0, 1.0)
     sources = [s for s in result["states"] if s["injected"] is None]
     for task in TASKS:
         mine = [s["policy"] for s in sources if s["task_id"] == task]

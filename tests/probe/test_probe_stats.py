@@ -20,10 +20,14 @@ def test_wins_ties_and_depths_are_counted_apart() -> None:
             depth["late"]["n_states"]) == (1, 1, 2)
     assert depth["late"]["win_rate"] == 0.5 and depth["middle"]["tie_rate"] == 1.0
     assert "correction" not in out
+    assert out["net_win"] == (2 - 1) / 4
+    assert out["diff_ci_low"] <= out["mean_diff"] <= out["diff_ci_high"]
+    assert -1.0 <= out["net_ci_low"] <= out["net_win"] <= out["net_ci_high"] <= 1.0
     assert out["by_task"] == [
-        {"task_id": "t1", "win_rate": 0.5, "tie_rate": 0.5, "n_states": 2, "mean_diff": 0.2},
+        {"task_id": "t1", "win_rate": 0.5, "tie_rate": 0.5, "n_states": 2, "mean_diff": 0.2,
+         "net_win": 0.5},
         {"task_id": "t2", "win_rate": 0.5, "tie_rate": 0.0, "n_states": 2,
-         "mean_diff": pytest.approx(0.1)},
+         "mean_diff": pytest.approx(0.1), "net_win": 0.0},
     ]
 
 
