@@ -23,8 +23,8 @@ def turn_hash(route: str, body: bytes) -> str:
     return h.hexdigest()[:32]
 
 
-# A call carrying this header is a probe's (budgetproxy probe): forwarded, never counted in any
-# episode, logged as a "probe" record; the value names the probe run.
+# A call carrying this header is a probe's (budgetproxy probe): it names no episode (one that
+# does is refused), is forwarded, and is logged as a "probe" record; the value names the run.
 PROBE_HEADER = b"x-budgetproxy-probe"
 
 _STREAM_USAGE = b',"stream_options":{"include_usage":true}}'

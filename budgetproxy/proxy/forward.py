@@ -178,9 +178,14 @@ class ModelCalls:
             raise invalid_api_key()
         if len(headers) < len(scope["headers"]):  # a header sent twice: the dict kept the last
             self._one_id_each(scope["headers"])
-        # A probe's call (budgetproxy probe) is never an episode's turn, whatever id it names.
+        eid = self._episode_id(headers, path_episode)
+        # A probe's call (budgetproxy probe) is never an episode's turn. It may not name one:
+        # the marker would otherwise let any agent call past its budget.
         probe = headers.get(PROBE_HEADER)
-        eid = None if probe is not None else self._episode_id(headers, path_episode)
+        if probe is not None and eid is not None:
+            raise invalid_request(
+                "A probe call (X-Budgetproxy-Probe) names no episode: send it without an "
+                "episode id", "X-Budgetproxy-Probe")
         body = await read_body(receive, headers, self.max_body)
         dialect = call.dialect
         payload = parse_payload(body)
@@ -195,7 +200,7 @@ class ModelCalls:
             raise ProxyError(400, "unsupported_api", f"Upstream {upstream.name!r} (kind: "
                              f"litellm) serves chat completions only, not {call.route}",
                              param="model")
-        if eid is None and probe is None and self.cfg.episodes.require_id:
+        if eid is None and self.cfg.episodes.require_id:
             raise ProxyError(
                 400, "episode_id_required",
                 "This proxy requires an episode id (X-Episode-Id header or /episodes/{id}/v1 "

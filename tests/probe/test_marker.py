@@ -1,35 +1,48 @@
-"""The probe marker: a probe's model call is forwarded, never spends a turn, and is logged
-as a probe record, whatever episode id it names."""
+"""The probe marker: a probe's model call names no episode, is forwarded, spends no turn, and
+is logged as a probe record; a marked call that names an episode is refused, so the marker
+never lets an agent call past its budget."""
 
 from __future__ import annotations
 
-from conftest import ProxyFactory, new_id
+from conftest import ProxyFactory, assert_openai_error, chat_body, new_id
 
 
 def test_probe_call_spends_no_turn_and_leaves_a_probe_record(proxy: ProxyFactory) -> None:
-    p = proxy({"episodes": {"require_id": True}})
+    p = proxy({})
     eid = new_id("probe-src")
     client = p.client()
     client.chat.completions.create(model="m1", messages=[{"role": "user", "content": "t1"}],
                                    extra_headers={"X-Episode-Id": eid, "X-Episode-Budget": "3"})
     before = p.episode(eid)
     run = new_id("run")
-    for headers in ({"X-Budgetproxy-Probe": run, "X-Episode-Id": eid},
-                    {"X-Budgetproxy-Probe": run}):  # no id, and require_id set: still served
+    for _ in range(2):
         reply = client.chat.completions.with_raw_response.create(
-            model="m1", messages=[{"role": "user", "content": "state"}], extra_headers=headers)
+            model="m1", messages=[{"role": "user", "content": "state"}],
+            extra_headers={"X-Budgetproxy-Probe": run})
         assert reply.http_response.status_code == 200
         assert "x-episode-turn" not in reply.http_response.headers
-    # a probe on the episode's own path prefix is not its turn either
-    on_path = p.client(base_url=f"{p.url}/episodes/{eid}/v1")
-    on_path.chat.completions.create(model="m1", messages=[{"role": "user", "content": "x"}],
-                                    extra_headers={"X-Budgetproxy-Probe": run})
+    # Naming an episode too, in a header or the path, is refused before anything is spent.
+    http = p.http()
+    body = chat_body("x")
+    for path, headers in (("/v1/chat/completions", {"X-Episode-Id": eid}),
+                          (f"/episodes/{eid}/v1/chat/completions", {})):
+        resp = http.post(path, json=body, headers={"X-Budgetproxy-Probe": run, **headers})
+        assert_openai_error(resp, 400, "invalid_request", "X-Budgetproxy-Probe")
     after = p.episode(eid)
     assert after["turns_used"] == before["turns_used"] == 1
     assert after["remaining"] == before["remaining"] == 2
-    probes = p.wait_records(3, type="probe", probe_id=run)
-    assert len(probes) == 3
-    assert all(r["request_messages"][-1]["role"] == "user" for r in probes)
-    assert all(r["response"]["content"].startswith("echo: ") for r in probes)
+    probes = p.wait_records(2, type="probe", probe_id=run)
+    assert len(probes) == 2
+    assert all(r["request_messages"] == [{"role": "user", "content": "state"}] for r in probes)
+    assert all(r["response"]["content"] == "echo: state" for r in probes)
     assert all("episode_id" not in r for r in probes)
     assert len(p.records(type="turn", episode_id=eid)) == 1
+
+
+def test_require_id_refuses_probe_calls_like_any_call_without_an_episode(
+    proxy: ProxyFactory,
+) -> None:
+    p = proxy({"episodes": {"require_id": True}})
+    resp = p.http().post("/v1/chat/completions", json=chat_body("x"),
+                         headers={"X-Budgetproxy-Probe": new_id("run")})
+    assert_openai_error(resp, 400, "episode_id_required", "episode_id")

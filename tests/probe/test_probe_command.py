@@ -38,7 +38,6 @@ def setup(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[ProxyServe
     up = LabelledUpstream(models=["m-a", "m-b"]).start()
     config = load_config(None, {"upstreams": [{"name": "lab", "base_url": up.base_url}],
                                 "trajectories": {"dir": str(logs)},
-                                "episodes": {"require_id": True},
                                 "metrics": {"enabled": False}})
     server = ProxyServer(config).start()
     with BudgetClient(server.url) as api:
@@ -114,8 +113,7 @@ def test_a_scorer_preferring_a_gives_win_rate_one_and_probe_calls_spend_nothing(
     assert result["continuation"] is None
     calls = result["settings"]["probe_calls"]
     assert calls == (12 + injectable) * 2 * 3 and result["settings"]["sampling_failures"] == 0
-    # Every probe call is a probe record; no turn or episode record was added, and the proxy
-    # (require_id: true) served them without an episode id.
+    # Every probe call is a probe record; no turn or episode record was added.
     probe_id = result["settings"]["probe_id"]
     probes = _wait_records(logs, lambda r: r.get("probe_id") == probe_id, calls)
     assert len(probes) == calls and all(r["type"] == "probe" for r in probes)
