@@ -165,6 +165,8 @@ async def run_probe(opts: ProbeOptions) -> dict[str, Any]:
     sampled = await sample_actions(
         opts.proxy, plain + errors, models, opts.samples, seed=opts.seed, probe_id=probe_id,
         api_key=opts.api_key, tools=opts.tools, concurrency=opts.concurrency)
+    if sampled.failures and not sampled.actions:
+        raise ProbeInputError(f"every probe call failed, e.g. {sampled.failures[0]}")
     scored = await asyncio.to_thread(_score_all, opts.scorer, plain + errors, sampled)
     single, left_a = _compared(plain, scored)
     after, left_b = _compared(errors, scored)

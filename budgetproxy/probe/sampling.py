@@ -73,7 +73,9 @@ async def sample_actions(
                     reply = await client.post("/chat/completions", body=body,
                                               cast_to=ChatCompletion)
                 except openai.APIError as e:
-                    out.failures.append(f"{models[side]} on {state.key}: {e}")
+                    code = f" {e.code}" if getattr(e, "code", None) else ""
+                    out.failures.append(f"{models[side]} on {state.key}: "
+                                        f"{type(e).__name__}{code}: {e.message}")
                     return
                 finally:
                     out.calls += 1

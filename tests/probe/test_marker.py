@@ -4,7 +4,13 @@ never lets an agent call past its budget."""
 
 from __future__ import annotations
 
+import json
+from pathlib import Path
+
+import pytest
 from conftest import ProxyFactory, assert_openai_error, chat_body, new_id
+
+from budgetproxy.cli import main
 
 
 def test_probe_call_spends_no_turn_and_leaves_a_probe_record(proxy: ProxyFactory) -> None:
@@ -46,3 +52,23 @@ def test_require_id_refuses_probe_calls_like_any_call_without_an_episode(
     resp = p.http().post("/v1/chat/completions", json=chat_body("x"),
                          headers={"X-Budgetproxy-Probe": new_id("run")})
     assert_openai_error(resp, 400, "episode_id_required", "episode_id")
+
+
+def test_the_probe_says_so_when_its_proxy_refuses_every_call(
+    proxy: ProxyFactory, tmp_path: Path, capsys: pytest.CaptureFixture[str],
+) -> None:
+    """Against a proxy with require_id, `budgetproxy probe` exits 2 naming the refusal."""
+    p = proxy({"episodes": {"require_id": True}})
+    eid = new_id("logged")
+    p.client().chat.completions.create(model="m1", messages=[{"role": "user", "content": "a"}],
+                                       extra_headers={"X-Episode-Id": eid,
+                                                      "X-Episode-Task": "t"})
+    p.http().post(f"/v1/episodes/{eid}/outcome", json={"success": True})
+    p.wait_records(1, type="episode", episode_id=eid)
+    logs = tmp_path / "logs.jsonl"
+    logs.write_text("".join(json.dumps(r) + "\n" for r in p.records(episode_id=eid)))
+    code = main(["probe", str(logs), "--proxy", p.url, "--a", "model=m1", "--b",
+                 "task_id=t", "--scorer", "probe_scorers:prefers_a", "--states", "2",
+                 "--samples", "1"])
+    err = capsys.readouterr().err
+    assert code == 2 and "every probe call failed" in err and "episode_id_required" in err
