@@ -68,3 +68,18 @@ def test_the_probes_calls_and_episodes_stay_out_of_the_demo_logs(
     for r in continued:
         source, turn = r["tags"]["probe_state"].split("!")[0].split("#")
         assert r["budget"] == max(1, budgets[source] - int(turn) + 1), r["tags"]
+
+
+def test_analyze_passes_probe_records_over_and_leaves_continuations_out(
+    demo: tuple[subprocess.CompletedProcess[str], Path], capsys: pytest.CaptureFixture[str],
+) -> None:
+    done, out = demo
+    assert done.returncode == 0, done.stderr[-3000:]
+    from budgetproxy.cli import main
+
+    main(["analyze", str(out / "probe" / "trajectories"), "--json"])
+    result = json.loads(capsys.readouterr().out)
+    continued = [r for r in read_jsonl(out / "probe" / "trajectories") if r["type"] == "episode"]
+    assert result["inputs"]["skipped"] == 0 and result["inputs"]["skipped_reasons"] == {}
+    assert result["episodes"]["left_out_no_task_id"] == len(continued) > 0
+    assert result["pass_at"] == []
