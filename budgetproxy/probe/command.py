@@ -97,7 +97,14 @@ def options_from(args: argparse.Namespace) -> Any:
 
 def run(args: argparse.Namespace) -> int:
     """Run the probe; 0 on success, 2 on bad input or when no proxy answers."""
+    import importlib.util
     import re
+
+    missing = [n for n in ("openai", "httpx") if importlib.util.find_spec(n) is None]
+    if missing:
+        print(f"budgetproxy probe: missing {', '.join(missing)}: pip install {' '.join(missing)}"
+              " (or the [demo] extra)", file=sys.stderr)
+        return 2
 
     from budgetproxy.probe.report import format_text, html_page
     from budgetproxy.probe.run import run_probe
