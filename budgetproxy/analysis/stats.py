@@ -5,23 +5,33 @@ from __future__ import annotations
 import math
 from collections.abc import Sequence
 
-__all__ = ["bootstrap_ci", "chi_square", "chi_square_sf"]
+__all__ = ["FEW_TASKS", "bootstrap_ci", "chi_square", "chi_square_sf", "zero_width_note"]
 
 # Resample matrices are built in slices of at most this many cells to bound memory.
 _MAX_CELLS = 4_000_000
+
+# Below this many tasks a bootstrap interval over tasks rests on too few draws to trust.
+FEW_TASKS = 10
 
 
 def bootstrap_ci(
     values: Sequence[float], resamples: int = 1000, seed: int = 0, confidence: float = 0.95
 ) -> tuple[float, float]:
-    """Percentile bootstrap CI of the mean of `values` (one value per task, resampled)."""
+    """Percentile bootstrap CI of the mean of `values` (one value per task, resampled).
+
+    The draws pick positions, so the same values in the same order and the same seed give the
+    same interval: callers pass tasks in a fixed order (sorted by task_id)."""
     import numpy as np
 
+    if resamples < 1:
+        raise ValueError(f"resamples must be at least 1, got {resamples}")
+    if seed < 0:
+        raise ValueError(f"seed must be non-negative, got {seed}")
     data = np.asarray(values, dtype=np.float64)
     m = len(data)
     if m == 0:
         raise ValueError("no values to resample")
-    if m == 1 or resamples < 1 or float(data.min()) == float(data.max()):
+    if m == 1 or float(data.min()) == float(data.max()):
         return float(data[0]), float(data[0])
     rng = np.random.default_rng(seed)
     means = np.empty(resamples, dtype=np.float64)
@@ -33,6 +43,22 @@ def bootstrap_ci(
     alpha = (1.0 - confidence) / 2
     low, high = np.quantile(means, [alpha, 1.0 - alpha])
     return float(low), float(high)
+
+
+def zero_width_note(values: Sequence[float], low: float, high: float) -> str | None:
+    """Why an interval has zero width, in words for a reader; None when it has width.
+
+    A zero-width interval is not certainty: with one task there is nothing to resample, and
+    when every task has the same value every resample has it too."""
+    if low < high:
+        return None
+    if len(values) == 1:
+        return "zero width: one task"
+    if all(v == 1.0 for v in values):
+        return "zero width: all tasks at 1"
+    if all(v == 0.0 for v in values):
+        return "zero width: all tasks at 0"
+    return "zero width: all tasks equal"
 
 
 def chi_square(observed: Sequence[float], expected: Sequence[float]) -> float:
