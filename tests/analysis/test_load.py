@@ -196,3 +196,23 @@ def test_an_unreadable_file_is_skipped_and_named(tmp_path: Path, con: Any) -> No
     assert sorted(Path(f).name for f, _ in summary.unreadable) == ["broken.parquet",
                                                                    "cut.jsonl.gz"]  # fmt: skip
     assert summary.readable.jsonl == [str(tmp_path / "good.jsonl")]
+
+
+def test_lines_that_are_not_utf8_are_skipped_and_counted(tmp_path: Path, con: Any) -> None:
+    # The proxy writes raw UTF-8: a crash mid-write can tear a line inside a multi-byte
+    # character. That line, and one with a stray invalid byte, are skipped; the file is read.
+    good = lines([turn("a", 1, response={"content": "déjà vu ✓"}), episode("a"),
+                  episode("b", task="t2", tags={"note": "naïve"})]).encode()  # fmt: skip
+    torn = json.dumps(episode("c"), ensure_ascii=False).encode()[:-3] + "é".encode()[:1]
+    stray = json.dumps(episode("d")).encode().replace(b'"t1"', b'"t\xff1"')
+    path = tmp_path / "log.jsonl"
+    path.write_bytes(good + torn + b"\n" + stray + b"\n" + lines([episode("e")]).encode())
+    with gzip.open(tmp_path / "more.jsonl.gz", "wb") as f:
+        f.write(lines([episode("f")]).encode() + b'{"schema": 1, "type": "turn", "x": "\xe2\x82')
+    summary = read(con, path, tmp_path / "more.jsonl.gz")
+    assert summary.unreadable == []
+    assert (summary.turn_records, summary.episodes) == (1, 4)  # a, b, e, f
+    reasons = {reason: n for reason, n, _ in summary.reasons}
+    assert reasons == {"not valid UTF-8 (torn line?)": 3}
+    example = next(ex for _, _, ex in summary.reasons)
+    assert example.startswith(str(path)) and "line 4" in example

@@ -169,17 +169,42 @@ def test_by_tag_and_by_two_fields(tmp_path: Path, con: Any) -> None:
     ]
 
 
-def test_duplicate_episode_records_keep_the_last(tmp_path: Path, con: Any) -> None:
+def test_duplicate_episode_records_keep_the_last_line(tmp_path: Path, con: Any) -> None:
+    # The last record wins by position, not by ended_at: a later line of the same file.
     log = write(tmp_path / "log.jsonl", [
         episode("a", ended_at="2026-11-30T10:05:00.000Z"),
-        win("a", 2, ended_at="2026-11-30T10:09:00.000Z"),
-        episode("a", ended_at="2026-11-30T10:07:00.000Z"),
+        episode("a", ended_at="2026-11-30T10:09:00.000Z"),
+        win("a", 2, ended_at="2026-11-30T10:07:00.000Z"),
         win("b", 2), win("b", 2),
     ])  # fmt: skip
     summary = load.load_episodes(con, load.discover([str(log)]), Progress(0))
     assert (summary.episode_records, summary.episodes, summary.duplicates) == (5, 2, 3)
     cells = compute_cells(con, [1], [Budget(TIER, Fraction(100))], ["task_id"], 100, 0)
     assert cells[0].value == 1.0
+
+
+def test_the_last_record_wins_on_ties_file_order_then_line_order(tmp_path: Path) -> None:
+    # 200 failure-then-success pairs with equal ended_at: every episode ends a success.
+    pairs = [r for i in range(200) for r in (episode(f"e{i}", task=f"t{i % 20}"),
+                                             win(f"e{i}", 3, task=f"t{i % 20}"))]  # fmt: skip
+    log = write(tmp_path / "pairs.jsonl", pairs)
+    for _ in range(3):
+        with load.connect() as con:
+            cells = cells_for(con, log, [1], [Budget(TIER, Fraction(100))])
+        assert (cells[0].value, cells[0].n_episodes) == (1.0, 200)
+    # Across files the later file wins, whatever the lines say: b.jsonl after a.jsonl.
+    (tmp_path / "two").mkdir()
+    write(tmp_path / "two" / "a.jsonl", [win(f"e{i}", 3) for i in range(50)])
+    write(tmp_path / "two" / "b.jsonl", [episode(f"e{i}", ended_at="2026-11-30T09:00:00.000Z")
+                                         for i in range(50)])  # fmt: skip
+    with load.connect() as con:
+        cells = cells_for(con, tmp_path / "two", [1], [Budget(TIER, Fraction(100))])
+    assert (cells[0].value, cells[0].n_episodes) == (0.0, 50)
+    # Files named on the command line keep the order given.
+    with load.connect() as con:
+        load.load_episodes(con, load.discover([str(tmp_path / "two" / "b.jsonl"),
+                                               str(tmp_path / "two" / "a.jsonl")]), Progress(0))
+        assert compute_cells(con, [1], [Budget(TIER, Fraction(100))])[0].value == 1.0
 
 
 # --- the pipeline against a plain-Python reference -------------------------------------------
