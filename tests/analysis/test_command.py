@@ -433,3 +433,27 @@ def test_json_is_byte_identical_across_runs_with_the_same_seed(tmp_path: Path) -
         assert done.returncode in (0, 1), done.stderr
         outputs.add(done.stdout)
     assert len(outputs) == 1
+
+
+@pytest.mark.parametrize(("step", "max_turns"), [("0.4", 10), ("0.15", 10), ("0.3", 7), ("0.1", 20)])
+def test_audit_accepts_the_proxys_own_draws(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], step: str, max_turns: int
+) -> None:
+    # The budgets the proxy's sampler really draws, for steps that do not divide 1 too: the
+    # audit checks them against the same grid (capped at max_turns), so none is off-grid.
+    from budgetproxy.core.budget import draw_budgetmix
+
+    records = []
+    for t in range(4):
+        for g in range(250):
+            budget = draw_budgetmix(0, f"task{t}", f"g{g}", max_turns, float(step))
+            records += [
+                episode(f"t{t}-g{g}-e{e}", f"task{t}", f"g{g}", budget, max_turns=max_turns)
+                for e in range(2)
+            ]
+    log = tmp_path / "log.jsonl"
+    log.write_text("".join(json.dumps(r) + "\n" for r in records))
+    code = analyze(str(log), "--json", "--audit-budgetmix", "--budgetmix-step", step)
+    audit = json.loads(capsys.readouterr().out)["audit"]
+    assert audit["problems"] == [] and code == 0
+    assert audit["p_value"] is not None and audit["p_value"] > 0.01
