@@ -435,7 +435,9 @@ def test_json_is_byte_identical_across_runs_with_the_same_seed(tmp_path: Path) -
     assert len(outputs) == 1
 
 
-@pytest.mark.parametrize(("step", "max_turns"), [("0.4", 10), ("0.15", 10), ("0.3", 7), ("0.1", 20)])
+@pytest.mark.parametrize(
+    ("step", "max_turns"), [("0.4", 10), ("0.15", 10), ("0.3", 7), ("0.1", 20)]
+)
 def test_audit_accepts_the_proxys_own_draws(
     tmp_path: Path, capsys: pytest.CaptureFixture[str], step: str, max_turns: int
 ) -> None:
