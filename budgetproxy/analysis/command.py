@@ -7,15 +7,19 @@ from __future__ import annotations
 
 import argparse
 import json
+import re
 import sys
 from collections.abc import Callable, Sequence
 from fractions import Fraction
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import Any, NoReturn, TypeVar
 
 from budgetproxy.analysis.passk import to_fraction
+from budgetproxy.core.budget import TURNS_MAX
 
 T = TypeVar("T")
+
+DEFAULT_MEMORY_LIMIT = "1GB"
 
 DESCRIPTION = """\
 Read trajectory logs (JSONL, .jsonl.gz, Parquet; files or folders) and print Pass@(K,T):
@@ -38,23 +42,64 @@ def _list_of(parse: Callable[[str], T], what: str) -> Callable[[str], list[T]]:
 
 def _positive_int(text: str) -> int:
     value = int(text)
-    if value < 1:
+    if not 1 <= value <= TURNS_MAX:
         raise ValueError(text)
     return value
 
 
 def _percent(text: str) -> Fraction:
     value = to_fraction(text)
-    if value <= 0:
+    if not 0 < value <= 100:
         raise ValueError(text)
     return value
 
 
 def _step(text: str) -> Fraction:
-    value = to_fraction(text)
+    try:
+        value = to_fraction(text)
+    except (ValueError, ZeroDivisionError) as exc:
+        raise argparse.ArgumentTypeError(f"step must be in (0, 1], got {text!r}") from exc
     if not 0 < value <= 1:
         raise argparse.ArgumentTypeError(f"step must be in (0, 1], got {text!r}")
     return value
+
+
+def _int_in(low: int, high: int, what: str) -> Callable[[str], int]:
+    def parse(text: str) -> int:
+        try:
+            value = int(text)
+        except ValueError as exc:
+            raise argparse.ArgumentTypeError(f"expected {what}, got {text!r}") from exc
+        if not low <= value <= high:
+            raise argparse.ArgumentTypeError(f"expected {what}, got {text!r}")
+        return value
+
+    return parse
+
+
+def _alpha(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(f"expected a level in (0, 1), got {text!r}") from exc
+    if not 0 < value < 1:
+        raise argparse.ArgumentTypeError(f"expected a level in (0, 1), got {text!r}")
+    return value
+
+
+def _memory(text: str) -> str:
+    if not re.fullmatch(r"\d+(\.\d+)?\s*(KB|MB|GB|TB|KiB|MiB|GiB|TiB)", text.strip(), re.I):
+        raise argparse.ArgumentTypeError(f"expected a size like 2GB or 512MB, got {text!r}")
+    return text.strip()
+
+
+def _one_line_errors(parser: argparse.ArgumentParser) -> None:
+    """A bad argument is one line naming the flag, exit 2 (argparse would add the usage)."""
+
+    def error(message: str) -> NoReturn:
+        parser.exit(2, f"budgetproxy analyze: {message}\n")
+
+    parser.error = error  # type: ignore[method-assign]
 
 
 def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
@@ -74,7 +119,7 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
     )
     p.add_argument(
         "--tiers",
-        type=_list_of(_percent, "percentages like 25,50,75,100"),
+        type=_list_of(_percent, "percentages in (0, 100] like 25,50,75,100"),
         help="budget tiers in %% of each task's max_turns (default 25,50,75,100)",
     )
     p.add_argument(
@@ -91,8 +136,26 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
     )
     p.add_argument("--json", action="store_true", help="print JSON instead of tables")
     p.add_argument("--report", type=Path, metavar="FILE.html", help="write an HTML report")
-    p.add_argument("--seed", type=int, default=0, help="bootstrap seed (default 0)")
-    p.add_argument("--resamples", type=int, default=1000, help="bootstrap resamples (1000)")
+    p.add_argument(
+        "--seed",
+        type=_int_in(0, 2**63 - 1, "a seed in 0..2^63-1"),
+        default=0,
+        help="bootstrap seed (default 0)",
+    )
+    p.add_argument(
+        "--resamples",
+        type=_int_in(1, 1_000_000, "a number of resamples in 1..1000000"),
+        default=1000,
+        help="bootstrap resamples (default 1000)",
+    )
+    p.add_argument(
+        "--memory-limit",
+        type=_memory,
+        default=DEFAULT_MEMORY_LIMIT,
+        metavar="SIZE",
+        help=f"DuckDB's memory limit; past it, work spills to a temp folder "
+        f"(default {DEFAULT_MEMORY_LIMIT})",
+    )
     p.add_argument(
         "--audit-budgetmix",
         action="store_true",
@@ -114,7 +177,7 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
     )
     p.add_argument(
         "--budgetmix-alpha",
-        type=float,
+        type=_alpha,
         default=0.01,
         help="significance level of the uniformity test (default 0.01)",
     )
@@ -129,6 +192,7 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
         metavar="OUT",
         help="write OUT/episodes.parquet and OUT/turns.parquet",
     )
+    _one_line_errors(p)
     p.set_defaults(func=run)
 
 
@@ -171,7 +235,7 @@ def _run(args: argparse.Namespace) -> int:
     out: dict[str, Any] = {}
     text: list[str] = []
     code = 0
-    with load.connect() as con:
+    with load.connect(getattr(args, "memory_limit", DEFAULT_MEMORY_LIMIT)) as con:
         if args.error_pattern is not None:
             _check_pattern(con, args.error_pattern, "--error-pattern")
         if args.audit_groups is not None:

@@ -28,7 +28,11 @@ __all__ = [
 ]  # fmt: skip
 
 LOG_SUFFIXES = (".jsonl", ".jsonl.gz", ".parquet")
-MAX_LINE_BYTES = 1 << 30  # a turn record can carry a whole file in a tool result
+# The longest line read: twice the proxy's default request size cap (server.max_body_bytes,
+# 32 MiB), so a turn record carrying a whole request fits. Longer lines are skipped and
+# counted. DuckDB's readers hold buffers of a few times this size per thread, and those count
+# against the memory limit.
+MAX_LINE_BYTES = 64 << 20
 
 # Episode fields read from each record; all arrive as text and are validated in SQL.
 EPISODE_FIELDS = (
@@ -128,7 +132,8 @@ def _read_lines(files: Sequence[str]) -> str:
     return (
         f"read_csv({sql_list(files)}, columns = {{'line': 'VARCHAR'}}, header = false, "
         f"delim = '\x01', quote = '', escape = '', filename = true, auto_detect = false, "
-        f"max_line_size = {MAX_LINE_BYTES}, strict_mode = false, null_padding = true, "
+        f"max_line_size = {MAX_LINE_BYTES}, buffer_size = {MAX_LINE_BYTES}, "
+        f"strict_mode = false, null_padding = true, "
         f"ignore_errors = true, store_rejects = true, rejects_table = '{REJECTS}', "
         f"rejects_scan = '{REJECT_SCANS}') WITH ORDINALITY"
     )
@@ -168,7 +173,8 @@ SELECT file, kind,
          ELSE 'unknown record type ' || h[2] END AS reason,
     CASE WHEN kind = 'episode' THEN ord END AS ord,
     CASE WHEN kind = 'turn' THEN h[3] END AS episode_id,
-    count(*) AS n, min(CASE WHEN kind = 'bad' THEN left(line, 100) END) AS sample,
+    count(*) AS n, sum(coalesce(strlen(line), 0) + 1) AS bytes,
+    min(CASE WHEN kind = 'bad' THEN left(line, 100) END) AS sample,
     any_value(CASE WHEN kind = 'episode' THEN try(json_extract_string(line, {paths})) END) AS v
 FROM kinded GROUP BY ALL
 """
@@ -180,7 +186,7 @@ SELECT s.file_path AS file,
     CASE r.error_type WHEN 'INVALID ENCODING' THEN 'not valid UTF-8 (torn line?)'
          WHEN 'LINE SIZE OVER MAXIMUM' THEN 'line longer than {MAX_LINE_BYTES:,} bytes'
          ELSE 'unreadable line (' || lower(CAST(r.error_type AS VARCHAR)) || ')' END AS reason,
-    count(*) AS n,
+    count(*) AS n, sum(strlen(coalesce(r.csv_line, '')) + 1) AS bytes,
     min('line ' || r.line || ': ' || left(coalesce(r.csv_line, ''), 80)) AS sample
 FROM {REJECTS} r JOIN {REJECT_SCANS} s USING (scan_id, file_id)
 GROUP BY ALL
@@ -332,15 +338,46 @@ def _scan_jsonl(
             continue
         con.execute(REJECTED_SQL)
         _drop_rejects(con)
+        _count_long_lines(con, files)
         return files
     con.execute(
         "CREATE TEMP TABLE scan (file VARCHAR, kind VARCHAR, reason VARCHAR, ord BIGINT, "
-        "episode_id VARCHAR, n BIGINT, sample VARCHAR, v VARCHAR[])"
+        "episode_id VARCHAR, n BIGINT, bytes BIGINT, sample VARCHAR, v VARCHAR[])"
     )
     con.execute(
-        "CREATE TEMP TABLE rejected (file VARCHAR, reason VARCHAR, n BIGINT, sample VARCHAR)"
+        "CREATE TEMP TABLE rejected (file VARCHAR, reason VARCHAR, n BIGINT, bytes BIGINT, "
+        "sample VARCHAR)"
     )
     return files
+
+
+def _count_long_lines(con: Any, files: Sequence[str]) -> None:
+    """Count the lines longer than MAX_LINE_BYTES in uncompressed files.
+
+    DuckDB's reader drops such a line without a word, so the bytes it read are compared with
+    the file's size: what is missing, beyond one carriage return per line in a CRLF file, was
+    in lines too long to read. Their number is unknown: a file with any counts once.
+    (Compressed files have no size to compare with.)"""
+    read = {
+        str(f): (int(b or 0), int(n or 0))
+        for f, b, n in con.execute(
+            "SELECT file, sum(bytes), sum(n) FROM (SELECT file, bytes, n FROM scan "
+            "UNION ALL SELECT file, bytes, n FROM rejected) GROUP BY file"
+        ).fetchall()
+    }
+    for path in files:
+        if path.endswith(".gz"):
+            continue
+        seen, lines = read.get(path, (0, 0))
+        with open(path, "rb") as f:
+            crlf = f.readline(1 << 20).endswith(b"\r\n")
+        missing = Path(path).stat().st_size - seen - (lines if crlf else 0)
+        if missing >= MAX_LINE_BYTES // 2:
+            con.execute(
+                "INSERT INTO rejected VALUES (?, ?, ?, ?, ?)",
+                [path, f"line longer than {MAX_LINE_BYTES:,} bytes", 1, missing,
+                 f"{missing:,} bytes in one or more lines too long to read"],
+            )  # fmt: skip
 
 
 def _summarise(con: Any, inputs: Inputs) -> ScanSummary:

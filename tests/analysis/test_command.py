@@ -459,3 +459,26 @@ def test_audit_accepts_the_proxys_own_draws(
     audit = json.loads(capsys.readouterr().out)["audit"]
     assert audit["problems"] == [] and code == 0
     assert audit["p_value"] is not None and audit["p_value"] > 0.01
+
+
+@pytest.mark.parametrize(
+    ("flag", "value"),
+    [
+        ("--resamples", "0"), ("--resamples", "-5"), ("--seed", "-1"), ("--seed", "x"),
+        ("--budgetmix-alpha", "2"), ("--budgetmix-alpha", "-1"), ("--budgetmix-alpha", "0"),
+        ("--tiers", "1e400"), ("--tiers", "150"), ("--tiers", "0"), ("--tiers", "nan"),
+        ("--k", "0"), ("--k", "1,x"), ("--turns", "0"), ("--turns", "99999999999"),
+        ("--budgetmix-step", "0"), ("--budgetmix-step", "1.5"), ("--memory-limit", "lots"),
+    ],
+)  # fmt: skip
+def test_bad_arguments_exit_2_with_one_line_naming_the_flag(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], flag: str, value: str
+) -> None:
+    log = tmp_path / "log.jsonl"
+    log.write_text(json.dumps(episode_record("e1")) + "\n")
+    with pytest.raises(SystemExit) as exit_:
+        analyze(str(log), f"{flag}={value}")
+    assert exit_.value.code == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and err.startswith("budgetproxy analyze: "), err
+    assert flag in err, err

@@ -216,3 +216,19 @@ def test_lines_that_are_not_utf8_are_skipped_and_counted(tmp_path: Path, con: An
     assert reasons == {"not valid UTF-8 (torn line?)": 3}
     example = next(ex for _, _, ex in summary.reasons)
     assert example.startswith(str(path)) and "line 4" in example
+
+
+def test_a_line_past_the_limit_is_skipped_and_counted(
+    tmp_path: Path, con: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(load, "MAX_LINE_BYTES", 1 << 20)
+    huge = turn("a", 1, request_messages=[{"role": "tool", "content": "x" * (3 << 20)}])
+    path = tmp_path / "log.jsonl"
+    path.write_text(lines([turn("a", 1), huge, episode("a"), episode("b")]))
+    summary = read(con, path)
+    assert (summary.turn_records, summary.episodes, summary.skipped) == (1, 2, 1)
+    assert summary.reasons[0][0].startswith("line longer than")
+    crlf = tmp_path / "crlf.jsonl"
+    crlf.write_bytes(lines([turn("a", 1), episode("a")]).replace("\n", "\r\n").encode())
+    with load.connect() as other:
+        assert read(other, crlf).skipped == 0  # carriage returns are not missing bytes
