@@ -240,7 +240,8 @@ def _run(args: argparse.Namespace) -> int:
             _check_pattern(con, args.error_pattern, "--error-pattern")
         if args.audit_groups is not None:
             _check_pattern(con, args.audit_groups, "--audit-groups")
-        summary = load.load_episodes(con, inputs, progress)
+        fields = load.EPISODE_FIELDS if args.to_parquet is not None else load.TABLE_FIELDS
+        summary = load.load_episodes(con, inputs, progress, fields)
         _print_skipped(summary)
         if summary.episodes == 0:
             raise load.InputError(

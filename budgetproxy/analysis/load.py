@@ -23,8 +23,8 @@ from budgetproxy.analysis.progress import Progress
 from budgetproxy.trajectories.records import SCHEMA_VERSION
 
 __all__ = [
-    "EPISODE_FIELDS", "TURN_COLUMNS", "InputError", "Inputs", "ScanSummary", "connect",
-    "create_turns_view", "discover", "load_episodes", "sql_list", "sql_str",
+    "EPISODE_FIELDS", "TABLE_FIELDS", "TURN_COLUMNS", "InputError", "Inputs", "ScanSummary",
+    "connect", "create_turns_view", "discover", "load_episodes", "sql_list", "sql_str",
 ]  # fmt: skip
 
 LOG_SUFFIXES = (".jsonl", ".jsonl.gz", ".parquet")
@@ -40,6 +40,11 @@ EPISODE_FIELDS = (
     "disclosure", "announced_budget", "turns_used", "outcome", "success_turn", "reward",
     "exhausted", "end_reason", "started_at", "ended_at",
 )  # fmt: skip
+# What the tables, the report, the audit and the recovery view read; the rest (timestamps,
+# reward, the exhausted flag) only the Parquet export needs, so it alone reads them.
+TABLE_FIELDS = tuple(
+    f for f in EPISODE_FIELDS if f not in ("reward", "exhausted", "started_at", "ended_at")
+)
 
 TURN_COLUMNS = {
     "episode_id": "VARCHAR", "turn": "BIGINT", "attempt": "BIGINT", "ts": "VARCHAR",
@@ -260,12 +265,19 @@ QUALIFY row_number() OVER (PARTITION BY episode_id ORDER BY file_rank DESC, ord 
 """
 
 
-def load_episodes(con: Any, inputs: Inputs, progress: Progress) -> ScanSummary:
-    """Read every log file once; leave the temp table `episodes`; return the counts."""
+def load_episodes(
+    con: Any, inputs: Inputs, progress: Progress, fields: Sequence[str] = EPISODE_FIELDS
+) -> ScanSummary:
+    """Read every log file once; leave the temp table `episodes`; return the counts. Of the
+    EPISODE_FIELDS only `fields` are read from JSONL lines; the others are NULL."""
     con.execute(INT_MACRO)
-    names = ("schema", "type", *EPISODE_FIELDS)
+    names = ("schema", "type", *(f for f in EPISODE_FIELDS if f in fields))
     paths = sql_list(["$." + name for name in names])
-    columns = ", ".join(f'v[{i + 1}] AS "{name}"' for i, name in enumerate(names))
+    position = {name: i + 1 for i, name in enumerate(names)}
+    columns = ", ".join(
+        f'v[{position[name]}] AS "{name}"' if name in position else f'NULL::VARCHAR AS "{name}"'
+        for name in ("schema", "type", *EPISODE_FIELDS)
+    )
     con.execute("CREATE TEMP TABLE file_ranks (file VARCHAR, rank INTEGER)")
     ranks = inputs.ranks()
     if ranks:

@@ -232,3 +232,15 @@ def test_a_line_past_the_limit_is_skipped_and_counted(
     crlf.write_bytes(lines([turn("a", 1), episode("a")]).replace("\n", "\r\n").encode())
     with load.connect() as other:
         assert read(other, crlf).skipped == 0  # carriage returns are not missing bytes
+
+
+def test_the_connection_is_held_to_a_memory_limit_and_spills(tmp_path: Path) -> None:
+    path = tmp_path / "log.jsonl"
+    path.write_text(lines([episode(f"e{i}", task=f"t{i % 50}") for i in range(20_000)]))
+    with load.connect("64MB") as con:
+        (limit,) = con.execute("SELECT current_setting('memory_limit')").fetchone()
+        (spill,) = con.execute("SELECT current_setting('temp_directory')").fetchone()
+        assert limit.endswith("MiB") and float(limit.split()[0]) < 64
+        assert Path(spill).is_dir()
+        summary = read(con, path)
+    assert summary.episodes == 20_000
