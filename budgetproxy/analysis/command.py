@@ -93,6 +93,15 @@ def _memory(text: str) -> str:
     return text.strip()
 
 
+def _comparison(text: str) -> Any:
+    from budgetproxy.analysis.compare import parse_comparison
+
+    try:
+        return parse_comparison(text)
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from exc
+
+
 def _one_line_errors(parser: argparse.ArgumentParser) -> None:
     """A bad argument is one line naming the flag, exit 2 (argparse would add the usage)."""
 
@@ -133,6 +142,15 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
         default=[],
         help="split by disclosure, model, group, task_id or a tag name "
         "(comma-separated for several)",
+    )
+    p.add_argument(
+        "--compare",
+        type=_comparison,
+        action="append",
+        default=[],
+        metavar="FIELD=A,B",
+        help="paired differences A − B per task, with bootstrap CIs, per cell: e.g. "
+        "disclosure=disclosed,hidden or model=rl,base (a --by field or tag; may repeat)",
     )
     p.add_argument("--json", action="store_true", help="print JSON instead of tables")
     p.add_argument("--report", type=Path, metavar="FILE.html", help="write an HTML report")
@@ -220,6 +238,7 @@ def run(args: argparse.Namespace) -> int:
 
 def _run(args: argparse.Namespace) -> int:
     from budgetproxy.analysis import load
+    from budgetproxy.analysis.compare import format_differences
     from budgetproxy.analysis.progress import Progress
     from budgetproxy.analysis.table import Budget, compute_cells, format_cells
 
@@ -262,11 +281,16 @@ def _run(args: argparse.Namespace) -> int:
             "tiers": [f"{b.label}" for b in budgets if b.kind == "tier"],
             "turns": args.turns or [],
             "by": args.by,
+            "compare": [f"{c.field}={c.a},{c.b}" for c in args.compare],
             "resamples": args.resamples,
             "seed": args.seed,
             "confidence": 0.95,
         }
         text += [_summary_text(summary, counts), format_cells(cells, args.resamples, args.seed)]
+        differences = _compare(con, args, budgets)
+        if args.compare:
+            out["compare"] = [d.as_json() for ds in differences for d in ds]
+            text += [format_differences(ds, args.resamples, args.seed) for ds in differences]
         extra: list[tuple[str, str]] = []
         if args.error_pattern is not None:
             from budgetproxy.analysis.recovery import compute_recovery, format_recovery
@@ -315,6 +339,32 @@ def _run(args: argparse.Namespace) -> int:
         if not auditing:  # the audit's verdict decides the exit status on its own
             code = 1
     return code
+
+
+def _compare(con: Any, args: argparse.Namespace, budgets: Sequence[Any]) -> list[list[Any]]:
+    """The --compare differences, one list per comparison; a value no episode has is said."""
+    from budgetproxy.analysis.compare import compute_differences
+    from budgetproxy.analysis.table import by_expression
+
+    out = []
+    for comparison in args.compare:
+        found = {
+            r[0]
+            for r in con.execute(
+                f"SELECT DISTINCT {by_expression(comparison.field)} FROM episodes"
+            ).fetchall()
+        }
+        for value in (comparison.a, comparison.b):
+            if value not in found:
+                print(f"budgetproxy analyze: --compare {comparison.field}={comparison.a},"
+                      f"{comparison.b}: no episode has {comparison.field} = {value!r}",
+                      file=sys.stderr)  # fmt: skip
+        out.append(
+            compute_differences(
+                con, comparison, args.k, budgets, args.by, args.resamples, args.seed
+            )
+        )
+    return out
 
 
 def _check_pattern(con: Any, pattern: str, flag: str) -> None:

@@ -45,8 +45,11 @@ def bootstrap_ci(
     return float(low), float(high)
 
 
-def zero_width_note(values: Sequence[float], low: float, high: float) -> str | None:
+def zero_width_note(
+    values: Sequence[float], low: float, high: float, difference: bool = False
+) -> str | None:
     """Why an interval has zero width, in words for a reader; None when it has width.
+    `difference`: the values are paired differences, not per-task estimates.
 
     A zero-width interval is not certainty: with one task there is nothing to resample, and
     when every task has the same value every resample has it too."""
@@ -54,6 +57,8 @@ def zero_width_note(values: Sequence[float], low: float, high: float) -> str | N
         return None
     if len(values) == 1:
         return "zero width: one task"
+    if difference:
+        return "zero width: no task differs" if values[0] == 0 else "zero width: all tasks equal"
     if all(v == 1.0 for v in values):
         return "zero width: all tasks at 1"
     if all(v == 0.0 for v in values):
