@@ -465,7 +465,13 @@ def _write_report(
         "confidence intervals": f"95%, {args.resamples} bootstrap resamples over tasks, "
         f"seed {args.seed}",
     }
-    html = render_report(con, cells, by, facts, extra)
+    from budgetproxy.analysis.compare import compute_differences
+
+    differences = [
+        compute_differences(con, c, args.k, budgets, by, args.resamples, args.seed)
+        for c in args.compare
+    ]
+    html = render_report(con, cells, by, facts, extra, differences, args.resamples, args.seed)
     args.report.parent.mkdir(parents=True, exist_ok=True)
     args.report.write_text(html, encoding="utf-8")
     print(f"wrote {args.report}", file=sys.stderr)

@@ -5,7 +5,9 @@ from __future__ import annotations
 import math
 from collections.abc import Sequence
 
-__all__ = ["FEW_TASKS", "bootstrap_ci", "chi_square", "chi_square_sf", "zero_width_note"]
+__all__ = [
+    "FEW_TASKS", "bootstrap_ci", "chi_square", "chi_square_sf", "ratio_ci", "zero_width_note",
+]
 
 # Resample matrices are built in slices of at most this many cells to bound memory.
 _MAX_CELLS = 4_000_000
@@ -42,6 +44,34 @@ def bootstrap_ci(
         means[start:stop] = data[idx].mean(axis=1)
     alpha = (1.0 - confidence) / 2
     low, high = np.quantile(means, [alpha, 1.0 - alpha])
+    return float(low), float(high)
+
+
+def ratio_ci(
+    numerators: Sequence[int], denominators: Sequence[int], resamples: int = 1000, seed: int = 0
+) -> tuple[float, float]:
+    """Percentile bootstrap CI of Σ numerators / Σ denominators, resampling clusters (tasks):
+    episodes of one task are not independent draws, so they are resampled together."""
+    import numpy as np
+
+    num = np.asarray(numerators, dtype=np.float64)
+    den = np.asarray(denominators, dtype=np.float64)
+    m = len(num)
+    if m == 0 or float(den.sum()) == 0:
+        raise ValueError("no episodes to resample")
+    if m == 1:
+        value = float(num[0] / den[0])
+        return value, value
+    rng = np.random.default_rng(seed)
+    shares = np.empty(resamples, dtype=np.float64)
+    rows = max(1, _MAX_CELLS // m)
+    for start in range(0, resamples, rows):
+        stop = min(resamples, start + rows)
+        idx = rng.integers(0, m, size=(stop - start, m))
+        totals = den[idx].sum(axis=1)
+        shares[start:stop] = np.divide(num[idx].sum(axis=1), totals, where=totals > 0,
+                                       out=np.zeros(stop - start))  # fmt: skip
+    low, high = np.quantile(shares, [0.025, 0.975])
     return float(low), float(high)
 
 
