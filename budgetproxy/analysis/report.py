@@ -10,6 +10,7 @@ from typing import Any
 
 from budgetproxy.analysis.compare import Difference
 from budgetproxy.analysis.compare_chart import difference_charts
+from budgetproxy.analysis.passk import tier_to_turns
 from budgetproxy.analysis.stats import FEW_TASKS, ratio_ci
 from budgetproxy.analysis.svg import (
     PALETTE,
@@ -103,8 +104,11 @@ def _figure(svg: str, caption: str) -> str:
     return f"<figure>{svg}{text}</figure>"
 
 
-def pass_curves(cells: Sequence[Cell], colors: Mapping[str, str]) -> list[str]:
-    """One chart per K (and per kind of T): Pass@(K,T) over T, a line and CI per slice."""
+def pass_curves(
+    cells: Sequence[Cell], colors: Mapping[str, str], max_turns: int | None = None
+) -> list[str]:
+    """One chart per K (and per kind of T): Pass@(K,T) over T, a line and CI per slice. When
+    every task has the same `max_turns`, tier labels also say the turns they stand for."""
     charts = []
     for kind, x_title in (
         ("tier", "turn budget T (% of the task's max_turns)"),
@@ -131,11 +135,15 @@ def pass_curves(cells: Sequence[Cell], colors: Mapping[str, str]) -> list[str]:
                 if k > 1
                 else "no data (no eligible episodes)"
             )
+            labels, axis = [b.label for b in budgets], x_title
+            if kind == "tier" and max_turns is not None:
+                labels = [f"{b.label} ({tier_to_turns(b.value, max_turns)})" for b in budgets]
+                axis = f"turn budget T, % of max_turns = {max_turns} (in turns)"
             svg = line_chart(
                 f"Pass@({k},T)",
-                [b.label for b in budgets],
+                labels,
                 series,
-                x_title=x_title,
+                x_title=axis,
                 y_title=f"Pass@{k}",
                 y_max=1.0,
                 empty=empty,
@@ -354,11 +362,15 @@ def render_report(
         f"<tr><td>{escape(str(k))}</td><td>{escape(str(v))}</td></tr>" for k, v in summary.items()
     )
     colors = slice_colors(cells, con, by)
+    shared = con.execute(
+        "SELECT DISTINCT max_turns FROM episodes WHERE max_turns IS NOT NULL LIMIT 2"
+    ).fetchall()
+    max_turns = int(shared[0][0]) if len(shared) == 1 else None
     sections = [
         "<h2>Pass@(K,T)</h2><p class=muted>Mean over tasks of the unbiased estimator, with 95% "
         "bootstrap CIs over tasks. Hidden episodes count at every T up to their budget; "
         "disclosed ones only at their own budget.</p>",
-        f"<div class=charts>{''.join(pass_curves(cells, colors))}</div>",
+        f"<div class=charts>{''.join(pass_curves(cells, colors, max_turns))}</div>",
         pass_table(cells),
     ]
     if differences:

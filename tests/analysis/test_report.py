@@ -230,3 +230,10 @@ def test_report_has_paired_difference_charts_and_task_counts(tmp_path: Path, con
     assert "+25.0 [zero width: all tasks equal]" not in page  # the note is words, not a range
     assert "12 tasks, zero width: all tasks equal" in page
     assert "Tasks per point: 12" in page
+
+
+def test_tier_axis_says_turns_when_every_task_shares_max_turns(tmp_path: Path, con: Any) -> None:
+    loaded(con, tmp_path / "log.jsonl", [episode("a", budget=10, max_turns=10)])
+    cells = compute_cells(con, [1], [Budget("tier", Fraction(p)) for p in (25, 100)], [], 50, 0)
+    page = report.render_report(con, cells, ["disclosure"], {})
+    assert "25% (3)" in page and "100% (10)" in page and "max_turns = 10" in page
