@@ -131,9 +131,9 @@ REJECT_SCANS = "bp_reject_scans"
 
 def _read_lines(files: Sequence[str]) -> str:
     # Each line as one VARCHAR: \x01 never occurs unescaped in JSON text, and no quoting. A
-    # line DuckDB cannot read (invalid UTF-8, longer than the limit) goes to the rejects table
-    # and is counted, instead of failing the file. The ordinality numbers the lines in file
-    # order, then line order: it decides which record of an episode is the last.
+    # line that is not valid UTF-8 goes to the rejects table and is counted, instead of failing
+    # the file; one longer than the limit DuckDB drops unrecorded (see _count_long_lines). The
+    # ordinality numbers the lines in file order, then line order: the last record wins by it.
     return (
         f"read_csv({sql_list(files)}, columns = {{'line': 'VARCHAR'}}, header = false, "
         f"delim = '\x01', quote = '', escape = '', filename = true, auto_detect = false, "

@@ -19,7 +19,7 @@ from budgetproxy.analysis.svg import (
     ci_mark,
     line_chart,
 )
-from budgetproxy.analysis.table import Cell, by_expression, table_notes
+from budgetproxy.analysis.table import Cell, by_expression, interval_text, table_notes
 
 STYLE = """
 body { font: 14px/1.45 system-ui, sans-serif; color: #222; margin: 24px auto; max-width: 1360px;
@@ -169,9 +169,10 @@ def _pass_td(cell: Cell | None) -> str:
     if cell is None or cell.value is None:
         return "<td>—</td>"
     fewer = f" ({cell.n_tasks})" if cell.n_tasks < cell.tasks_eligible else ""
+    few = " †" if cell.n_tasks < FEW_TASKS else ""
     return (
-        f"<td>{_pct(cell.value)} <span class=muted>[{_pct(cell.ci_low)}, "
-        f"{_pct(cell.ci_high)}]{fewer}</span></td>"
+        f"<td>{_pct(cell.value)} <span class=muted>{escape(interval_text(cell))}{fewer}{few}"
+        f"</span></td>"
     )
 
 
@@ -192,9 +193,11 @@ def pass_table(cells: Sequence[Cell]) -> str:
         )
     left_out = any(c.value is not None and c.n_tasks < c.tasks_eligible for c in cells)
     missing = any(c.value is None for c in cells)
+    few = any(c.value is not None and c.n_tasks < FEW_TASKS for c in cells)
+    zero = any(c.ci_note is not None for c in cells)
     notes = [
         "Pass@(K,T) in %, mean over tasks, [95% bootstrap CI over tasks].",
-        *table_notes(left_out, missing),
+        *table_notes(left_out, missing, few, zero),
     ]
     items = "".join(f"<li>{escape(n)}</li>" for n in notes)
     return (

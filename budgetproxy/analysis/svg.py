@@ -223,7 +223,9 @@ def line_chart(
     f.axes(x_title, y_title)
     bands = ci_mark(series) == "shaded bands"
     shown = sum(1 for s in series if s.has_data)
-    nudge = 0.0 if bands else min(5.0, f.slot * 0.5 / shown)
+    # Whiskers of curves that meet near 0 or 1 (large K) would stack into one line: spread
+    # the series over up to 60% of a slot so each interval stays apart.
+    nudge = 0.0 if bands else min(12.0, f.slot * 0.6 / shown)
     rank = 0
     for n, s in enumerate(series):
         if not s.has_data:
