@@ -2,8 +2,8 @@
 
 Nothing here is asserted in advance. Each claim is a paired difference from ``budgetproxy
 analyze --json --compare`` (per task, bootstrap CI over tasks), printed with its interval, and
-an effect is named only where the interval excludes 0; otherwise the sentence says that this
-run does not show it.
+an effect is named only where the interval excludes 0 and rests on at least FEW_TASKS tasks;
+otherwise the sentence says that this run does not show it.
 """
 
 from __future__ import annotations
@@ -53,8 +53,9 @@ def _tasks(rows: Sequence[Mapping[str, Any]]) -> str:
 
 
 def _sign(row: Mapping[str, Any]) -> int:
-    """+1 / -1 when the interval lies above / below 0, else 0."""
-    if not row.get("excludes_zero"):
+    """+1 / -1 when the interval lies above / below 0 and rests on enough tasks, else 0: an
+    interval over two or three tasks excludes 0 too easily to name an effect by."""
+    if not row.get("excludes_zero") or int(row["n_tasks"]) < FEW_TASKS:
         return 0
     return 1 if row["diff"] > 0 else -1
 
@@ -79,6 +80,8 @@ def ordering_flip(
             f"  Both intervals exclude 0 with opposite signs: {first} is ahead under the tight "
             f"budget and {second} under the loose one. The order flips."
         )
+    elif min(int(tight["n_tasks"]), int(loose["n_tasks"])) < FEW_TASKS:
+        lines.append(f"  No flip this run can support: fewer than {FEW_TASKS} tasks.")
     else:
         weak = [t for t, r in ((TIGHT, tight), (LOOSE, loose)) if not _sign(r)]
         lines.append(
@@ -96,6 +99,13 @@ def ordering_flip(
     if at_k:
         lines.append("  At larger K: " + "; ".join(at_k) + ".")
     return lines, flipped
+
+
+def _rows(
+    diffs: Mapping[tuple[str, str, str, int], Any], policy: str, tiers: Sequence[str]
+) -> list[Mapping[str, Any]]:
+    rows = [diffs.get((DISCLOSURE[0], policy, t, 1)) for t in tiers]
+    return [r for r in rows if r is not None and r["diff"] is not None]
 
 
 def disclosure_effect(
@@ -165,7 +175,8 @@ def what_this_shows(
     tiers = sorted({t for _, _, t, _ in diffs}, key=lambda t: float(t.rstrip("%")))
     lines = [
         "What this shows (numbers from this run; differences of Pass@1 per task, with 95% "
-        "paired bootstrap intervals over tasks; * marks an interval that excludes 0):"
+        "paired bootstrap intervals over tasks; * marks an interval that excludes 0 on at least "
+        f"{FEW_TASKS} tasks):"
     ]
     flip_lines, _ = ordering_flip(diffs, ks)
     lines += ["- Budget-dependent ordering. " + flip_lines[0], *flip_lines[1:]]
@@ -179,7 +190,9 @@ def what_this_shows(
             + (f"; at {', '.join(others)} this run cannot tell the arms apart." if others
                else ".")  # fmt: skip
             if shown else
-            "  No interval excludes 0: this run does not show an effect of disclosure."
+            f"  Fewer than {FEW_TASKS} tasks: too few to name an effect of disclosure."
+            if min(int(r["n_tasks"]) for r in _rows(diffs, "budget-aware", tiers)) < FEW_TASKS
+            else "  No interval excludes 0: this run does not show an effect of disclosure."
         )
     for control in ("careful", "recovering"):
         control_lines, _ = disclosure_effect(diffs, control, tiers)

@@ -149,11 +149,16 @@ def test_summary_claims_only_what_the_intervals_support() -> None:
     assert "excludes 0 at 25%" in text and "at 100% this run cannot tell the arms apart" in text
     assert "careful hidden 1/2" in text
     # An interval that includes 0 is no flip, whatever the point estimates say.
-    rows[1] = _diff("policy", "hidden", "100%", 1, -0.09, -0.33, 0.05, tasks=4)
+    rows[1] = _diff("policy", "hidden", "100%", 1, -0.09, -0.33, 0.05)
     text = "\n".join(what_this_shows(rows, results))
     assert "The order flips" not in text
     assert "No flip this run can support: the interval at 100% includes 0." in text
+    # Intervals over a handful of tasks exclude 0 too easily: no effect is named on them.
+    few = [dict(r, n_tasks=2) for r in rows]
+    text = "\n".join(what_this_shows(few, results))
     assert "fewer than 10, so the intervals rest on few draws" in text
+    assert "No flip this run can support: fewer than 10 tasks." in text
+    assert "+0.39 [+0.23, +0.57];" in text and "Fewer than 10 tasks: too few to name" in text
     rows[4] = _diff("disclosure", "budget-aware", "25%", 1, 0.1, -0.1, 0.3)
     assert "this run does not show an effect of disclosure" in "\n".join(
         what_this_shows(rows, results))  # fmt: skip
