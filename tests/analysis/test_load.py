@@ -244,3 +244,23 @@ def test_the_connection_is_held_to_a_memory_limit_and_spills(tmp_path: Path) -> 
         assert Path(spill).is_dir()
         summary = read(con, path)
     assert summary.episodes == 20_000
+
+
+def test_last_record_wins_across_parquet_and_jsonl_in_the_order_given(tmp_path: Path) -> None:
+    won = lines([episode("a"), episode("b")])
+    lost = lines([episode("a", outcome="failure", end_reason="failure", success_turn=None),
+                  episode("b", outcome="failure", end_reason="failure", success_turn=None)])
+    (tmp_path / "won.jsonl").write_text(won)
+    with load.connect() as con:
+        read(con, tmp_path / "won.jsonl")
+        load.create_turns_view(con, load.discover([str(tmp_path / "won.jsonl")]))
+        episodes_file, _ = export_parquet(con, tmp_path / "pq", Progress(0))
+    (tmp_path / "lost.jsonl").write_text(lost)
+
+    def successes(*paths: Path) -> int:
+        with load.connect() as con:
+            read(con, *paths)
+            return int(con.execute("SELECT count(*) FROM episodes WHERE success").fetchone()[0])
+
+    assert successes(tmp_path / "lost.jsonl", episodes_file) == 2  # the Parquet file is later
+    assert successes(episodes_file, tmp_path / "lost.jsonl") == 0
