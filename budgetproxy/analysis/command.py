@@ -55,12 +55,15 @@ def _percent(text: str) -> Fraction:
 
 
 def _step(text: str) -> Fraction:
+    # At least 0.001: the grid has round(1/step) candidates, and a step of 1e-400 would be
+    # a list no machine holds.
+    what = f"step must be in [0.001, 1], got {text!r}"
     try:
         value = to_fraction(text)
     except (ValueError, ZeroDivisionError) as exc:
-        raise argparse.ArgumentTypeError(f"step must be in (0, 1], got {text!r}") from exc
-    if not 0 < value <= 1:
-        raise argparse.ArgumentTypeError(f"step must be in (0, 1], got {text!r}")
+        raise argparse.ArgumentTypeError(what) from exc
+    if not Fraction(1, 1000) <= value <= 1:
+        raise argparse.ArgumentTypeError(what)
     return value
 
 

@@ -468,7 +468,8 @@ def test_audit_accepts_the_proxys_own_draws(
         ("--budgetmix-alpha", "2"), ("--budgetmix-alpha", "-1"), ("--budgetmix-alpha", "0"),
         ("--tiers", "1e400"), ("--tiers", "150"), ("--tiers", "0"), ("--tiers", "nan"),
         ("--k", "0"), ("--k", "1,x"), ("--turns", "0"), ("--turns", "99999999999"),
-        ("--budgetmix-step", "0"), ("--budgetmix-step", "1.5"), ("--memory-limit", "lots"),
+        ("--budgetmix-step", "0"), ("--budgetmix-step", "1.5"), ("--budgetmix-step", "1e-400"),
+        ("--memory-limit", "lots"), ("--compare", "disclosure"), ("--resamples", "1e9"),
     ],
 )  # fmt: skip
 def test_bad_arguments_exit_2_with_one_line_naming_the_flag(
