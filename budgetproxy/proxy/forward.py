@@ -17,6 +17,7 @@ from budgetproxy.core import disclosure
 from budgetproxy.core.budget import tier_label
 from budgetproxy.core.episode import EpisodeState, Grant, GrantKind, SettleResult
 from budgetproxy.core.fingerprint import Fingerprint
+from budgetproxy.core.paths import wire_query
 from budgetproxy.core.spec import SpecError, new_episode
 from budgetproxy.core.usage import token_counts
 from budgetproxy.errors import (
@@ -108,6 +109,9 @@ class ModelCalls:
         self, scope: Scope, receive: Receive, send: Send, route: str, path_episode: str | None
     ) -> None:
         call = ModelCall(route, DIALECTS[route])
+        query = scope.get("query_string")
+        if query:
+            call.query = wire_query(query)
         try:
             await self._handle(call, scope, receive, send, path_episode)
         except ClientGone:

@@ -11,7 +11,7 @@ import aiohttp
 
 from budgetproxy.config import UpstreamConfig
 from budgetproxy.core.episode import SettleResult
-from budgetproxy.errors import ProxyError
+from budgetproxy.errors import ProxyError, upstream_redirect
 from budgetproxy.proxy.asgi import Receive, Send, send_response
 from budgetproxy.proxy.calls import ModelCall
 from budgetproxy.proxy.relay import StreamEnd, relay_stream
@@ -50,13 +50,14 @@ class UpstreamCall:
         self, call: ModelCall, upstream: UpstreamConfig, headers: dict[bytes, bytes], body: bytes,
         receive: Receive, send: Send, drop_usage: bool,
     ) -> None:
-        url = upstream.base_url + call.route[3:]
+        url = self.pool.url(upstream, call.route, call.query)
         t_up = time.perf_counter()
         try:
             out_headers = self.request_headers(headers, upstream, call)
             self.tracing.inject(call.span, out_headers)
             resp = await self.pool.session.post(
-                url, data=body, headers=out_headers, timeout=self.pool.timeout(upstream)
+                url, data=body, headers=out_headers, timeout=self.pool.timeout(upstream),
+                allow_redirects=False,
             )
         except (TimeoutError, aiohttp.ServerTimeoutError):
             self._fail(call, "timeout", t_up)
@@ -67,6 +68,9 @@ class UpstreamCall:
             raise ProxyError(502, "upstream_unreachable",
                              f"Upstream {upstream.name!r} is unreachable: {e}") from None
         try:
+            if 300 <= resp.status < 400:
+                self._fail(call, "redirect", t_up)
+                raise upstream_redirect(upstream.name, resp.status)
             ctype = resp.headers.get("content-type", "")
             if call.stream and resp.status == 200 and ctype.startswith("text/event-stream"):
                 await self._relay_stream(call, resp, receive, send, drop_usage, t_up)

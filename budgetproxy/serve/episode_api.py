@@ -20,8 +20,9 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 from budgetproxy.config import Config
 from budgetproxy.core.budget import TURNS_MAX, tier_label
 from budgetproxy.core.episode import EpisodeState, FinishStatus, OutcomeReport
+from budgetproxy.core.paths import wire_query
 from budgetproxy.core.spec import EpisodeSpec, SpecError, new_episode
-from budgetproxy.errors import ProxyError, checked_episode_id, request_too_large
+from budgetproxy.errors import ProxyError, checked_episode_id, request_too_large, upstream_redirect
 from budgetproxy.proxy.upstream import UpstreamPool
 from budgetproxy.store.base import EpisodeStore, StoreUnavailable
 from budgetproxy.trajectories.recorder import Recorder
@@ -261,8 +262,9 @@ def build_api(
         return await end_and_record(checked_episode_id(episode_id), None)
 
     @app.get("/v1/models")
-    async def list_models() -> Response:
+    async def list_models(request: Request) -> Response:
         merged: dict[str, dict[str, Any]] = {}
+        query = wire_query(request.scope["query_string"])
 
         async def fetch(u: Any) -> list[dict[str, Any]] | None:
             if u.kind != "openai":
@@ -270,8 +272,9 @@ def build_api(
                         if "*" not in m]
             headers = {"authorization": f"Bearer {u.api_key}"} if u.api_key else {}
             try:
-                async with pool.session.get(f"{u.base_url}/models", headers=headers,
-                                            timeout=aiohttp.ClientTimeout(total=10)) as r:
+                async with pool.session.get(pool.url(u, "/v1/models", query), headers=headers,
+                                            timeout=aiohttp.ClientTimeout(total=10),
+                                            allow_redirects=False) as r:
                     if r.status != 200:
                         log.warning("upstream %s answered %d to GET /models", u.name, r.status)
                         return None
@@ -328,12 +331,14 @@ def build_api(
             for name in ("authorization", "x-api-key"):
                 if name in request.headers:
                     headers[name] = request.headers[name]
-        url = f"{upstream.base_url}/{path}"
-        if request.url.query:
-            url += f"?{request.url.query}"
+        # the dispatcher made the path canonical (core.paths): it is sent as it was routed
+        url = pool.url(upstream, request.scope["path"], wire_query(request.scope["query_string"]))
         try:
             async with pool.session.request(request.method, url, data=body, headers=headers,
-                                            timeout=pool.timeout(upstream)) as r:
+                                            timeout=pool.timeout(upstream),
+                                            allow_redirects=False) as r:
+                if 300 <= r.status < 400:
+                    raise upstream_redirect(upstream.name, r.status)
                 data = await r.read()
                 out = {k: v for k, v in r.headers.items()
                        if k.lower() not in ("content-length", "content-encoding",
