@@ -17,6 +17,7 @@ from budgetproxy.core import disclosure
 from budgetproxy.core.budget import tier_label
 from budgetproxy.core.episode import EpisodeState, Grant, GrantKind, SettleResult
 from budgetproxy.core.fingerprint import Fingerprint
+from budgetproxy.core.keys import KeyRing
 from budgetproxy.core.paths import wire_query
 from budgetproxy.core.spec import SpecError, new_episode
 from budgetproxy.core.usage import token_counts
@@ -91,8 +92,7 @@ class ModelCalls:
         self.id_headers = tuple(dict.fromkeys(n.encode() for n in names))
         self.alias_headers = self.id_headers[1:]
         self._store_down_logged_at = float("-inf")
-        self.auth_keys = frozenset(f"Bearer {k}".encode() for k in config.auth.keys)
-        self.raw_keys = frozenset(k.encode() for k in config.auth.keys)
+        self.keys = KeyRing.of(config.auth)
         self.uncounted = tuple(config.episodes.uncounted_models)
         self.uncounted_prompts = frozenset(p.strip() for p in config.episodes.uncounted_prompts)
         self.budget_cfg = config.budget
@@ -102,7 +102,7 @@ class ModelCalls:
         self.upstream = UpstreamCall(
             pool, metrics, tracing, litellm_call,
             strip_headers=DROP_REQUEST_HEADERS | set(self.id_headers) | {PROBE_HEADER},
-            auth_keys=self.auth_keys, episode_headers=self._episode_headers, settle=self._settle)
+            own_keys=self.keys.required, episode_headers=self._episode_headers, settle=self._settle)
 
     # -- entry -------------------------------------------------------------------------------
     async def handle(
@@ -177,8 +177,8 @@ class ModelCalls:
         self, call: ModelCall, scope: Scope, receive: Receive, send: Send, path_episode: str | None
     ) -> None:
         headers: dict[bytes, bytes] = dict(scope["headers"])
-        if self.auth_keys and headers.get(b"authorization") not in self.auth_keys and (
-                headers.get(b"x-api-key") not in self.raw_keys):  # Anthropic clients' header
+        if self.keys.principal(headers.get(b"authorization"),
+                               headers.get(b"x-api-key")) is None:  # (x-api-key: Anthropic's)
             raise invalid_api_key()
         if len(headers) < len(scope["headers"]):  # a header sent twice: the dict kept the last
             self._one_id_each(scope["headers"])

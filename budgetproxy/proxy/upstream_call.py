@@ -33,7 +33,7 @@ class UpstreamCall:
     def __init__(
         self, pool: UpstreamPool, metrics: Metrics | None, tracing: Tracing,
         litellm_call: Callable[..., Any] | None, *, strip_headers: frozenset[bytes],
-        auth_keys: frozenset[bytes],
+        own_keys: bool,
         episode_headers: Callable[[ModelCall], list[tuple[bytes, bytes]]],
         settle: Callable[[ModelCall], Awaitable[None]],
     ) -> None:
@@ -42,7 +42,7 @@ class UpstreamCall:
         self.tracing = tracing
         self.litellm_call = litellm_call
         self.strip_headers = strip_headers
-        self.auth_keys = auth_keys
+        self.own_keys = own_keys  # the proxy checks keys of its own: never sent upstream
         self.episode_headers = episode_headers
         self.settle = settle
 
@@ -130,7 +130,7 @@ class UpstreamCall:
         if upstream.api_key:  # where the call's API carries it (Messages: x-api-key)
             name, value = call.dialect.upstream_key_header(upstream.api_key)
             out[name] = value
-        elif not self.auth_keys:
+        elif not self.own_keys:
             auth = headers.get(b"authorization")
             if auth:
                 out["authorization"] = auth.decode("latin-1")

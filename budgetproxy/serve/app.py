@@ -16,6 +16,7 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from budgetproxy.config import ENV_MULTIPROC_DIR, Config
 from budgetproxy.core.ids import is_valid_episode_id, split_episode_prefix
+from budgetproxy.core.keys import KeyRing
 from budgetproxy.core.paths import PathRefused, wire_path
 from budgetproxy.errors import (
     ProxyError,
@@ -121,8 +122,7 @@ class BudgetProxy:
         self.calls = ModelCalls(config, self.pool, self.store, self.recorder, self.metrics,
                                 self.tracing, litellm_call)
         self.api = build_api(config, self.store, self.recorder, self.pool, self.registry)
-        self._auth_keys = frozenset(f"Bearer {k}".encode() for k in config.auth.keys)
-        self._raw_keys = frozenset(k.encode() for k in config.auth.keys)
+        self._keys = KeyRing.of(config.auth)
         self._sweeper: asyncio.Task[None] | None = None
         self._flusher: asyncio.Task[None] | None = None
 
@@ -179,9 +179,8 @@ class BudgetProxy:
         t0 = time.perf_counter()
         status = 500
         headers = dict(scope["headers"])
-        if self._auth_keys and scope["path"].startswith("/v1") and (
-                headers.get(b"authorization") not in self._auth_keys) and (
-                headers.get(b"x-api-key") not in self._raw_keys):
+        if self._keys.required and scope["path"].startswith("/v1") and self._keys.principal(
+                headers.get(b"authorization"), headers.get(b"x-api-key")) is None:
             # Every /v1 route the API serves needs the key; checked here, before FastAPI,
             # which would judge a body (as JSON) before any route dependency ran.
             await send_error(send, invalid_api_key(), None, _shape(scope["path"]))

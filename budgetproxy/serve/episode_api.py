@@ -327,7 +327,7 @@ def build_api(
             headers["x-api-key"] = upstream.api_key
         elif upstream.api_key:
             headers["authorization"] = f"Bearer {upstream.api_key}"
-        elif not config.auth.keys:
+        elif not config.auth.required:
             for name in ("authorization", "x-api-key"):
                 if name in request.headers:
                     headers[name] = request.headers[name]
