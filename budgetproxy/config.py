@@ -42,6 +42,17 @@ class ServerConfig(_Strict):
     max_body_bytes: int = Field(32 * 1024 * 1024, gt=0)
     shutdown_timeout_s: float = Field(30.0, ge=0)
     workers: int = Field(1, ge=1)
+    # Bounds on what a client may hold open or send before the app sees a request
+    # (docs/security.md): past them 431, 408 or 503, and the connection is closed.
+    max_header_bytes: int = Field(64 * 1024, ge=1024)
+    max_headers: int = Field(100, ge=8)
+    header_timeout_s: float = Field(30.0, gt=0)
+    body_timeout_s: float = Field(120.0, gt=0)
+    max_connections: int = Field(4096, ge=1)
+    max_connections_per_client: int | None = Field(None, ge=1)
+    # Globs of request header names forwarded upstream beyond the built-in list
+    # (core/forwarded_headers.py), e.g. ["x-my-gateway-*"].
+    forward_headers: list[str] = Field(default_factory=list)
 
 
 class UpstreamConfig(_Strict):

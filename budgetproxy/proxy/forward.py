@@ -17,6 +17,7 @@ from budgetproxy.core import disclosure
 from budgetproxy.core.budget import tier_label
 from budgetproxy.core.episode import EpisodeState, Grant, GrantKind, SettleResult
 from budgetproxy.core.fingerprint import Fingerprint
+from budgetproxy.core.forwarded_headers import HeaderPolicy
 from budgetproxy.core.keys import KeyRing
 from budgetproxy.core.paths import wire_query
 from budgetproxy.core.spec import SpecError, new_episode
@@ -53,7 +54,6 @@ from budgetproxy.proxy.refusal import refusal_status
 from budgetproxy.proxy.upstream import UpstreamPool
 from budgetproxy.proxy.upstream_call import UpstreamCall
 from budgetproxy.proxy.wire import (
-    DROP_REQUEST_HEADERS,
     encode_exact,
     exact_payload,
     parse_payload,
@@ -101,7 +101,8 @@ class ModelCalls:
         self.fail_open = config.store.on_unavailable == "fail_open"
         self.upstream = UpstreamCall(
             pool, metrics, tracing, litellm_call,
-            strip_headers=DROP_REQUEST_HEADERS | set(self.id_headers) | {PROBE_HEADER},
+            header_policy=HeaderPolicy(config.server.forward_headers,
+                                       (*self.id_headers, PROBE_HEADER)),
             own_keys=self.keys.required, episode_headers=self._episode_headers, settle=self._settle)
 
     # -- entry -------------------------------------------------------------------------------

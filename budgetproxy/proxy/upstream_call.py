@@ -11,6 +11,7 @@ import aiohttp
 
 from budgetproxy.config import UpstreamConfig
 from budgetproxy.core.episode import SettleResult
+from budgetproxy.core.forwarded_headers import HeaderPolicy
 from budgetproxy.errors import ProxyError, upstream_redirect
 from budgetproxy.proxy.asgi import Receive, Send, send_response
 from budgetproxy.proxy.calls import ModelCall
@@ -32,7 +33,7 @@ class UpstreamCall:
 
     def __init__(
         self, pool: UpstreamPool, metrics: Metrics | None, tracing: Tracing,
-        litellm_call: Callable[..., Any] | None, *, strip_headers: frozenset[bytes],
+        litellm_call: Callable[..., Any] | None, *, header_policy: HeaderPolicy,
         own_keys: bool,
         episode_headers: Callable[[ModelCall], list[tuple[bytes, bytes]]],
         settle: Callable[[ModelCall], Awaitable[None]],
@@ -41,7 +42,7 @@ class UpstreamCall:
         self.metrics = metrics
         self.tracing = tracing
         self.litellm_call = litellm_call
-        self.strip_headers = strip_headers
+        self.header_policy = header_policy
         self.own_keys = own_keys  # the proxy checks keys of its own: never sent upstream
         self.episode_headers = episode_headers
         self.settle = settle
@@ -121,11 +122,10 @@ class UpstreamCall:
         self, headers: dict[bytes, bytes], upstream: UpstreamConfig, call: ModelCall
     ) -> dict[str, str]:
         out: dict[str, str] = {}
-        strip = self.strip_headers
+        forwarded = self.header_policy.forwarded
         for k, v in headers.items():
-            if k in strip or k.startswith(b"x-episode-"):
-                continue
-            out[k.decode("latin-1")] = v.decode("latin-1")
+            if forwarded(k):
+                out[k.decode("latin-1")] = v.decode("latin-1")
         out["content-type"] = "application/json"
         if upstream.api_key:  # where the call's API carries it (Messages: x-api-key)
             name, value = call.dialect.upstream_key_header(upstream.api_key)

@@ -20,6 +20,7 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 from budgetproxy.config import Config
 from budgetproxy.core.budget import TURNS_MAX, tier_label
 from budgetproxy.core.episode import EpisodeState, FinishStatus, OutcomeReport
+from budgetproxy.core.forwarded_headers import HeaderPolicy
 from budgetproxy.core.paths import wire_query
 from budgetproxy.core.spec import EpisodeSpec, SpecError, new_episode
 from budgetproxy.errors import ProxyError, checked_episode_id, request_too_large, upstream_redirect
@@ -122,6 +123,8 @@ def build_api(
 ) -> FastAPI:
     """The episode API, /v1/models, pass-through routes and the service endpoints. API keys
     (`auth.keys`) are checked by the app before any /v1 route here (app.py)."""
+    forwarded = HeaderPolicy(config.server.forward_headers,
+                             (h.lower().encode() for h in config.episodes.id_headers)).forwarded
     app = FastAPI(
         title="budgetproxy",
         summary="Turn budgets per agent episode, in front of any OpenAI-compatible model.",
@@ -319,9 +322,10 @@ def build_api(
             pool.upstreams[0] if pool.upstreams else None)
         if upstream is None or upstream.kind != "openai":
             raise ProxyError(404, "not_found", f"No upstream serves /v1/{path}")
-        headers = {k: v for k, v in request.headers.items()
-                   if k not in ("host", "content-length", "authorization", "accept-encoding",
-                                "connection", "x-api-key") and not k.startswith("x-episode-")}
+        headers = {k.decode("latin-1"): v.decode("latin-1")
+                   for k, v in request.scope["headers"] if forwarded(k)}
+        if "content-type" in request.headers:
+            headers["content-type"] = request.headers["content-type"]
         anthropic = path.startswith("messages")  # /v1/messages/count_tokens and the like
         if upstream.api_key and anthropic:
             headers["x-api-key"] = upstream.api_key
