@@ -21,6 +21,7 @@ from budgetproxy.core.forwarded_headers import HeaderPolicy
 from budgetproxy.core.keys import KeyRing
 from budgetproxy.core.paths import wire_query
 from budgetproxy.core.spec import SpecError, new_episode
+from budgetproxy.core.tenants import TENANT_HEADER, local_id, qualified, tenant_for
 from budgetproxy.core.usage import token_counts
 from budgetproxy.errors import (
     ProxyError,
@@ -178,8 +179,9 @@ class ModelCalls:
         self, call: ModelCall, scope: Scope, receive: Receive, send: Send, path_episode: str | None
     ) -> None:
         headers: dict[bytes, bytes] = dict(scope["headers"])
-        if self.keys.principal(headers.get(b"authorization"),
-                               headers.get(b"x-api-key")) is None:  # (x-api-key: Anthropic's)
+        who = self.keys.principal(headers.get(b"authorization"),
+                                  headers.get(b"x-api-key"))  # (x-api-key: Anthropic's)
+        if who is None:
             raise invalid_api_key()
         if len(headers) < len(scope["headers"]):  # a header sent twice: the dict kept the last
             self._one_id_each(scope["headers"])
@@ -191,6 +193,11 @@ class ModelCalls:
             raise invalid_request(
                 "A probe call (X-Budgetproxy-Probe) names no episode: send it without an "
                 "episode id", "X-Budgetproxy-Probe")
+        if eid is not None and (who.tenant is not None or who.admin):
+            try:  # the store knows it by its tenant's name for it
+                eid = qualified(tenant_for(who, headers.get(TENANT_HEADER)), eid)
+            except ValueError as e:
+                raise invalid_request(str(e), "tenant") from None
         body = await read_body(receive, headers, self.max_body)
         dialect = call.dialect
         payload = parse_payload(body)
@@ -237,7 +244,7 @@ class ModelCalls:
                                 conversation=None)
             return
         if grant.kind is GrantKind.FINISHED:
-            raise episode_finished(eid, refusal_status(headers))
+            raise episode_finished(local_id(eid), refusal_status(headers))
         if grant.kind is GrantKind.EXHAUSTED:
             await self._exhausted(call, st, send, payload, conversation,
                                   refusal_status(headers))
@@ -326,7 +333,7 @@ class ModelCalls:
         call.http_status = 200 if finish_mode else refused
         await self._record_turn(call, conversation, None, charged=False)
         if not finish_mode:
-            raise budget_exhausted(st.episode_id, st.budget, refused)
+            raise budget_exhausted(local_id(st.episode_id), st.budget, refused)
         ctype, data = call.dialect.synthetic(call.model or "", self.budget_cfg.finish_reason,
                                              call.stream, payload)
         call.started = True
@@ -358,7 +365,8 @@ class ModelCalls:
         # A refused call is reported as the turn it would have been, as in its log record.
         turn = grant.turn if grant is not None and grant.kind is GrantKind.FORWARD else (
             st.turns_used + 1)
-        out = [(b"x-episode-id", call.episode_id.encode()), (b"x-episode-turn", b"%d" % turn)]
+        out = [(b"x-episode-id", local_id(call.episode_id).encode()),
+               (b"x-episode-turn", b"%d" % turn)]
         mode = self.cfg.episodes.budget_headers
         if mode == "always" or (mode == "disclosed_only" and st.disclosure == "disclosed"):
             remaining = st.remaining

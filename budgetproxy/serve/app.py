@@ -179,8 +179,10 @@ class BudgetProxy:
         t0 = time.perf_counter()
         status = 500
         headers = dict(scope["headers"])
-        if self._keys.required and scope["path"].startswith("/v1") and self._keys.principal(
-                headers.get(b"authorization"), headers.get(b"x-api-key")) is None:
+        who = self._keys.principal(headers.get(b"authorization"), headers.get(b"x-api-key"))
+        if who is not None:  # the episode API reads it, for the key's tenant
+            scope.setdefault("state", {})["principal"] = who
+        elif scope["path"].startswith("/v1"):
             # Every /v1 route the API serves needs the key; checked here, before FastAPI,
             # which would judge a body (as JSON) before any route dependency ran.
             await send_error(send, invalid_api_key(), None, _shape(scope["path"]))

@@ -21,8 +21,10 @@ from budgetproxy.config import Config
 from budgetproxy.core.budget import TURNS_MAX, tier_label
 from budgetproxy.core.episode import EpisodeState, FinishStatus, OutcomeReport
 from budgetproxy.core.forwarded_headers import HeaderPolicy
+from budgetproxy.core.keys import OPEN
 from budgetproxy.core.paths import wire_query
 from budgetproxy.core.spec import EpisodeSpec, SpecError, new_episode
+from budgetproxy.core.tenants import local_id, qualified, tenant_for, tenant_of
 from budgetproxy.errors import ProxyError, checked_episode_id, request_too_large, upstream_redirect
 from budgetproxy.proxy.upstream import UpstreamPool
 from budgetproxy.store.base import EpisodeStore, StoreUnavailable
@@ -62,8 +64,8 @@ class OutcomeBody(BaseModel):
 
 
 def episode_view(st: EpisodeState) -> dict[str, Any]:
-    return {
-        "episode_id": st.episode_id,
+    view = {
+        "episode_id": local_id(st.episode_id),
         "task_id": st.task_id,
         "group": st.group,
         "budget": st.budget,
@@ -84,6 +86,21 @@ def episode_view(st: EpisodeState) -> dict[str, Any]:
         "settling": st.end_pending,
         "tags": st.tags,
     }
+    tenant = tenant_of(st.episode_id)
+    if tenant is not None:
+        view["tenant"] = tenant
+    return view
+
+
+def stored_id(request: Request, episode_id: str) -> str:
+    """The id the store knows the episode `episode_id` names by, in the namespace of the
+    request's key (the app puts who the key is in the request's state)."""
+    who = getattr(request.state, "principal", OPEN)
+    try:
+        tenant = tenant_for(who, request.headers.get("x-episode-tenant", "").encode() or None)
+    except ValueError as e:
+        raise ProxyError(400, "invalid_request", str(e), param="tenant") from None
+    return qualified(tenant, checked_episode_id(episode_id))
 
 
 def _json(data: Any, status: int = 200) -> Response:
@@ -168,10 +185,11 @@ def build_api(
     async def _store_down(_: Request, exc: StoreUnavailable) -> Response:
         return _error(ProxyError(503, "store_unavailable", "The episode store is unavailable"))
 
-    async def end_and_record(episode_id: str, report: OutcomeReport | None) -> Response:
-        done = await store.finish(episode_id, report, time.time())
+    async def end_and_record(sid: str, report: OutcomeReport | None) -> Response:
+        done = await store.finish(sid, report, time.time())
+        episode_id = local_id(sid)
         if done.status is None or done.state is None:
-            if await store.is_known(episode_id):
+            if await store.is_known(sid):
                 return _json({"episode_id": episode_id, "status": "finished"})
             raise _not_found(episode_id)
         if done.status is FinishStatus.CONFLICT:
@@ -218,7 +236,8 @@ def build_api(
         eid = checked_episode_id(
             f"ep-{uuid.uuid4().hex}" if body.episode_id is None else body.episode_id)
         spec = EpisodeSpec(
-            episode_id=eid, budget=body.budget, max_turns=body.max_turns, task_id=body.task_id,
+            episode_id=stored_id(request, eid), budget=body.budget, max_turns=body.max_turns,
+            task_id=body.task_id,
             group=body.group, disclosure=body.disclosure,
             announced_budget=body.announced_budget, tags=body.tags,
         )
@@ -235,21 +254,22 @@ def build_api(
         return _json({**episode_view(st), "base_url": f"{base}/episodes/{eid}/v1"}, 201)
 
     @app.get("/v1/episodes/{episode_id}")
-    async def get_episode(episode_id: str) -> Response:
-        st = await store.get(checked_episode_id(episode_id))
+    async def get_episode(request: Request, episode_id: str) -> Response:
+        sid = stored_id(request, episode_id)
+        st = await store.get(sid)
         if st is None:
-            if await store.is_known(episode_id):
+            if await store.is_known(sid):
                 return _json({"episode_id": episode_id, "status": "finished"})
             raise _not_found(episode_id)
         return _json(episode_view(st))
 
     @app.post("/v1/episodes/{episode_id}/outcome")
     async def report_outcome(
-        episode_id: str, body: OutcomeBody = Body()  # noqa: B008
+        request: Request, episode_id: str, body: OutcomeBody = Body()  # noqa: B008
     ) -> Response:
-        checked_episode_id(episode_id)
+        sid = stored_id(request, episode_id)
         if body.success_turn is not None:
-            st = await store.get(episode_id)
+            st = await store.get(sid)
             if st is not None and st.status == "active" and body.success_turn > st.turns_used:
                 raise ProxyError(
                     400, "invalid_request",
@@ -258,11 +278,11 @@ def build_api(
                 )
         report = OutcomeReport(success=body.success, reward=body.reward,
                                success_turn=body.success_turn, metadata=body.metadata)
-        return await end_and_record(episode_id, report)
+        return await end_and_record(sid, report)
 
     @app.post("/v1/episodes/{episode_id}/end")
-    async def end_episode(episode_id: str) -> Response:
-        return await end_and_record(checked_episode_id(episode_id), None)
+    async def end_episode(request: Request, episode_id: str) -> Response:
+        return await end_and_record(stored_id(request, episode_id), None)
 
     @app.get("/v1/models")
     async def list_models(request: Request) -> Response:
