@@ -173,6 +173,8 @@ class StoreConfig(_Strict):
     kind: Literal["memory", "redis"] = "memory"
     url: str = "redis://127.0.0.1:6379/0"
     key_prefix: str = "budgetproxy"
+    # redis only: url names one node of a Redis Cluster; the others are discovered
+    cluster: bool = False
     on_unavailable: Literal["fail_closed", "fail_open"] = "fail_closed"
 
 

@@ -48,7 +48,8 @@ def _make_store(config: Config) -> EpisodeStore:
         ep = config.episodes
         store: EpisodeStore = RedisStore(config.store.url, prefix=config.store.key_prefix,
                                          idle_timeout_s=ep.idle_timeout_s,
-                                         retention_s=ep.retention_s)
+                                         retention_s=ep.retention_s,
+                                         cluster=config.store.cluster)
         return store
     from budgetproxy.store.memory import MemoryStore
 
