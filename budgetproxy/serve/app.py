@@ -122,7 +122,8 @@ class BudgetProxy:
             litellm_call = call_litellm
         self.calls = ModelCalls(config, self.pool, self.store, self.recorder, self.metrics,
                                 self.tracing, litellm_call)
-        self.api = build_api(config, self.store, self.recorder, self.pool, self.registry)
+        self.api = build_api(config, self.store, self.recorder, self.pool, self.registry,
+                             self.metrics)
         self._keys = KeyRing.of(config.auth)
         self._sweeper: asyncio.Task[None] | None = None
         self._flusher: asyncio.Task[None] | None = None
@@ -259,7 +260,10 @@ class BudgetProxy:
                     await self.recorder.episode_ended(st)
                 if self.metrics is not None:
                     self.metrics.queue_depth.set(self.sink.depth())
+                    self.metrics.store_degraded.set(0)
             except StoreUnavailable:
+                if self.metrics is not None and self.config.store.on_unavailable == "fail_open":
+                    self.metrics.store_degraded.set(1)
                 continue
             except Exception:
                 log.exception("episode sweep failed")

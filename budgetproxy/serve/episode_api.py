@@ -28,6 +28,7 @@ from budgetproxy.core.tenants import local_id, qualified, tenant_for, tenant_of
 from budgetproxy.errors import ProxyError, checked_episode_id, request_too_large, upstream_redirect
 from budgetproxy.proxy.upstream import UpstreamPool
 from budgetproxy.store.base import EpisodeStore, StoreUnavailable
+from budgetproxy.telemetry.metrics import Metrics
 from budgetproxy.trajectories.recorder import Recorder
 
 log = logging.getLogger("budgetproxy")
@@ -137,6 +138,7 @@ def build_api(
     recorder: Recorder,
     pool: UpstreamPool,
     registry: CollectorRegistry | None,
+    families: Metrics | None = None,
 ) -> FastAPI:
     """The episode API, /v1/models, pass-through routes and the service endpoints. API keys
     (`auth.keys`) are checked by the app before any /v1 route here (app.py)."""
@@ -214,6 +216,16 @@ def build_api(
             ok = await asyncio.wait_for(store.ping(), 2.0)
         except (TimeoutError, StoreUnavailable, OSError):
             ok = False
+        fail_open = config.store.on_unavailable == "fail_open"
+        if families is not None:
+            families.store_degraded.set(1 if fail_open and not ok else 0)
+        if not ok and fail_open:
+            # Still serving (uncounted): a load balancer must keep routing here, which is
+            # what fail_open asked for; the body and the metric say what is missing.
+            return _json({"status": "degraded", "store": config.store.kind,
+                          "detail": "the episode store is unavailable; model calls are "
+                                    "forwarded without accounting (store.on_unavailable: "
+                                    "fail_open)"})
         if not ok:
             return _json({"status": "unavailable", "store": config.store.kind}, 503)
         return _json({"status": "ready", "store": config.store.kind})

@@ -195,6 +195,14 @@ class Metrics:
             ("policy",),
             registry=registry,
         )
+        self.store_degraded = Gauge(
+            "budgetproxy_store_degraded",
+            "1 while the episode store is unreachable and store.on_unavailable is fail_open "
+            "(model calls forwarded without accounting), else 0; set by /readyz probes and "
+            "by the idle sweep.",
+            registry=registry,
+            multiprocess_mode="livemax",
+        )
         self.trace_spans = Counter(
             "budgetproxy_trace_spans",
             "Spans of model calls by what became of them (exported|failed|dropped).",
@@ -211,7 +219,7 @@ class Metrics:
 
     OUTCOMES = ("success", "failure", "exhausted", "abandoned")
     ERROR_CLASSES = ("connect", "timeout", "status_4xx", "status_429", "status_5xx",
-                     "stream_broken")
+                     "stream_broken", "redirect")
 
     def touch_episode_labels(self, tier: str, arm: str) -> None:
         """Create a (tier, arm)'s series at zero so rate() sees their first increment."""
