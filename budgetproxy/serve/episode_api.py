@@ -6,6 +6,7 @@ import asyncio
 import logging
 import time
 import uuid
+from collections.abc import Callable
 from typing import Annotated, Any, Literal
 
 import aiohttp
@@ -23,7 +24,15 @@ from budgetproxy.core.episode import EpisodeState, FinishStatus, OutcomeReport
 from budgetproxy.core.forwarded_headers import HeaderPolicy
 from budgetproxy.core.keys import OPEN
 from budgetproxy.core.paths import wire_query
-from budgetproxy.core.spec import EpisodeSpec, SpecError, new_episode
+from budgetproxy.core.spec import (
+    GROUP_MAX_CHARS,
+    METADATA_MAX_BYTES,
+    TAGS_MAX_BYTES,
+    TASK_ID_MAX_CHARS,
+    EpisodeSpec,
+    SpecError,
+    new_episode,
+)
 from budgetproxy.core.tenants import local_id, qualified, tenant_for, tenant_of
 from budgetproxy.errors import ProxyError, checked_episode_id, request_too_large, upstream_redirect
 from budgetproxy.proxy.upstream import UpstreamPool
@@ -34,14 +43,21 @@ from budgetproxy.trajectories.recorder import Recorder
 log = logging.getLogger("budgetproxy")
 
 
-def _loggable(value: dict[str, Any]) -> dict[str, Any]:
-    """Free-form JSON (tags, metadata) the trajectory log and the stores can write as is."""
-    try:
-        orjson.dumps(value)
-    except (TypeError, ValueError):
-        raise ValueError("must be JSON with integers within 64 bits and at most 250 levels "
-                         "of nesting") from None
-    return value
+def _loggable(most: int) -> Callable[[dict[str, Any]], dict[str, Any]]:
+    """A check of free-form JSON (tags, metadata): the trajectory log and the stores can
+    write it as is, in at most `most` bytes."""
+
+    def check(value: dict[str, Any]) -> dict[str, Any]:
+        try:
+            size = len(orjson.dumps(value))
+        except (TypeError, ValueError):
+            raise ValueError("must be JSON with integers within 64 bits and at most 250 "
+                             "levels of nesting") from None
+        if size > most:
+            raise ValueError(f"is {size} bytes as JSON; at most {most}")
+        return value
+
+    return check
 
 
 class EpisodeCreate(BaseModel):
@@ -49,11 +65,12 @@ class EpisodeCreate(BaseModel):
     episode_id: str | None = None
     budget: int | None = Field(None, ge=1, le=TURNS_MAX, strict=True)
     max_turns: int | None = Field(None, ge=1, le=TURNS_MAX, strict=True)
-    task_id: str | None = None
-    group: str | None = None
+    task_id: str | None = Field(None, max_length=TASK_ID_MAX_CHARS)
+    group: str | None = Field(None, max_length=GROUP_MAX_CHARS)
     disclosure: Literal["hidden", "disclosed"] | None = None
     announced_budget: int | None = Field(None, ge=1, le=TURNS_MAX, strict=True)
-    tags: Annotated[dict[str, Any], AfterValidator(_loggable)] = Field(default_factory=dict)
+    tags: Annotated[dict[str, Any], AfterValidator(_loggable(TAGS_MAX_BYTES))] = Field(
+        default_factory=dict)
 
 
 class OutcomeBody(BaseModel):
@@ -61,7 +78,8 @@ class OutcomeBody(BaseModel):
     success: StrictBool
     reward: float | None = Field(None, allow_inf_nan=False, strict=True)
     success_turn: int | None = Field(None, ge=1, le=TURNS_MAX, strict=True)
-    metadata: Annotated[dict[str, Any], AfterValidator(_loggable)] = Field(default_factory=dict)
+    metadata: Annotated[dict[str, Any], AfterValidator(_loggable(METADATA_MAX_BYTES))] = Field(
+        default_factory=dict)
 
 
 def episode_view(st: EpisodeState) -> dict[str, Any]:
