@@ -6,8 +6,7 @@ import asyncio
 import logging
 import time
 import uuid
-from collections.abc import Callable
-from typing import Annotated, Any, Literal
+from typing import Any
 
 import aiohttp
 import orjson
@@ -15,20 +14,15 @@ from fastapi import Body, FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import Response
 from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_latest
-from pydantic import AfterValidator, BaseModel, ConfigDict, Field, StrictBool
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from budgetproxy.config import Config
-from budgetproxy.core.budget import TURNS_MAX, tier_label
+from budgetproxy.core.budget import tier_label
 from budgetproxy.core.episode import EpisodeState, FinishStatus, OutcomeReport
 from budgetproxy.core.forwarded_headers import HeaderPolicy
 from budgetproxy.core.keys import OPEN
 from budgetproxy.core.paths import wire_query
 from budgetproxy.core.spec import (
-    GROUP_MAX_CHARS,
-    METADATA_MAX_BYTES,
-    TAGS_MAX_BYTES,
-    TASK_ID_MAX_CHARS,
     EpisodeSpec,
     SpecError,
     new_episode,
@@ -36,50 +30,13 @@ from budgetproxy.core.spec import (
 from budgetproxy.core.tenants import local_id, qualified, tenant_for, tenant_of
 from budgetproxy.errors import ProxyError, checked_episode_id, request_too_large, upstream_redirect
 from budgetproxy.proxy.upstream import UpstreamPool
+from budgetproxy.serve.episode_bodies import EpisodeCreate, OutcomeBody
+from budgetproxy.serve.openapi import install as install_openapi
 from budgetproxy.store.base import EpisodeStore, StoreUnavailable
 from budgetproxy.telemetry.metrics import Metrics
 from budgetproxy.trajectories.recorder import Recorder
 
 log = logging.getLogger("budgetproxy")
-
-
-def _loggable(most: int) -> Callable[[dict[str, Any]], dict[str, Any]]:
-    """A check of free-form JSON (tags, metadata): the trajectory log and the stores can
-    write it as is, in at most `most` bytes."""
-
-    def check(value: dict[str, Any]) -> dict[str, Any]:
-        try:
-            size = len(orjson.dumps(value))
-        except (TypeError, ValueError):
-            raise ValueError("must be JSON with integers within 64 bits and at most 250 "
-                             "levels of nesting") from None
-        if size > most:
-            raise ValueError(f"is {size} bytes as JSON; at most {most}")
-        return value
-
-    return check
-
-
-class EpisodeCreate(BaseModel):
-    model_config = ConfigDict(extra="forbid")
-    episode_id: str | None = None
-    budget: int | None = Field(None, ge=1, le=TURNS_MAX, strict=True)
-    max_turns: int | None = Field(None, ge=1, le=TURNS_MAX, strict=True)
-    task_id: str | None = Field(None, max_length=TASK_ID_MAX_CHARS)
-    group: str | None = Field(None, max_length=GROUP_MAX_CHARS)
-    disclosure: Literal["hidden", "disclosed"] | None = None
-    announced_budget: int | None = Field(None, ge=1, le=TURNS_MAX, strict=True)
-    tags: Annotated[dict[str, Any], AfterValidator(_loggable(TAGS_MAX_BYTES))] = Field(
-        default_factory=dict)
-
-
-class OutcomeBody(BaseModel):
-    model_config = ConfigDict(extra="forbid")
-    success: StrictBool
-    reward: float | None = Field(None, allow_inf_nan=False, strict=True)
-    success_turn: int | None = Field(None, ge=1, le=TURNS_MAX, strict=True)
-    metadata: Annotated[dict[str, Any], AfterValidator(_loggable(METADATA_MAX_BYTES))] = Field(
-        default_factory=dict)
 
 
 def episode_view(st: EpisodeState) -> dict[str, Any]:
@@ -171,6 +128,8 @@ def build_api(
         # id, and API clients do not expect to be sent elsewhere for a slash.
         redirect_slashes=False,
     )
+
+    install_openapi(app)
 
     @app.exception_handler(ProxyError)
     async def _proxy_error(request: Request, exc: ProxyError) -> Response:
