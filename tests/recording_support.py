@@ -1,6 +1,7 @@
 """A recording upstream on raw sockets: it notes each request line exactly as it arrived (no
 HTTP library between the wire and the record to normalise it) and answers every POST with a
-chat completion, every GET with a model list, and any body asking for it with a redirect."""
+chat completion, every GET with a model list, and any body asking for it with a redirect
+(or with an answer that stalls after its first bytes)."""
 
 from __future__ import annotations
 
@@ -83,6 +84,11 @@ class RecordingUpstream:
                         headers[k.strip().lower()] = v.strip()
                 body = await self._body(reader, headers)
                 self.seen.append(Seen(method, target, headers, body))
+                if b"please stall" in body:  # a head, part of the body, then nothing
+                    writer.write(b"HTTP/1.1 200 OK\r\ncontent-type: application/json\r\n"
+                                 b"content-length: 1000\r\n\r\n{\"id\": ")
+                    await writer.drain()
+                    await asyncio.sleep(3600)
                 writer.write(self._answer(method, body))
                 await writer.drain()
         except (asyncio.IncompleteReadError, ConnectionError, ValueError,

@@ -80,7 +80,10 @@ class UpstreamCall:
                 data = await resp.read()
             except (TimeoutError, aiohttp.ClientError) as e:
                 cls = "timeout" if isinstance(e, TimeoutError) else "connect"
-                self._fail(call, cls, t_up)
+                self._fail(call, cls, t_up)  # (its record says the status answered here)
+                if cls == "timeout":
+                    raise ProxyError(504, "upstream_timeout", f"Upstream {upstream.name!r} "
+                                     "timed out mid-response") from None
                 raise ProxyError(502, "upstream_unreachable",
                                  f"Upstream {upstream.name!r} failed mid-response") from None
             call.t_upstream = time.perf_counter() - t_up

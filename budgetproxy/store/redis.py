@@ -85,6 +85,8 @@ def _remembered_state(episode_id: str) -> EpisodeState:
 def _store_errors() -> Iterator[None]:
     try:
         yield
+    except rexc.MovedError as e:  # a cluster node, reached without the cluster client
+        raise StoreUnavailable(f"Redis is a cluster node ({e}): set store.cluster: true") from e
     except _UNAVAILABLE as e:
         raise StoreUnavailable(f"Redis is unavailable: {e}") from e
 

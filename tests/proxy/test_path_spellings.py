@@ -232,3 +232,17 @@ def test_the_usual_spelling_still_works_through_the_sdk(default_proxy: Proxy) ->
     r = default_proxy.http().get("/v1/models/m1/../../models")
     assert r.status_code == 200  # httpx sends it normalised; the proxy agrees
     assert_openai_error(default_proxy.http().get("/v1/a%5Cb"), 400, "invalid_path", "path")
+
+
+def test_an_answer_that_stalls_mid_body_is_a_504_and_its_record_says_so(
+        proxy: ProxyFactory, recorder: RecordingUpstream) -> None:
+    """It was answered 502 while its turn record said 504."""
+    p = proxy({"upstreams": [{"name": "rec", "base_url": recorder.base_url,
+                              "timeout_s": 0.5}]})
+    eid = new_id("stall")
+    r = p.http().post("/v1/chat/completions", json=chat_body("please stall", model="rec"),
+                      headers={"X-Episode-Id": eid})
+    assert_openai_error(r, 504, "upstream_timeout")
+    (rec,) = p.wait_records(1, type="turn", episode_id=eid)
+    assert rec["http_status"] == 504 and rec["status"] == "upstream_error"
+    assert p.episode(eid)["turns_used"] == 0  # a timeout gives the turn back

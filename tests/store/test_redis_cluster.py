@@ -127,3 +127,19 @@ def test_a_master_failover_is_survived_without_over_spending(
     assert _turn(http, eid, 4) == 403  # and no 5th: the budget held across the failover
     ep = p.episode(eid)
     assert ep["turns_used"] == 4 and ep["remaining"] == 0
+
+
+def test_a_cluster_reached_without_cluster_true_is_a_503_never_a_500(
+        proxy: ProxyFactory, cluster: RedisCluster) -> None:
+    """It said ready, then answered every call with a 500 (MovedError)."""
+    over = _store_over(cluster, f"c17n-{uuid.uuid4().hex[:6]}")
+    over["store"]["cluster"] = False
+    p = proxy(over, fresh=True)
+    codes = set()
+    for _ in range(12):  # ids on every master's slots, one of them the node named
+        r = p.http().post("/v1/chat/completions", json=chat_body(new_id("n")),
+                          headers={"X-Episode-Id": new_id("moved")})
+        codes.add(r.status_code)
+        if r.status_code != 200:
+            assert r.status_code == 503 and r.json()["error"]["code"] == "store_unavailable"
+    assert 503 in codes and 500 not in codes
