@@ -218,6 +218,8 @@ class AuthConfig(_Strict):
     # One key per line, "KEY" or "KEY TENANT"; blank lines and lines starting with # skipped.
     keys_file: str | None = None
     admin_keys: list[str] = Field(default_factory=list)
+    # Tenants metrics are labelled with (a bounded list; others count as "other").
+    tenants: list[str] = Field(default_factory=list)
     _client_keys: list[ClientKey] = PrivateAttr(default_factory=list)
 
     @field_validator("admin_keys")
@@ -228,6 +230,14 @@ class AuthConfig(_Strict):
                 _nonblank_key(key)
             except ValueError as e:
                 raise ValueError(f"entry {i}: {e}") from None
+        return v
+
+    @field_validator("tenants")
+    @classmethod
+    def _tenant_names(cls, v: list[str]) -> list[str]:
+        for i, name in enumerate(v):
+            if _TENANT.fullmatch(name) is None:
+                raise ValueError(f"entry {i}: a tenant is 1-64 characters of A-Z a-z 0-9 . _ : -")
         return v
 
     @model_validator(mode="after")

@@ -503,6 +503,9 @@ class ModelCalls:
         charged = grant.charged and not self._refunded(call)
         if charged and m is not None:
             m.turns_child(st.budget, st.max_turns, st.disclosure).inc()
+            tenant = m.tenant_label(st.episode_id)
+            if tenant is not None:
+                m.tenant_turns.labels(tenant).inc()
         await self._record_turn(call, call.conversation, reply, charged=grant.charged)
         return reply
 

@@ -102,6 +102,8 @@ class BudgetProxy:
             else:
                 self.metrics = Metrics(registry, config.metrics.turn_buckets)
                 self.registry = registry
+            if config.auth.tenants and self.metrics is not None:
+                self.metrics.enable_tenants(config.auth.tenants)
         # A processor passed in belongs to the caller; one built here is shut down here.
         self._own_processor = span_processor is None and tracing_wanted(config.tracing)
         if self._own_processor:

@@ -119,3 +119,28 @@ def test_the_log_keeps_tenants_apart(tenanted: Proxy) -> None:
         (rec,) = tenanted.wait_records(1, type="turn", episode_id=stored)
         assert rec["turn"] == 1 and rec["status"] == "ok"
     assert not tenanted.records(type="turn", episode_id=eid)
+
+
+def _samples(text: str, name: str) -> dict[tuple[tuple[str, str], ...], float]:
+    from prometheus_client.parser import text_string_to_metric_families
+
+    return {tuple(sorted(sm.labels.items())): sm.value
+            for fam in text_string_to_metric_families(text) for sm in fam.samples
+            if sm.name == name}
+
+
+def test_metrics_carry_the_tenant_only_for_a_configured_list(proxy: ProxyFactory) -> None:
+    listed = proxy({"auth": {"keys": KEYS, "tenants": ["team-a"]}, "metrics": {"enabled": True}})
+    for key in ("key-a", "key-b", "key-plain"):
+        assert _turn(_as(listed, key), new_id("m")).status_code == 200
+    text = listed.http().get("/metrics").text
+    turns = _samples(text, "budgetproxy_tenant_turns_total")
+    assert turns[(("tenant", "team-a"),)] == 1
+    assert turns[(("tenant", "other"),)] == 1  # team-b is not in the list: no new label
+    assert turns[(("tenant", "default"),)] == 1
+    assert _samples(text, "budgetproxy_tenant_episodes_started_total")[
+        (("tenant", "team-a"),)] == 1
+    assert all("tenant" not in dict(k) for k in _samples(text, "budgetproxy_turns_total"))
+    unlisted = proxy({"auth": {"keys": KEYS}, "metrics": {"enabled": True}})
+    assert _turn(_as(unlisted, "key-a"), new_id("m")).status_code == 200
+    assert "budgetproxy_tenant_" not in unlisted.http().get("/metrics").text
