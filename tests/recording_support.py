@@ -37,6 +37,7 @@ class RecordingUpstream:
     seen: list[Seen] = field(default_factory=list)
     _loop: asyncio.AbstractEventLoop | None = None
     _port: int = 0
+    _thread: threading.Thread | None = None
 
     @property
     def base_url(self) -> str:
@@ -63,13 +64,16 @@ class RecordingUpstream:
             loop.run_until_complete(asyncio.gather(*pending, return_exceptions=True))
             loop.close()
 
-        threading.Thread(target=run, name="recording-upstream", daemon=True).start()
+        self._thread = threading.Thread(target=run, name="recording-upstream", daemon=True)
+        self._thread.start()
         assert ready.wait(10), "recording upstream did not start"
         return self
 
     def stop(self) -> None:
         if self._loop is not None:
             self._loop.call_soon_threadsafe(self._loop.stop)
+            if self._thread is not None:
+                self._thread.join(10)
 
     async def _serve(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         try:
