@@ -93,8 +93,8 @@ def _keys(model: type[BaseModel], prefix: str = "") -> Iterator[str]:
 def _present(data: Any, key: list[str]) -> bool:
     if not key:
         return True
-    if isinstance(data, list):
-        return any(_present(item, key) for item in data)
+    if isinstance(data, list):  # an empty default list shows no entry to look into
+        return not data or any(_present(item, key) for item in data)
     return isinstance(data, dict) and key[0] in data and _present(data[key[0]], key[1:])
 
 
