@@ -78,6 +78,10 @@ class BudgetConfig(_Strict):
     sampler: Literal["none", "budgetmix"] = "none"
     budgetmix: BudgetMixConfig = BudgetMixConfig()
     seed: int = 0
+    # Budgets on the other axes of an episode that names none (None: no cap on that axis).
+    default_tokens: int | None = Field(None, ge=1)
+    default_cost_usd: float | None = Field(None, gt=0)
+    default_time_s: float | None = Field(None, gt=0)
 
 
 class DisclosureConfig(_Strict):
@@ -156,6 +160,11 @@ class AuthConfig(_Strict):
     keys: list[str] = Field(default_factory=list)
 
 
+class PriceConfig(_Strict):
+    input_per_mtok: float = Field(0.0, ge=0)
+    output_per_mtok: float = Field(0.0, ge=0)
+
+
 class Config(_Strict):
     server: ServerConfig = ServerConfig()
     upstreams: list[UpstreamConfig] = Field(default_factory=list)
@@ -167,6 +176,8 @@ class Config(_Strict):
     tracing: TracingConfig = TracingConfig()
     store: StoreConfig = StoreConfig()
     auth: AuthConfig = AuthConfig()
+    # USD per million tokens by model glob, over the price library's (first match wins).
+    prices: dict[str, PriceConfig] = Field(default_factory=dict)
 
     @model_validator(mode="after")
     def _check(self) -> Config:

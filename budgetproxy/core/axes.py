@@ -141,3 +141,28 @@ def cumulative(st: Any, now: float) -> dict[str, Any]:
         "cost": round(st.cost_used, 9) if st.cost_budget is not None else None,
         "seconds": round(time_used(st, now), 6) if axes else None,
     }
+
+
+def view(st: Any, now: float) -> dict[str, Any]:
+    """The axis fields of GET /v1/episodes/{id} and the episode record."""
+    return {
+        "token_budget": st.token_budget,
+        "tokens_used": st.tokens_used,
+        "cost_budget": st.cost_budget,
+        "cost_used": round(st.cost_used, 9),
+        "time_budget_s": st.time_budget_s,
+        "time_used_s": round(time_used(st, now if st.ended_at is None else st.ended_at), 6),
+        "exhausted_by": st.spent_axis,
+    }
+
+
+def remaining(st: Any, now: float) -> dict[str, float | int | None]:
+    """What is left on each axis other than turns, never below 0 (None: no cap)."""
+    return {
+        "tokens": None if st.token_budget is None else max(
+            0, st.token_budget - st.tokens_used - st.tokens_reserved),
+        "cost": None if st.cost_budget is None else max(
+            0.0, st.cost_budget - st.cost_used - st.cost_reserved),
+        "seconds": None if st.time_budget_s is None else max(
+            0.0, st.time_budget_s - time_used(st, now)),
+    }

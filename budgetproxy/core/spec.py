@@ -28,6 +28,12 @@ class EpisodeSpec:
     disclosure: Arm | None = None
     announced_budget: int | None = None
     tags: dict[str, Any] = field(default_factory=dict)
+    token_budget: int | None = None
+    cost_budget: float | None = None
+    time_budget_s: float | None = None
+    announced_tokens: int | None = None
+    announced_cost: float | None = None
+    announced_time_s: float | None = None
 
 
 def new_episode(
@@ -68,7 +74,18 @@ def new_episode(
         arm = "disclosed" if disclosed else "hidden"
     else:
         arm = disclosure_cfg.mode
+    for name in ("token_budget", "cost_budget", "time_budget_s", "announced_tokens",
+                 "announced_cost", "announced_time_s"):
+        value = getattr(spec, name)
+        if value is not None and not value > 0:
+            raise SpecError(name, f"{name} must be positive, got {value}")
     return EpisodeState(
+        token_budget=_or(spec.token_budget, budget_cfg.default_tokens),
+        cost_budget=_or(spec.cost_budget, budget_cfg.default_cost_usd),
+        time_budget_s=_or(spec.time_budget_s, budget_cfg.default_time_s),
+        announced_tokens=spec.announced_tokens,
+        announced_cost=spec.announced_cost,
+        announced_time_s=spec.announced_time_s,
         episode_id=spec.episode_id,
         budget=budget,
         max_turns=max_turns,
@@ -80,3 +97,7 @@ def new_episode(
         created_at=now,
         last_activity=now,
     )
+
+
+def _or(value: Any, default: Any) -> Any:
+    return default if value is None else value

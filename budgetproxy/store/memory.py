@@ -12,6 +12,7 @@ from __future__ import annotations
 from collections import OrderedDict, deque
 from collections.abc import Callable
 
+from budgetproxy.core.axes import Spend
 from budgetproxy.core.episode import (
     EpisodeState,
     FinishStatus,
@@ -140,6 +141,8 @@ class MemoryStore:
         disclosure_index: int | None,
         model: str | None = None,
         fingerprint: str | None = None,
+        client_cap: int | None = None,
+        out_rate: float | None = None,
     ) -> TurnOpen:
         st = self._lookup(episode_id)
         created = False
@@ -158,17 +161,21 @@ class MemoryStore:
             disclosure_index=disclosure_index,
             model=model,
             fingerprint=fingerprint,
+            client_cap=client_cap,
+            out_rate=out_rate,
         )
         return TurnOpen(grant, st.snapshot(), created)
 
     async def close_turn(
-        self, episode_id: str, grant: Grant, result: SettleResult, now: float, *, count_failed: bool
+        self, episode_id: str, grant: Grant, result: SettleResult, now: float, *,
+        count_failed: bool, spend: Spend | None = None, timed_out: bool = False,
     ) -> TurnClose:
         st = self._lookup(episode_id)
         if st is None:
             return TurnClose(False, None)
         pending = st.end_pending
-        refunded = settle(st, grant, result, now, count_failed=count_failed)
+        refunded = settle(st, grant, result, now, count_failed=count_failed, spend=spend,
+                          timed_out=timed_out)
         snap = st.snapshot()
         ended = pending and not st.end_pending
         if ended:

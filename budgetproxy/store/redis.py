@@ -36,6 +36,7 @@ except ImportError as e:  # pragma: no cover - depends on the install
         "the Redis episode store needs the redis package: pip install 'budgetproxy[redis]'"
     ) from e
 
+from budgetproxy.core.axes import AxisGrant, Spend
 from budgetproxy.core.episode import (
     EpisodeState,
     FinishStatus,
@@ -130,8 +131,9 @@ class RedisStore:
         self._idle: list[Any] = []  # hot-path connections, outside redis-py's pool
         self._conns: list[Any] = []
         prelude = _lua("episode.lua")
-        self._open = self._redis.register_script(prelude + _lua("open_turn.lua"))
-        self._close = self._redis.register_script(prelude + _lua("close_turn.lua"))
+        turns = prelude + _lua("axes.lua")
+        self._open = self._redis.register_script(turns + _lua("open_turn.lua"))
+        self._close = self._redis.register_script(turns + _lua("close_turn.lua"))
         self._create = self._redis.register_script(prelude + _lua("create.lua"))
         self._finish = self._redis.register_script(prelude + _lua("finish.lua"))
         self._expire = self._redis.register_script(prelude + _lua("expire.lua"))
@@ -269,12 +271,15 @@ class RedisStore:
         disclosure_index: int | None,
         model: str | None = None,
         fingerprint: str | None = None,
+        client_cap: int | None = None,
+        out_rate: float | None = None,
     ) -> TurnOpen:
         keys = self._keys(episode_id)
         args: list[Any] = [
             body_hash, repr(float(now)), free_retries, message_count,
             "" if disclosure_index is None else disclosure_index, self._active_ttl_ms,
-            model or "", fingerprint or "",
+            model or "", fingerprint or "", "" if client_cap is None else client_cap,
+            "" if out_rate is None else repr(float(out_rate)),
         ]
         reply = _json(await self._eval(_Eval(self._open, keys, args)))
         if reply[0] == "absent":
@@ -290,12 +295,15 @@ class RedisStore:
         return _turn_open(episode_id, body_hash, reply)
 
     async def close_turn(
-        self, episode_id: str, grant: Grant, result: SettleResult, now: float, *, count_failed: bool
+        self, episode_id: str, grant: Grant, result: SettleResult, now: float, *,
+        count_failed: bool, spend: Spend | None = None, timed_out: bool = False,
     ) -> TurnClose:
         args = [
             grant.turn, 1 if grant.charged else 0, grant.body_hash, result.value,
             repr(float(now)), 1 if count_failed else 0, self._active_ttl_ms, self._retention_ms,
         ]
+        if grant.hold is not None:
+            args += _settle_args(grant.hold, spend, timed_out)
         keys = [self.episode_key(episode_id)]
         raw = await self._eval(_Eval(self._close, keys, args))
         if raw is None:
@@ -477,6 +485,8 @@ def _turn_open(episode_id: str, body_hash: str, reply: list[Any]) -> TurnOpen:
         return TurnOpen(Grant(GrantKind.FINISHED, turn=st.last_turn), st, created)
     if kind == "exhausted":
         return TurnOpen(Grant(GrantKind.EXHAUSTED, turn=st.turns_used), st, created)
+    if kind == "need_price":
+        return TurnOpen(Grant(GrantKind.NEED_PRICE), st, created)
     grant = Grant(
         GrantKind.FORWARD,
         turn=int(reply[3]),
@@ -486,5 +496,19 @@ def _turn_open(episode_id: str, body_hash: str, reply: list[Any]) -> TurnOpen:
         disclosed_at=placed(orjson.loads(reply[6])),
         messages_seen=int(reply[7]),
         messages_digest=reply[8] or None,
+        hold=_hold(reply[9]) if len(reply) > 9 and reply[9] else None,
     )
     return TurnOpen(grant, st, created)
+
+
+def _hold(raw: str) -> AxisGrant:
+    cap, tokens, cost, deadline = orjson.loads(raw)
+    return AxisGrant(cap=cap, tokens=int(tokens), cost=float(cost),
+                     deadline=None if deadline is None else float(deadline))
+
+
+def _settle_args(hold: AxisGrant, spend: Spend | None, timed_out: bool) -> list[Any]:
+    """close_turn.lua's axes_settle arguments (core.axes.settle)."""
+    return [hold.tokens, repr(float(hold.cost)), "" if spend is None else spend.tokens,
+            "" if spend is None or spend.cost is None else repr(float(spend.cost)),
+            1 if timed_out else 0]

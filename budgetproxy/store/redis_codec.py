@@ -20,6 +20,10 @@ _CODEC: dict[str, str] = {
     "disclosed_at": _JSON, "messages_seen": _INT, "messages_digest": _STR, "status": _STR,
     "outcome": _STR, "success_turn": _INT, "reward": _JSON, "metadata": _JSON,
     "end_reason": _STR, "ended_at": _FLOAT, "end_pending": _BOOL,
+    "token_budget": _INT, "cost_budget": _FLOAT, "time_budget_s": _FLOAT,
+    "announced_tokens": _INT, "announced_cost": _FLOAT, "announced_time_s": _FLOAT,
+    "tokens_used": _INT, "cost_used": _FLOAT, "tokens_reserved": _INT, "cost_reserved": _FLOAT,
+    "first_call_at": _FLOAT, "exhausted_by": _STR,
 }
 
 
@@ -58,6 +62,10 @@ def encode_state(st: EpisodeState) -> list[str | bytes]:
 
 def _opt_int(raw: str | None) -> int | None:
     return None if raw is None else int(raw)
+
+
+def _opt_float(raw: str | None) -> float | None:
+    return None if raw is None else float(raw)
 
 
 def decode_state(pairs: list[str]) -> EpisodeState:
@@ -102,5 +110,18 @@ def decode_state(pairs: list[str]) -> EpisodeState:
         end_reason=g("end_reason"),
         ended_at=None if ended_at is None else float(ended_at),
         end_pending=g("end_pending") == "1",  # absent in episodes stored by older versions
+        # budgets beside turns (core.axes); absent in episodes without them
+        token_budget=_opt_int(g("token_budget")),
+        cost_budget=_opt_float(g("cost_budget")),
+        time_budget_s=_opt_float(g("time_budget_s")),
+        announced_tokens=_opt_int(g("announced_tokens")),
+        announced_cost=_opt_float(g("announced_cost")),
+        announced_time_s=_opt_float(g("announced_time_s")),
+        tokens_used=int(g("tokens_used") or 0),
+        cost_used=float(g("cost_used") or 0.0),
+        tokens_reserved=int(g("tokens_reserved") or 0),
+        cost_reserved=float(g("cost_reserved") or 0.0),
+        first_call_at=_opt_float(g("first_call_at")),
+        exhausted_by=g("exhausted_by"),
     )
     return st
