@@ -94,10 +94,14 @@ class DisclosureConfig(_Strict):
     @field_validator("template")
     @classmethod
     def _template_renders(cls, v: str) -> str:
+        axis_fields = {f"{a}_{p}": 1 for a in ("tokens", "cost", "seconds")
+                       for p in ("remaining", "total", "used")}
         try:
-            v.format(turn=1, total=2, remaining=1, used=0)
+            v.format(turn=1, total=2, remaining=1, used=0, **axis_fields)
         except (KeyError, IndexError, ValueError) as e:
-            allowed = "{turn} {total} {remaining} {used}"
+            allowed = "{turn} {total} {remaining} {used} {tokens_remaining} {tokens_total} "\
+                "{tokens_used} {cost_remaining} {cost_total} {cost_used} {seconds_remaining} "\
+                "{seconds_total} {seconds_used}"
             raise ValueError(f"cannot render ({e!r}); allowed fields are {allowed}") from None
         return v
 

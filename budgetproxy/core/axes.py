@@ -153,6 +153,9 @@ def view(st: Any, now: float) -> dict[str, Any]:
         "time_budget_s": st.time_budget_s,
         "time_used_s": round(time_used(st, now if st.ended_at is None else st.ended_at), 6),
         "exhausted_by": st.spent_axis,
+        "announced_tokens": st.announced_tokens,
+        "announced_cost": st.announced_cost,
+        "announced_time_s": st.announced_time_s,
     }
 
 

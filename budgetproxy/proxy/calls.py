@@ -40,7 +40,8 @@ class ModelCall:
         "t0", "route", "dialect", "kind", "model", "stream", "episode_id", "state", "grant",
         "upstream", "t_upstream", "started", "sent_body", "status", "disclosure_text",
         "result", "http_status", "ttft", "error_class", "conversation", "data", "events",
-        "settled", "span", "prints", "previous_response", "exact", "ended",
+        "settled", "span", "prints", "previous_response", "exact", "ended", "payload",
+        "timed_out", "cumulative",
     )
 
     def __init__(self, route: str, dialect: Dialect) -> None:
@@ -73,6 +74,9 @@ class ModelCall:
         self.previous_response: str | None = None
         self.exact = False  # the payload was read again to keep integers past 64 bits
         self.ended: EpisodeState | None = None  # its episode, when settling this call ended it
+        self.payload: dict[str, Any] | None = None  # as parsed (or clamped, core.axes)
+        self.timed_out = False  # its episode's time budget ended it (core.axes)
+        self.cumulative: dict[str, Any] | None = None  # spend per axis once settled
 
     def refuse(self, http_status: int) -> None:
         """The proxy answers this forwarded call itself, with `http_status`: its turn is
@@ -126,6 +130,9 @@ def turn_record(
         "usage": reply.get("usage"),
         "budget": st.budget,
         "remaining": remaining,
+        "cumulative": call.cumulative or {
+            "turns": st.turns_used if remaining is None else st.budget - remaining,
+            "tokens": None, "cost": None, "seconds": None},
         "charged": charged,
         "disclosure": {"arm": st.disclosure, "text": call.disclosure_text},
         "task_id": st.task_id,

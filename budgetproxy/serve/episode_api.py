@@ -18,6 +18,7 @@ from pydantic import AfterValidator, BaseModel, ConfigDict, Field, StrictBool
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from budgetproxy.config import Config
+from budgetproxy.core import axes
 from budgetproxy.core.budget import TURNS_MAX, tier_label
 from budgetproxy.core.episode import EpisodeState, FinishStatus, OutcomeReport
 from budgetproxy.core.spec import EpisodeSpec, SpecError, new_episode
@@ -49,6 +50,13 @@ class EpisodeCreate(BaseModel):
     disclosure: Literal["hidden", "disclosed"] | None = None
     announced_budget: int | None = Field(None, ge=1, le=TURNS_MAX, strict=True)
     tags: Annotated[dict[str, Any], AfterValidator(_loggable)] = Field(default_factory=dict)
+    # budgets beside turns (core.axes)
+    token_budget: int | None = Field(None, ge=1, le=TURNS_MAX, strict=True)
+    cost_budget: float | None = Field(None, gt=0, allow_inf_nan=False)
+    time_budget_s: float | None = Field(None, gt=0, allow_inf_nan=False)
+    announced_tokens: int | None = Field(None, ge=1, le=TURNS_MAX, strict=True)
+    announced_cost: float | None = Field(None, gt=0, allow_inf_nan=False)
+    announced_time_s: float | None = Field(None, gt=0, allow_inf_nan=False)
 
 
 class OutcomeBody(BaseModel):
@@ -81,6 +89,7 @@ def episode_view(st: EpisodeState) -> dict[str, Any]:
         # numbers and end reason above are provisional, and the episode is not yet logged.
         "settling": st.end_pending,
         "tags": st.tags,
+        **axes.view(st, time.time()),
     }
 
 
@@ -215,6 +224,9 @@ def build_api(
             episode_id=eid, budget=body.budget, max_turns=body.max_turns, task_id=body.task_id,
             group=body.group, disclosure=body.disclosure,
             announced_budget=body.announced_budget, tags=body.tags,
+            token_budget=body.token_budget, cost_budget=body.cost_budget,
+            time_budget_s=body.time_budget_s, announced_tokens=body.announced_tokens,
+            announced_cost=body.announced_cost, announced_time_s=body.announced_time_s,
         )
         try:
             st = new_episode(spec, config.budget, config.disclosure, time.time())

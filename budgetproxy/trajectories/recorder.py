@@ -5,6 +5,7 @@ from __future__ import annotations
 import time
 from typing import Any
 
+from budgetproxy.core import axes
 from budgetproxy.core.budget import tier_label
 from budgetproxy.core.episode import EpisodeState
 from budgetproxy.telemetry.metrics import Metrics
@@ -84,6 +85,7 @@ class Recorder:
                 "started_at": rfc3339(st.created_at),
                 "ended_at": rfc3339(st.ended_at or time.time()),
                 "metadata": st.metadata,
+                **axes.view(st, time.time()),
             }
         )
 
