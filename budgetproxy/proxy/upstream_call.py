@@ -140,7 +140,8 @@ class UpstreamCall:
         drop_usage: bool, t_up: float,
     ) -> None:
         head = self._response_headers(resp, call)
-        relayed = await relay_stream(resp, receive, send, head, drop_usage=drop_usage)
+        relayed = await relay_stream(resp, receive, send, head, drop_usage=drop_usage,
+                                     ends=call.dialect.ends_stream)
         call.started = relayed.started
         call.sent_body = relayed.sent_body
         call.events = relayed.events

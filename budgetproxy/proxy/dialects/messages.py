@@ -108,6 +108,7 @@ def _merge_usage(usage: dict[str, Any], more: Any) -> None:
 
 class MessagesDialect:
     kind = "messages"
+    heads = 1
     discloses = True
     stream_usage = False  # message_start and message_delta carry usage
 
@@ -214,6 +215,9 @@ class MessagesDialect:
                 blocks[index]["input"] = "".join(pieces)
         message = message_of([blocks[i] for i in sorted(blocks)])
         return {"message": message, "finish_reason": stop, "usage": usage or None}
+
+    def ends_stream(self, event: bytes) -> bool:
+        return b"message_stop" in event[:64]  # the `event:` line, or the data's "type"
 
     def synthetic(
         self, model: str, finish_reason: str, stream: bool, payload: dict[str, Any]

@@ -104,6 +104,7 @@ def finish_of(obj: dict[str, Any]) -> Any:
 
 class ResponsesDialect:
     kind = "responses"
+    heads = 1
     discloses = True
     stream_usage = False  # usage arrives in response.completed
 
@@ -201,6 +202,11 @@ class ResponsesDialect:
         if message["content"] is None and deltas:
             message["content"] = "".join(deltas)
         return {"message": message, "finish_reason": None, "usage": None}
+
+    def ends_stream(self, event: bytes) -> bool:
+        head = event[:96]  # the `event:` line, or the data's leading "type"
+        return b"response.completed" in head or b"response.incomplete" in head or (
+            b"response.failed" in head)
 
     def synthetic(
         self, model: str, finish_reason: str, stream: bool, payload: dict[str, Any]
