@@ -35,10 +35,13 @@ _FORMATTER = _Lenient()
 def render(template: str, turn: int, budget: int, announced_budget: int | None,
            fields: Mapping[str, Any] | None = None) -> str:
     total = announced_budget if announced_budget is not None else budget
-    values = {"turn": turn, "total": total, "remaining": max(0, total - turn), "used": turn - 1}
+    remaining = max(0, total - turn)
+    turns_remain = "1 turn remains" if remaining == 1 else f"{remaining} turns remain"
+    values = {"turn": turn, "total": total, "remaining": remaining, "used": turn - 1,
+              "turns_remain": turns_remain}
     if fields is None:
-        if "_" not in template:  # no axis field: the plain (faster) format
-            return template.format(**values)
+        if not any(a in template for a in ("{tokens_", "{cost_", "{seconds_")):
+            return template.format(**values)  # no axis field: the plain (faster) format
         fields = _NO_AXES
     return _FORMATTER.format(template, **values, **fields)
 

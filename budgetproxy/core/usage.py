@@ -28,7 +28,8 @@ def _int(v: Any) -> int:
 def billed_tokens(usage: Any) -> tuple[int, int, int, int] | None:
     """(input, output, cache read, cache write) of a usage object, input counting cached
     tokens on every API: OpenAI's prompt/input tokens include them already, Anthropic's
-    `input_tokens` leaves out its cache reads and writes, which are added. None: no counts."""
+    `input_tokens` leaves out its cache reads and writes, which token_counts adds.
+    None: no counts."""
     tin, tout = token_counts(usage)
     if tin is None and tout is None:
         return None
@@ -39,5 +40,4 @@ def billed_tokens(usage: Any) -> tuple[int, int, int, int] | None:
     if "cache_read_input_tokens" in usage or "cache_creation_input_tokens" in usage:
         read = _int(usage.get("cache_read_input_tokens"))
         write = _int(usage.get("cache_creation_input_tokens"))
-        tin = (tin or 0) + read + write
     return tin or 0, tout or 0, read, write
