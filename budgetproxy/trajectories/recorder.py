@@ -61,6 +61,14 @@ class Recorder:
             success_turn = st.settled_success_turn
             used = success_turn if reason == "success" and success_turn else st.turns_used
             m.episode_turns.labels(tier, arm, reason).observe(used)
+            if reason == "exhausted":
+                m.episodes_exhausted.labels(tier, arm, st.spent_axis or "turns").inc()
+            if axes.has_axes(st):
+                end = st.ended_at or time.time()
+                m.episode_tokens.labels(tier, arm, reason).observe(st.tokens_used)
+                m.episode_seconds.labels(tier, arm, reason).observe(axes.time_used(st, end))
+                if st.cost_budget is not None:
+                    m.episode_cost.labels(tier, arm, reason).observe(st.cost_used)
             m.active_episodes.dec()
         await self.sink.put(
             {

@@ -255,3 +255,24 @@ def test_two_replicas_on_one_redis_share_the_token_budget(
         assert sum(outs) <= 30 + 8  # output caps held never pass the budget (+1 clamp)
     finally:
         drop_prefix(prefix)
+
+
+def test_metrics_count_spend_per_episode_and_exhaustion_by_axis(
+        proxy: ProxyFactory, upstream: FakeUpstream) -> None:
+    p = proxy({"metrics": {"enabled": True}, "prices": PRICES}, fresh=True)
+    eid = new_id()
+    hdrs = {"X-Episode-Id": eid, "X-Test-Episode": eid, "X-Episode-Token-Budget": "10",
+            "X-Episode-Cost-Budget": "5"}
+    for _ in range(3):
+        p.http().post("/v1/chat/completions", headers=hdrs, json={
+            "model": "m1", "messages": [{"role": "user", "content": "a b c"}]})
+    p.http().post(f"/v1/episodes/{eid}/end")
+    p.wait_records(1, episode_id=eid, type="episode")
+    text = p.http().get("/metrics").text
+    line = next(ln for ln in text.splitlines()
+                if ln.startswith("budgetproxy_episodes_exhausted_total{"))
+    assert 'axis="tokens"' in line and line.endswith(" 1.0")
+    assert 'budgetproxy_episode_tokens_bucket{disclosure="hidden",le="250.0",' \
+           'outcome="exhausted",tier="n/a"} 1.0' in text
+    assert "budgetproxy_episode_cost_usd_count" in text
+    assert "budgetproxy_episode_seconds_sum" in text
