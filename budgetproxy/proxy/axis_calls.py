@@ -53,10 +53,10 @@ def reopened(opened: TurnOpen, created: bool) -> TurnOpen:
     return dataclasses.replace(opened, created=created or opened.created)
 
 
-def axis_exhausted(st: EpisodeState) -> ProxyError:
+def axis_exhausted(st: EpisodeState, status: int = 403) -> ProxyError:
     axis = st.exhausted_by or "turns"
     return ProxyError(
-        403, _CODES.get(axis, "turn_budget_exhausted"),
+        status, _CODES.get(axis, "turn_budget_exhausted"),
         f"Episode {st.episode_id!r} has used its {_WHAT.get(axis, 'budget')}; no further "
         "model calls are forwarded. Report the outcome or start a new episode.",
         type_="budget_exhausted")
