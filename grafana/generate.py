@@ -751,6 +751,47 @@ def agent_budgets() -> Json:
             8,
         ),
     ]
+    def mean_spend(metric: str) -> str:
+        sel = f'{metric}_%s{{{EPISODE},outcome=~"$outcome"}}'
+        return (f"sum by ({per_outcome}) ({count_in(sel % 'sum', '$__range')})\n/\n"
+                f"(sum by ({per_outcome}) ({count_in(sel % 'count', '$__range')}) > 0)")
+
+    exhausted_sel = f"budgetproxy_episodes_exhausted_total{{{EPISODE}}}"
+    spend = [
+        (
+            bargauge(
+                "Episodes exhausted by axis",
+                "Episodes that ended exhausted in the time range, by the budget that ran out "
+                "(turns, tokens, cost, time).",
+                [target(f"sum by (axis) ({count_in(exhausted_sel, '$__range')})", "{{axis}}",
+                        instant=True)],
+                "short",
+            ),
+            8,
+        ),
+        (
+            bargauge(
+                "Mean tokens per episode",
+                "Tokens (input + output, cached input included) per finished episode with a "
+                "budget beside turns, in the time range, by tier, arm and end reason.",
+                [target(mean_spend("budgetproxy_episode_tokens"),
+                        "{{tier}} · {{disclosure}} · {{outcome}}", instant=True)],
+                "short",
+            ),
+            8,
+        ),
+        (
+            bargauge(
+                "Mean seconds per episode",
+                "Wall-clock seconds from the first call per finished episode with a budget "
+                "beside turns, in the time range, by tier, arm and end reason.",
+                [target(mean_spend("budgetproxy_episode_seconds"),
+                        "{{tier}} · {{disclosure}} · {{outcome}}", instant=True)],
+                "s",
+            ),
+            8,
+        ),
+    ]
     panels = layout(
         (1, [(row("Overview"), 24)]),
         (4, stats),
@@ -763,6 +804,8 @@ def agent_budgets() -> Json:
         (1, [(row("Turns per episode"), 24)]),
         (9, turns),
         (8, turns2),
+        (1, [(row("Budgets beside turns (tokens, cost, time)"), 24)]),
+        (8, spend),
     )
     variables = [
         query_var(

@@ -46,6 +46,9 @@ HISTOGRAMS = {
     "budgetproxy_upstream_duration_seconds",
     "budgetproxy_proxy_overhead_seconds",
     "budgetproxy_time_to_first_token_seconds",
+    "budgetproxy_episode_tokens",
+    "budgetproxy_episode_cost_usd",
+    "budgetproxy_episode_seconds",
 }
 # The metrics the proxy exports, with the labels each carries (histograms without `le`).
 METRICS: dict[str, set[str]] = {
@@ -66,6 +69,10 @@ METRICS: dict[str, set[str]] = {
     "budgetproxy_trajectory_queue_depth": set(),
     "budgetproxy_store_unavailable_total": {"policy"},
     "budgetproxy_trace_spans_total": {"result"},
+    "budgetproxy_episodes_exhausted_total": {"tier", "disclosure", "axis"},
+    "budgetproxy_episode_tokens": {"tier", "disclosure", "outcome"},
+    "budgetproxy_episode_cost_usd": {"tier", "disclosure", "outcome"},
+    "budgetproxy_episode_seconds": {"tier", "disclosure", "outcome"},
 }
 SERIES_NAMES = {
     f"{name}{suffix}": labels

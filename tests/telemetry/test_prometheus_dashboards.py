@@ -176,6 +176,8 @@ def _play(client: openai.OpenAI, http: httpx.Client, ep: Episode, run: Run, tag:
         "X-Episode-Id": eid,
         "X-Episode-Budget": str(ep.budget),
         "X-Episode-Disclosure": ep.arm,
+        # a token budget no episode reaches: the spend-per-episode families are exported
+        "X-Episode-Token-Budget": "1000000",
     }
     if ep.max_turns is not None:
         headers["X-Episode-Max-Turns"] = str(ep.max_turns)
@@ -492,7 +494,8 @@ def test_exported_series_carry_the_contract_labels(run: Run) -> None:
         assert base in METRICS, f"{name} is not among the metrics the dashboards know"
         assert keys == METRICS[base], f"{name} has labels {sorted(keys)}"
         seen.setdefault(base, set())
-    missing = set(METRICS) - set(seen) - {"budgetproxy_store_unavailable_total"}
+    missing = set(METRICS) - set(seen) - {"budgetproxy_store_unavailable_total",
+                                          "budgetproxy_episode_cost_usd"}
     assert not missing, f"never exported under this load: {sorted(missing)}"
     les = {
         float(s["metric"]["le"])
