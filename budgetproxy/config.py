@@ -68,6 +68,10 @@ class UpstreamConfig(_Strict):
 class BudgetMixConfig(_Strict):
     max_turns: int = Field(20, ge=1)
     step: float = Field(0.1, gt=0, le=1)
+    # Full budgets of other axes to draw over too (candidates at `step` of each), per group.
+    max_tokens: int | None = Field(None, ge=1)
+    max_cost_usd: float | None = Field(None, gt=0)
+    max_time_s: float | None = Field(None, gt=0)
 
 
 class BudgetConfig(_Strict):

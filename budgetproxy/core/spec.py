@@ -6,7 +6,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from budgetproxy.config import BudgetConfig, DisclosureConfig
-from budgetproxy.core.budget import draw_budgetmix, draw_disclosed
+from budgetproxy.core.budget import draw_budgetmix, draw_budgetmix_axis, draw_disclosed
 from budgetproxy.core.episode import Arm, EpisodeState
 
 
@@ -79,10 +79,19 @@ def new_episode(
         value = getattr(spec, name)
         if value is not None and not value > 0:
             raise SpecError(name, f"{name} must be positive, got {value}")
+    drawn: dict[str, float] = {}
+    if sampled:  # BudgetMix over the other axes whose full budget is configured
+        for axis, full in (("tokens", bm.max_tokens), ("cost", bm.max_cost_usd),
+                           ("time", bm.max_time_s)):
+            if full is not None:
+                drawn[axis] = draw_budgetmix_axis(budget_cfg.seed, spec.task_id, group_key,
+                                                  axis, full, bm.step)
+    tokens_drawn = drawn.get("tokens")
     return EpisodeState(
-        token_budget=_or(spec.token_budget, budget_cfg.default_tokens),
-        cost_budget=_or(spec.cost_budget, budget_cfg.default_cost_usd),
-        time_budget_s=_or(spec.time_budget_s, budget_cfg.default_time_s),
+        token_budget=_or(spec.token_budget, None if tokens_drawn is None else max(
+            1, round(tokens_drawn)), budget_cfg.default_tokens),
+        cost_budget=_or(spec.cost_budget, drawn.get("cost"), budget_cfg.default_cost_usd),
+        time_budget_s=_or(spec.time_budget_s, drawn.get("time"), budget_cfg.default_time_s),
         announced_tokens=spec.announced_tokens,
         announced_cost=spec.announced_cost,
         announced_time_s=spec.announced_time_s,
@@ -99,5 +108,6 @@ def new_episode(
     )
 
 
-def _or(value: Any, default: Any) -> Any:
-    return default if value is None else value
+def _or(*values: Any) -> Any:
+    """The first value that is not None (explicit > BudgetMix draw > config default)."""
+    return next((v for v in values if v is not None), None)

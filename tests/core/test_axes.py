@@ -192,3 +192,25 @@ def test_prices_overrides_win_over_the_library() -> None:
     lib = t.rates("gpt-4o-mini")
     assert lib is not None and lib[1] > lib[0] > 0
     assert t.cached_output_rate("gpt-4o-mini") == lib[1]
+
+
+def test_budgetmix_draws_other_axes_per_group_on_their_grid() -> None:
+    from budgetproxy.config import BudgetConfig, BudgetMixConfig, DisclosureConfig
+    from budgetproxy.core.spec import EpisodeSpec, new_episode
+
+    cfg = BudgetConfig(sampler="budgetmix", budgetmix=BudgetMixConfig(
+        max_turns=10, step=0.25, max_tokens=8000, max_time_s=600))
+    disc = DisclosureConfig()
+
+    def ep(eid: str, group: str, **kw: object) -> EpisodeState:
+        return new_episode(EpisodeSpec(eid, task_id="t", group=group, **kw),  # type: ignore[arg-type]
+                           cfg, disc, 0.0)
+
+    a, b = ep("a", "g1"), ep("b", "g1")
+    assert (a.token_budget, a.time_budget_s) == (b.token_budget, b.time_budget_s)
+    draws = {ep(f"e{i}", f"g{i}").token_budget for i in range(60)}
+    assert draws <= {2000, 4000, 6000, 8000} and len(draws) > 1
+    assert {ep(f"e{i}", f"g{i}").time_budget_s for i in range(60)} <= {150.0, 300.0, 450.0,
+                                                                         600.0}
+    assert a.cost_budget is None  # no full cost budget configured: no draw
+    assert ep("c", "g1", token_budget=123).token_budget == 123  # explicit wins
