@@ -87,6 +87,9 @@ class BudgetConfig(_Strict):
     default_tokens: int | None = Field(None, ge=1)
     default_cost_usd: float | None = Field(None, gt=0)
     default_time_s: float | None = Field(None, gt=0)
+    # Output tokens held for a call that sets no output cap while more is left (no cap is
+    # added then: APIs refuse caps past a model's own maximum). Set to the model's maximum.
+    output_hold_tokens: int = Field(16384, ge=1)
 
 
 class DisclosureConfig(_Strict):

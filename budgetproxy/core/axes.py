@@ -62,8 +62,14 @@ def has_axes(st: Any) -> bool:
         st.time_budget_s is not None)
 
 
-def plan(st: Any, now: float, client_cap: int | None, out_rate: float | None
-         ) -> AxisGrant | Axis | str:
+# Output tokens held for a call that sets no cap while more than this is left: no cap is
+# added then (APIs refuse caps past a model's own maximum), and the bound assumes the call
+# writes at most this much (budget.output_hold_tokens).
+OUTPUT_HOLD = 16384
+
+
+def plan(st: Any, now: float, client_cap: int | None, out_rate: float | None,
+         output_hold: int = OUTPUT_HOLD) -> AxisGrant | Axis | str:
     """The reservation for a call, or the axis that is spent, or NEED_PRICE (a cost budget
     and no output rate given). Pure: `apply` makes the reservation."""
     deadline = None
@@ -91,8 +97,12 @@ def plan(st: Any, now: float, client_cap: int | None, out_rate: float | None
                 return "cost"
             cap = affordable if cap is None else min(cap, affordable)
             cost = cap * out_rate
-    tokens = cap if cap is not None and (
-        st.token_budget is not None or st.cost_budget is not None) else 0
+    capped = st.token_budget is not None or st.cost_budget is not None
+    if capped and client_cap is None and cap is not None and cap > output_hold:
+        # plenty left: no cap added, the usual most a call writes held
+        cost = cost * output_hold / cap
+        return AxisGrant(cap=None, tokens=output_hold, cost=cost, deadline=deadline)
+    tokens = cap if cap is not None and capped else 0
     return AxisGrant(cap=cap if cap != client_cap else None, tokens=tokens, cost=cost,
                      deadline=deadline)
 

@@ -161,6 +161,7 @@ def reserve(
     fingerprint: str | None = None,
     client_cap: int | None = None,
     out_rate: float | None = None,
+    output_hold: int = axes.OUTPUT_HOLD,
 ) -> Grant:
     """Decide whether a model call may be forwarded, and reserve its turn. Mutates `st`.
 
@@ -178,7 +179,7 @@ def reserve(
         return Grant(GrantKind.FINISHED, turn=st.last_turn)
     hold = None
     if axes.has_axes(st):
-        planned = axes.plan(st, now, client_cap, out_rate)
+        planned = axes.plan(st, now, client_cap, out_rate, output_hold)
         if planned == axes.NEED_PRICE:
             return Grant(GrantKind.NEED_PRICE)
         if not isinstance(planned, axes.AxisGrant):

@@ -282,6 +282,7 @@ class ModelCalls:
                 free_retries=self.budget_cfg.free_retries_per_turn,
                 message_count=count, disclosure_index=index, model=call.model,
                 fingerprint=fingerprint, client_cap=cap,
+                output_hold=self.budget_cfg.output_hold_tokens,
                 out_rate=self.prices.cached_output_rate(model),
             )
             if opened.grant.kind is GrantKind.NEED_PRICE:  # a cost budget: once per model
@@ -291,7 +292,8 @@ class ModelCalls:
                     eid, fresh, turn_hash(call.route, body), now,
                     free_retries=self.budget_cfg.free_retries_per_turn,
                     message_count=count, disclosure_index=index, model=call.model,
-                    fingerprint=fingerprint, client_cap=cap, out_rate=rate,
+                    fingerprint=fingerprint, client_cap=cap,
+                    output_hold=self.budget_cfg.output_hold_tokens, out_rate=rate,
                 )
                 opened = axis_calls.reopened(opened, created)
         except StoreUnavailable:

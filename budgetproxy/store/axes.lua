@@ -12,7 +12,7 @@ end
 
 -- core.axes.plan: a hold {cap, tokens, cost, deadline}, or {spent = axis}, or {need_price}.
 -- client_cap and out_rate are '' when none; budgets as HMGET gives them.
-local function axes_plan(ep, now, client_cap, out_rate, tb, cb, timeb)
+local function axes_plan(ep, now, client_cap, out_rate, output_hold, tb, cb, timeb)
   local a = redis.call('HMGET', ep, 'tokens_used', 'tokens_reserved', 'cost_used',
     'cost_reserved', 'first_call_at')
   local deadline = nil
@@ -49,6 +49,11 @@ local function axes_plan(ep, now, client_cap, out_rate, tb, cb, timeb)
       cap = cap and math.min(cap, affordable) or affordable
       cost = cap * rate
     end
+  end
+  if (tb or cb) and not client and cap and cap > output_hold then
+    -- plenty left: no cap added, the usual most a call writes held
+    return {cap = nil, tokens = output_hold, cost = cost * output_hold / cap,
+      deadline = deadline}
   end
   local tokens = 0
   if cap and (tb or cb) then

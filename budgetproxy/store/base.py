@@ -6,7 +6,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Protocol
 
-from budgetproxy.core.axes import Spend
+from budgetproxy.core.axes import OUTPUT_HOLD, Spend
 from budgetproxy.core.episode import (
     EpisodeState,
     FinishStatus,
@@ -61,6 +61,7 @@ class EpisodeStore(Protocol):
         fingerprint: str | None = None,
         client_cap: int | None = None,
         out_rate: float | None = None,
+        output_hold: int = OUTPUT_HOLD,
     ) -> TurnOpen:
         """Create the episode with `fresh()` if it does not exist, then `core.episode.reserve`
         (`client_cap` and `out_rate` for its other axes, core.axes).

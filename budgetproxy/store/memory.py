@@ -12,7 +12,7 @@ from __future__ import annotations
 from collections import OrderedDict, deque
 from collections.abc import Callable
 
-from budgetproxy.core.axes import Spend
+from budgetproxy.core.axes import OUTPUT_HOLD, Spend
 from budgetproxy.core.episode import (
     EpisodeState,
     FinishStatus,
@@ -143,6 +143,7 @@ class MemoryStore:
         fingerprint: str | None = None,
         client_cap: int | None = None,
         out_rate: float | None = None,
+        output_hold: int = OUTPUT_HOLD,
     ) -> TurnOpen:
         st = self._lookup(episode_id)
         created = False
@@ -163,6 +164,7 @@ class MemoryStore:
             fingerprint=fingerprint,
             client_cap=client_cap,
             out_rate=out_rate,
+            output_hold=output_hold,
         )
         return TurnOpen(grant, st.snapshot(), created)
 

@@ -2,7 +2,7 @@
 -- KEYS: episode, remembered id. ARGV: body_hash, now, free_retries, message_count,
 -- disclosure_index ('' for none), active ttl ms, model ('' for none),
 -- fingerprint ('' for none), client output cap ('' none), USD per output token ('' unknown),
--- [field, value, ...].
+-- output tokens held for a call with no cap (core.axes.OUTPUT_HOLD), [field, value, ...].
 local ep, gone = KEYS[1], KEYS[2]
 local body_hash, now = ARGV[1], ARGV[2]
 local free_retries = tonumber(ARGV[3])
@@ -12,10 +12,10 @@ if redis.call('EXISTS', ep) == 0 then
   if redis.call('EXISTS', gone) == 1 then
     return cjson.encode({'gone'})
   end
-  if #ARGV < 11 then
+  if #ARGV < 12 then
     return cjson.encode({'absent'})
   end
-  redis.call('HSET', ep, unpack(ARGV, 11))
+  redis.call('HSET', ep, unpack(ARGV, 12))
   created = 1
 end
 local f = redis.call('HMGET', ep, 'status', 'budget', 'turns_used', 'inflight', 'last_turn',
@@ -27,7 +27,8 @@ if f[1] == 'finished' then
 end
 local hold = nil
 if f[14] or f[15] or f[16] then
-  hold = axes_plan(ep, tonumber(ARGV[2]), ARGV[9], ARGV[10], f[14], f[15], f[16])
+  hold = axes_plan(ep, tonumber(ARGV[2]), ARGV[9], ARGV[10], tonumber(ARGV[11]), f[14], f[15],
+    f[16])
   if hold.need_price then
     return cjson.encode({'need_price', created, snapshot(ep)})
   elseif hold.spent then

@@ -36,7 +36,7 @@ except ImportError as e:  # pragma: no cover - depends on the install
         "the Redis episode store needs the redis package: pip install 'budgetproxy[redis]'"
     ) from e
 
-from budgetproxy.core.axes import AxisGrant, Spend
+from budgetproxy.core.axes import OUTPUT_HOLD, AxisGrant, Spend
 from budgetproxy.core.episode import (
     EpisodeState,
     FinishStatus,
@@ -273,13 +273,14 @@ class RedisStore:
         fingerprint: str | None = None,
         client_cap: int | None = None,
         out_rate: float | None = None,
+        output_hold: int = OUTPUT_HOLD,
     ) -> TurnOpen:
         keys = self._keys(episode_id)
         args: list[Any] = [
             body_hash, repr(float(now)), free_retries, message_count,
             "" if disclosure_index is None else disclosure_index, self._active_ttl_ms,
             model or "", fingerprint or "", "" if client_cap is None else client_cap,
-            "" if out_rate is None else repr(float(out_rate)),
+            "" if out_rate is None else repr(float(out_rate)), output_hold,
         ]
         reply = _json(await self._eval(_Eval(self._open, keys, args)))
         if reply[0] == "absent":

@@ -26,9 +26,9 @@ def _state(**kw: object) -> EpisodeState:
 
 
 def _reserve(s: EpisodeState, h: str, now: float = 0.0, cap: int | None = None,
-             rate: float | None = None) -> Grant:
+             rate: float | None = None, hold: int = axes.OUTPUT_HOLD) -> Grant:
     return reserve(s, h, now, free_retries=0, message_count=1, disclosure_index=None,
-                   client_cap=cap, out_rate=rate)
+                   client_cap=cap, out_rate=rate, output_hold=hold)
 
 
 # ("reserve", client cap or None, input tokens, fraction of the cap it outputs, refundable)
@@ -59,12 +59,14 @@ def test_no_interleaving_overspends(budget: int, cost_budget: float | None,
             _, cap, tin, frac, fail = op
             assert isinstance(tin, int) and isinstance(frac, float)
             n += 1
-            g = _reserve(s, f"h{n}", cap=cap if isinstance(cap, int) else None, rate=rate)
+            g = _reserve(s, f"h{n}", cap=cap if isinstance(cap, int) else None, rate=rate,
+                         hold=150)
             if g.kind is not GrantKind.FORWARD:
                 assert g.kind is GrantKind.EXHAUSTED and s.exhausted_by in ("tokens", "cost")
                 continue
             assert g.hold is not None
-            sent = g.hold.cap if g.hold.cap is not None else cap
+            # no cap sent at all: the model writes at most the usual hold (the assumption)
+            sent = g.hold.cap if g.hold.cap is not None else (cap or g.hold.tokens)
             assert isinstance(sent, int)
             if isinstance(cap, int):
                 assert sent <= cap  # clamping never raises the client's own cap
@@ -140,6 +142,18 @@ def test_no_usage_charges_the_reservation_and_a_refund_charges_nothing() -> None
     g = _reserve(s, "b", cap=200)
     settle(s, g, SettleResult.REFUNDABLE, 0.0, count_failed=False, spend=None)
     assert (s.tokens_used, s.tokens_reserved, s.turns_used) == (200, 0, 1)
+
+
+def test_a_request_without_a_cap_gets_one_only_when_little_is_left() -> None:
+    s = _state(token_budget=1000)
+    g = _reserve(s, "a", hold=300)
+    assert g.hold is not None and (g.hold.cap, g.hold.tokens) == (None, 300)
+    g2 = _reserve(s, "b", hold=300)
+    assert g2.hold is not None and (g2.hold.cap, g2.hold.tokens) == (None, 300)
+    g3 = _reserve(s, "c", hold=300)  # 400 left, still more than the hold
+    assert g3.hold is not None and g3.hold.cap is None
+    g4 = _reserve(s, "d", hold=300)  # 100 left: a cap is added
+    assert g4.hold is not None and (g4.hold.cap, g4.hold.tokens) == (100, 100)
 
 
 def test_cost_budget_needs_a_price_then_clamps_to_what_it_buys() -> None:

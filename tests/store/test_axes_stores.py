@@ -47,7 +47,7 @@ async def _open(store: MemoryStore | RedisStore, eid: str, h: str, now: float,
                 cap: int | None, rate: float | None, **kw: object) -> Grant:
     opened = await store.open_turn(eid, lambda: _fresh(eid, **kw), h, now, free_retries=0,
                                    message_count=1, disclosure_index=None, client_cap=cap,
-                                   out_rate=rate)
+                                   out_rate=rate, output_hold=120)
     return opened.grant
 
 
