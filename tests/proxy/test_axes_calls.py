@@ -276,3 +276,27 @@ def test_metrics_count_spend_per_episode_and_exhaustion_by_axis(
            'outcome="exhausted",tier="n/a"} 1.0' in text
     assert "budgetproxy_episode_cost_usd_count" in text
     assert "budgetproxy_episode_seconds_sum" in text
+
+
+def test_a_time_budget_cuts_an_anthropic_stream_cleanly(
+        proxy: ProxyFactory, upstream: FakeUpstream) -> None:
+    p = proxy({})
+    eid = new_id()
+    c = anthropic.Anthropic(base_url=p.url, api_key="k", max_retries=0, timeout=20.0,
+                            default_headers={"X-Episode-Id": eid, "X-Test-Episode": eid,
+                                             "X-Episode-Time-Budget": "1.0"})
+    t0 = time.monotonic()
+    events = []
+    with c.messages.stream(model="m1", max_tokens=100, messages=[
+            {"role": "user", "content": "w " * 40}],
+            extra_headers={"X-Fake-Chunks": "30", "X-Fake-Chunk-Gap-Ms": "100"}) as s:
+        for ev in s:
+            events.append(ev.type)
+    assert time.monotonic() - t0 < 2.5
+    assert "message_start" in events and "message_stop" not in events
+    ep = p.episode(eid)
+    assert ep["exhausted_by"] == "time" and ep["turns_used"] == 1
+    r = p.http().post("/v1/messages", headers={"X-Episode-Id": eid}, json={
+        "model": "m1", "max_tokens": 5, "messages": [{"role": "user", "content": "x"}]})
+    assert r.status_code == 403 and r.json()["type"] == "error"
+    assert r.json()["error"]["type"] == "permission_error"
