@@ -119,6 +119,8 @@ def template_fields(st: EpisodeState, now: float) -> dict[str, Any]:
             out.update({f"{axis}_total": "n/a", f"{axis}_remaining": "n/a",
                         f"{axis}_used": used[axis]})
             continue
+        if axis == "seconds" and float(total).is_integer():
+            total = int(total)  # "600s", not "600.0s"
         left: Any = max(0, total - used[axis])
         out.update({f"{axis}_total": total, f"{axis}_used": used[axis],
                     f"{axis}_remaining": int(left) if axis == "seconds" else (

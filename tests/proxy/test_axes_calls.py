@@ -4,6 +4,7 @@ records, a time budget that runs out mid-stream, and two replicas sharing one Re
 
 from __future__ import annotations
 
+import json
 import time
 import uuid
 from typing import Any
@@ -300,3 +301,21 @@ def test_a_time_budget_cuts_an_anthropic_stream_cleanly(
         "model": "m1", "max_tokens": 5, "messages": [{"role": "user", "content": "x"}]})
     assert r.status_code == 403 and r.json()["type"] == "error"
     assert r.json()["error"]["type"] == "permission_error"
+
+
+@pytest.mark.parametrize("api", ["responses", "messages"])
+def test_axis_fields_are_disclosed_on_responses_and_messages(
+        proxy: ProxyFactory, upstream: FakeUpstream, api: str) -> None:
+    template = "[Budget] {tokens_remaining} tokens left of {tokens_total}; {seconds_total}s."
+    p = proxy({"disclosure": {"mode": "disclosed", "template": template}})
+    eid = new_id()
+    call_api(p, api, eid, False, 50, {"X-Episode-Token-Budget": "900",
+                                      "X-Episode-Time-Budget": "300"})
+    sent = json.dumps(upstream_body(upstream, eid))
+    assert "[Budget] 900 tokens left of 900; 300s." in sent  # before this turn's spend
+    call_api(p, api, eid, False, 50, {})
+    used = p.episode(eid)["tokens_used"]
+    assert used > 0
+    rec = p.wait_records(2, episode_id=eid, type="turn")[-1]
+    assert rec["disclosure"]["text"].startswith("[Budget] ")
+    assert rec["disclosure"]["text"] != "[Budget] 900 tokens left of 900; 300s."
