@@ -97,6 +97,10 @@ class Recorder:
             }
         )
 
+    async def probe(self, record: dict[str, Any]) -> None:
+        """A probe call's record (never an episode's turn), texts left out as turns' are."""
+        await self.turn(record)
+
     async def turn(self, record: dict[str, Any]) -> None:
         if not self.content_full:
             for key in ("request_messages", "response"):
