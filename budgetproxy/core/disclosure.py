@@ -32,6 +32,10 @@ class _Lenient(string.Formatter):
 _FORMATTER = _Lenient()
 
 
+def uses_axes(template: str) -> bool:
+    return any(a in template for a in ("{tokens_", "{cost_", "{seconds_"))
+
+
 def render(template: str, turn: int, budget: int, announced_budget: int | None,
            fields: Mapping[str, Any] | None = None) -> str:
     total = announced_budget if announced_budget is not None else budget
@@ -40,7 +44,7 @@ def render(template: str, turn: int, budget: int, announced_budget: int | None,
     values = {"turn": turn, "total": total, "remaining": remaining, "used": turn - 1,
               "turns_remain": turns_remain}
     if fields is None:
-        if not any(a in template for a in ("{tokens_", "{cost_", "{seconds_")):
+        if not uses_axes(template):
             return template.format(**values)  # no axis field: the plain (faster) format
         fields = _NO_AXES
     return _FORMATTER.format(template, **values, **fields)
@@ -65,17 +69,19 @@ def disclose(
 def texts(
     template: str, turn: int, budget: int, announced_budget: int | None,
     earlier: Iterable[Placed] = (), conversation: Fingerprint | None = None,
-    fields: Mapping[str, Any] | None = None,
+    fields: Mapping[str, Any] | None = None, told: Mapping[str, str] | None = None,
 ) -> tuple[str, list[tuple[int, str]]]:
     """This turn's text, and (index, text) of the `earlier` placements to re-apply where
     `conversation` (history: keep; None: drop) still extends the turn they were made in.
 
-    `fields` are the axis fields (core.axes) as this turn starts; earlier texts are rendered
-    with them too (what each earlier turn was told on those axes is not kept)."""
+    `fields` are the axis fields (core.axes) as this turn starts; `told` the texts earlier
+    turns were given with theirs (by turn), re-applied as they were."""
     text = render(template, turn, budget, announced_budget, fields)
     if conversation is None:
         return text, []
-    return text, [(idx, render(template, t, budget, announced_budget, fields))
+    told = told or {}
+    return text, [(idx, told.get(str(t)) or render(template, t, budget, announced_budget,
+                                                   fields))
                   for idx, t in replayable(earlier, conversation)]
 
 

@@ -20,7 +20,7 @@ from budgetproxy.proxy import output_cap
 from budgetproxy.proxy.asgi import Message, Send
 from budgetproxy.proxy.calls import ModelCall
 from budgetproxy.proxy.dialects import Reply
-from budgetproxy.store.base import TurnOpen
+from budgetproxy.store.base import EpisodeStore, StoreUnavailable, TurnOpen
 
 log = logging.getLogger("budgetproxy")
 
@@ -47,6 +47,16 @@ async def output_rate(prices: PriceTable, model: str) -> float:
             f"No price is known for model {model!r}, and this episode has a cost budget: "
             "add the model under `prices` in the proxy's config", "model")
     return rates[1]
+
+
+async def keep_told(store: EpisodeStore, episode_id: str, turn: int, text: str) -> None:
+    """Keep the text this turn was told, for later turns to re-apply as it was (history:
+    keep with axis fields, whose values change every turn); a store that fails here costs
+    only that (later turns render it afresh)."""
+    try:
+        await store.keep_told(episode_id, turn, text)
+    except StoreUnavailable:
+        log.warning("store unavailable while keeping the disclosure text of %s", episode_id)
 
 
 def reopened(opened: TurnOpen, created: bool) -> TurnOpen:

@@ -256,10 +256,12 @@ class ModelCalls:
             # texts are in what the upstream stored.
             cfg = self.disc_cfg
             keep = cfg.history == "keep" and call.previous_response is None
+            fields = axis_calls.template_fields(st, time.time()) if grant.hold else None
             text, again = disclosure.texts(
                 cfg.template, grant.turn, st.budget, st.announced_budget, grant.disclosed_at,
-                call.prints if keep else None,
-                fields=axis_calls.template_fields(st, time.time()) if grant.hold else None)
+                call.prints if keep else None, fields=fields, told=st.told)
+            if fields is not None and keep and disclosure.uses_axes(cfg.template):
+                await axis_calls.keep_told(self.store, eid, grant.turn, text)
             call.disclosure_text = text
             payload = dialect.place(payload, conversation, cfg.placement, text, again)
             body = b""  # re-encode below

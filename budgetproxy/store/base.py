@@ -78,6 +78,11 @@ class EpisodeStore(Protocol):
         """`core.episode.settle` (`spend`: the call's reported usage, for core.axes)."""
         ...
 
+    async def keep_told(self, episode_id: str, turn: int, text: str) -> None:
+        """Remember the disclosure text `turn` was given (`EpisodeState.told`); nothing for
+        an unknown or finished episode."""
+        ...
+
     async def create(self, fresh: EpisodeState) -> bool:
         """Insert a new episode; False when the id exists (active, finished or remembered)."""
         ...

@@ -42,6 +42,7 @@ def _compact(st: EpisodeState) -> None:
     st.messages_seen = 0
     st.messages_digest = None
     st.metadata = {}
+    st.told = {}
 
 
 class ForgottenIds:
@@ -183,6 +184,11 @@ class MemoryStore:
         if ended:
             self._ended(st)
         return TurnClose(refunded, snap, ended)
+
+    async def keep_told(self, episode_id: str, turn: int, text: str) -> None:
+        st = self._active.get(episode_id)
+        if st is not None and st.status == "active":
+            st.told = {**st.told, str(turn): text}  # snapshots keep the dict they had
 
     async def create(self, fresh: EpisodeState) -> bool:
         eid = fresh.episode_id

@@ -137,6 +137,7 @@ class RedisStore:
         self._create = self._redis.register_script(prelude + _lua("create.lua"))
         self._finish = self._redis.register_script(prelude + _lua("finish.lua"))
         self._expire = self._redis.register_script(prelude + _lua("expire.lua"))
+        self._keep_told = self._redis.register_script(_KEEP_TOLD)
 
     # -- keys ----------------------------------------------------------------------------------
     def episode_key(self, episode_id: str) -> str:
@@ -312,6 +313,10 @@ class RedisStore:
         reply = _json(raw)
         return TurnClose(bool(reply[0]), decode_state(reply[1]), bool(reply[2]))
 
+    async def keep_told(self, episode_id: str, turn: int, text: str) -> None:
+        keys = [self.episode_key(episode_id)]
+        await self._eval(_Eval(self._keep_told, keys, [f"told:{turn}", text]))
+
     # -- episodes ------------------------------------------------------------------------------
     async def create(self, fresh: EpisodeState) -> bool:
         eid = fresh.episode_id
@@ -453,6 +458,15 @@ class RedisStore:
         for conn in self._conns:
             await conn.disconnect()
         await self._redis.aclose()
+
+
+# EpisodeState.told: one hash field per turn, on an active episode only (never a stub hash).
+_KEEP_TOLD = """
+if redis.call('HGET', KEYS[1], 'status') == 'active' then
+  redis.call('HSET', KEYS[1], ARGV[1], ARGV[2])
+end
+return 1
+"""
 
 
 def _ms(seconds: float) -> int:

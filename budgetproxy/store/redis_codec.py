@@ -23,7 +23,7 @@ _CODEC: dict[str, str] = {
     "token_budget": _INT, "cost_budget": _FLOAT, "time_budget_s": _FLOAT,
     "announced_tokens": _INT, "announced_cost": _FLOAT, "announced_time_s": _FLOAT,
     "tokens_used": _INT, "cost_used": _FLOAT, "tokens_reserved": _INT, "cost_reserved": _FLOAT,
-    "first_call_at": _FLOAT, "exhausted_by": _STR,
+    "first_call_at": _FLOAT, "exhausted_by": _STR, "told": _JSON,
 }
 
 
@@ -62,8 +62,8 @@ def encode_state(st: EpisodeState) -> list[str | bytes]:
     turn_only = st.token_budget is None and st.cost_budget is None and st.time_budget_s is None
     for f in fields(st):
         value = getattr(st, f.name)
-        if value is None or (turn_only and f.name in _NO_AXES):
-            continue
+        if value is None or (turn_only and f.name in _NO_AXES) or f.name == "told":
+            continue  # told: one field per turn (RedisStore.keep_told), none at creation
         out.append(_FIELD.get(f.name, f.name))
         out.append(_encode_value(_CODEC[f.name], value))
     out += _LEGACY
@@ -137,7 +137,9 @@ def decode_state(pairs: list[str]) -> EpisodeState:
             cost_reserved=float(g("cost_reserved") or 0.0),
             first_call_at=_opt_float(g("first_call_at")),
             exhausted_by=g("exhausted_by"),
+            told={k[5:]: v for k, v in d.items() if k.startswith("told:")},
         )
     else:
         st.__dict__.update(_NO_AXES)
+        st.told = {}
     return st

@@ -319,3 +319,34 @@ def test_axis_fields_are_disclosed_on_responses_and_messages(
     rec = p.wait_records(2, episode_id=eid, type="turn")[-1]
     assert rec["disclosure"]["text"].startswith("[Budget] ")
     assert rec["disclosure"]["text"] != "[Budget] 900 tokens left of 900; 300s."
+
+
+@pytest.mark.parametrize("store", ["memory", "redis"])
+def test_history_keep_re_applies_each_turns_axis_text_as_it_was(
+        proxy: ProxyFactory, upstream: FakeUpstream, store: str) -> None:
+    over: dict[str, Any] = {"disclosure": {"mode": "disclosed",
+                                           "template": "[{tokens_remaining} tokens left]"}}
+    prefix = f"bptest-told-{uuid.uuid4().hex[:8]}"
+    if store == "redis":
+        require_redis()
+        over["store"] = {"kind": "redis", "url": REDIS_URL, "key_prefix": prefix}
+    try:
+        p = proxy(over, fresh=True)
+        eid = new_id()
+        c = p.client(default_headers={"X-Episode-Id": eid, "X-Test-Episode": eid,
+                                      "X-Episode-Token-Budget": "5000"})
+        messages: list[dict[str, Any]] = []
+        sent = []
+        for n in range(3):
+            messages.append({"role": "user", "content": f"step {n} a b c"})
+            r = c.chat.completions.create(model="m1", messages=messages, max_tokens=50)
+            sent.append(upstream_body(upstream, eid)["messages"])
+            messages.append({"role": "assistant", "content": r.choices[0].message.content})
+        # every turn's upstream conversation starts with the previous one, texts as they were
+        for before, after in zip(sent, sent[1:], strict=False):
+            assert after[:len(before)] == before
+        texts = [m["content"].rsplit("\n\n", 1)[-1] for m in sent[-1] if m["role"] == "user"]
+        assert texts[0] == "[5000 tokens left]" and len(set(texts)) == 3
+    finally:
+        if store == "redis":
+            drop_prefix(prefix)
