@@ -55,6 +55,8 @@ class Spend:
 
 
 NEED_PRICE = "need_price"
+# What is left is held by calls in flight (not spent): this call waits its turn (a 429).
+HELD = "held"
 
 
 def has_axes(st: Any) -> bool:
@@ -82,19 +84,21 @@ def plan(st: Any, now: float, client_cap: int | None, out_rate: float | None,
     if st.token_budget is not None:
         left = st.token_budget - st.tokens_used - st.tokens_reserved
         if left < 1:
-            return "tokens"
+            return "tokens" if st.tokens_used >= st.token_budget else HELD
         cap = left if cap is None else min(cap, left)
     cost = 0.0
     if st.cost_budget is not None:
         if out_rate is None:
             return NEED_PRICE
-        left_cost = st.cost_budget - st.cost_used - st.cost_reserved
-        if left_cost <= COST_EPS:
-            return "cost"
+        unheld = st.cost_budget - st.cost_used
+        left_cost = unheld - st.cost_reserved
+        if left_cost <= COST_EPS or (out_rate > 0 and math.floor(
+                left_cost / out_rate + 1e-9) < 1):
+            spent = unheld <= COST_EPS or (out_rate > 0 and math.floor(
+                unheld / out_rate + 1e-9) < 1)
+            return "cost" if spent else HELD
         if out_rate > 0:
             affordable = math.floor(left_cost / out_rate + 1e-9)
-            if affordable < 1:
-                return "cost"
             cap = affordable if cap is None else min(cap, affordable)
             cost = cap * out_rate
     capped = st.token_budget is not None or st.cost_budget is not None

@@ -124,6 +124,7 @@ class GrantKind(StrEnum):
     EXHAUSTED = "exhausted"
     FINISHED = "finished"
     NEED_PRICE = "need_price"  # the episode has a cost budget: ask again with the model's price
+    HELD = "held"  # what is left of a token or cost budget is held by calls in flight
 
 
 @dataclass(slots=True)
@@ -184,6 +185,8 @@ def reserve(
         planned = axes.plan(st, now, client_cap, out_rate, output_hold)
         if planned == axes.NEED_PRICE:
             return Grant(GrantKind.NEED_PRICE)
+        if planned == axes.HELD:
+            return Grant(GrantKind.HELD, turn=st.turns_used)
         if not isinstance(planned, axes.AxisGrant):
             st.refused = True
             if st.exhausted_by is None:

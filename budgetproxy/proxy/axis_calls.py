@@ -72,6 +72,17 @@ def axis_exhausted(st: EpisodeState, status: int = 403) -> ProxyError:
         type_="budget_exhausted")
 
 
+def held(st: EpisodeState) -> ProxyError:
+    """A call that finds what is left of a budget held by calls in flight: a 429 with
+    Retry-After (the episode untouched); like every 4xx here it says x-should-retry: false,
+    so a harness retries it, not the SDK on its own."""
+    return ProxyError(
+        429, "budget_held",
+        f"What is left of episode {st.episode_id!r}'s token or cost budget is held by its "
+        "calls in flight; retry once they finish.",
+        type_="rate_limit_error", headers={"retry-after": "1"})
+
+
 def read_reply(call: ModelCall) -> Reply:
     """The reply read back from what the upstream sent (an odd one: an empty reply)."""
     reply: Reply = {"message": None, "finish_reason": None, "usage": None}

@@ -237,6 +237,8 @@ class ModelCalls:
             return
         if grant.kind is GrantKind.FINISHED:
             raise episode_finished(eid, refusal_status(headers))
+        if grant.kind is GrantKind.HELD:
+            raise axis_calls.held(st)
         if grant.kind is GrantKind.EXHAUSTED:
             await self._exhausted(call, st, send, payload, conversation,
                                   refusal_status(headers))

@@ -10,7 +10,8 @@ local function g17(x)
   return string.format('%.17g', x)
 end
 
--- core.axes.plan: a hold {cap, tokens, cost, deadline}, or {spent = axis}, or {need_price}.
+-- core.axes.plan: a hold {cap, tokens, cost, deadline}, or {spent = axis}, or {need_price},
+-- or {held} (what is left is held by calls in flight).
 -- client_cap and out_rate are '' when none; budgets as HMGET gives them.
 local function axes_plan(ep, now, client_cap, out_rate, output_hold, tb, cb, timeb)
   local a = redis.call('HMGET', ep, 'tokens_used', 'tokens_reserved', 'cost_used',
@@ -25,9 +26,13 @@ local function axes_plan(ep, now, client_cap, out_rate, output_hold, tb, cb, tim
   local client = num(client_cap)
   local cap = client
   if tb then
-    local left = tonumber(tb) - tonumber(a[1] or '0') - tonumber(a[2] or '0')
+    local used = tonumber(a[1] or '0')
+    local left = tonumber(tb) - used - tonumber(a[2] or '0')
     if left < 1 then
-      return {spent = 'tokens'}
+      if used >= tonumber(tb) then
+        return {spent = 'tokens'}
+      end
+      return {held = true}
     end
     cap = cap and math.min(cap, left) or left
   end
@@ -37,15 +42,16 @@ local function axes_plan(ep, now, client_cap, out_rate, output_hold, tb, cb, tim
     if not rate then
       return {need_price = true}
     end
-    local left_cost = tonumber(cb) - tonumber(a[3] or '0') - tonumber(a[4] or '0')
-    if left_cost <= 1e-12 then
-      return {spent = 'cost'}
+    local unheld = tonumber(cb) - tonumber(a[3] or '0')
+    local left_cost = unheld - tonumber(a[4] or '0')
+    if left_cost <= 1e-12 or (rate > 0 and math.floor(left_cost / rate + 1e-9) < 1) then
+      if unheld <= 1e-12 or (rate > 0 and math.floor(unheld / rate + 1e-9) < 1) then
+        return {spent = 'cost'}
+      end
+      return {held = true}
     end
     if rate > 0 then
       local affordable = math.floor(left_cost / rate + 1e-9)
-      if affordable < 1 then
-        return {spent = 'cost'}
-      end
       cap = cap and math.min(cap, affordable) or affordable
       cost = cap * rate
     end

@@ -31,6 +31,8 @@ if f[14] or f[15] or f[16] then
     f[16])
   if hold.need_price then
     return cjson.encode({'need_price', created, snapshot(ep)})
+  elseif hold.held then
+    return cjson.encode({'held', created, snapshot(ep)})
   elseif hold.spent then
     redis.call('HSET', ep, 'refused', '1')
     redis.call('HSETNX', ep, 'exhausted_by', hold.spent)

@@ -502,6 +502,8 @@ def _turn_open(episode_id: str, body_hash: str, reply: list[Any]) -> TurnOpen:
         return TurnOpen(Grant(GrantKind.EXHAUSTED, turn=st.turns_used), st, created)
     if kind == "need_price":
         return TurnOpen(Grant(GrantKind.NEED_PRICE), st, created)
+    if kind == "held":
+        return TurnOpen(Grant(GrantKind.HELD, turn=st.turns_used), st, created)
     grant = Grant(
         GrantKind.FORWARD,
         turn=int(reply[3]),

@@ -61,6 +61,9 @@ def test_no_interleaving_overspends(budget: int, cost_budget: float | None,
             n += 1
             g = _reserve(s, f"h{n}", cap=cap if isinstance(cap, int) else None, rate=rate,
                          hold=150)
+            if g.kind is GrantKind.HELD:
+                assert inflight  # only calls in flight hold anything
+                continue
             if g.kind is not GrantKind.FORWARD:
                 assert g.kind is GrantKind.EXHAUSTED and s.exhausted_by in ("tokens", "cost")
                 continue
@@ -105,7 +108,7 @@ def test_clamp_never_raises_client_cap(budget: int, used: int, reserved: int,
     planned = axes.plan(s, 0.0, cap, None)
     left = budget - used - reserved
     if left < 1:
-        assert planned == "tokens"
+        assert planned == ("tokens" if used >= budget else axes.HELD)
         return
     assert isinstance(planned, axes.AxisGrant)
     sent = planned.cap if planned.cap is not None else cap
@@ -163,7 +166,9 @@ def test_cost_budget_needs_a_price_then_clamps_to_what_it_buys() -> None:
     g = _reserve(s, "a", cap=10_000, rate=1e-6)  # $0.001 buys 1000 output tokens
     assert g.hold is not None and g.hold.cap == 1000
     assert abs(g.hold.cost - 0.001) < 1e-12
-    assert _reserve(s, "b", cap=5, rate=1e-6).kind is GrantKind.EXHAUSTED  # all reserved
+    assert _reserve(s, "b", cap=5, rate=1e-6).kind is GrantKind.HELD  # all of it held
+    settle(s, g, SettleResult.OK, 0.0, count_failed=False, spend=axes.Spend(1000, 0.001))
+    assert _reserve(s, "b", cap=5, rate=1e-6).kind is GrantKind.EXHAUSTED  # all spent
     assert s.exhausted_by == "cost"
 
 
@@ -228,3 +233,16 @@ def test_budgetmix_draws_other_axes_per_group_on_their_grid() -> None:
                                                                          600.0}
     assert a.cost_budget is None  # no full cost budget configured: no draw
     assert ep("c", "g1", token_budget=123).token_budget == 123  # explicit wins
+
+
+def test_what_calls_in_flight_hold_is_not_spent() -> None:
+    s = _state(token_budget=100)
+    g = _reserve(s, "a", cap=100)  # holds all that is left
+    held = _reserve(s, "b", cap=10)
+    assert held.kind is GrantKind.HELD
+    assert s.exhausted_by is None and not s.refused and s.turns_used == 1
+    settle(s, g, SettleResult.OK, 0.0, count_failed=False, spend=axes.Spend(30))
+    assert _reserve(s, "b", cap=10).kind is GrantKind.FORWARD  # held tokens came back
+    c = _state(cost_budget=0.001)
+    _reserve(c, "a", cap=1000, rate=1e-6)
+    assert _reserve(c, "b", cap=10, rate=1e-6).kind is GrantKind.HELD and c.exhausted_by is None

@@ -350,3 +350,26 @@ def test_history_keep_re_applies_each_turns_axis_text_as_it_was(
     finally:
         if store == "redis":
             drop_prefix(prefix)
+
+
+def test_a_call_finding_the_rest_held_by_one_in_flight_gets_a_429_and_the_episode_lives(
+        proxy: ProxyFactory, upstream: FakeUpstream) -> None:
+    import threading
+
+    p = proxy({})
+    eid = new_id()
+    hdrs = {"X-Episode-Id": eid, "X-Episode-Token-Budget": "100"}
+    slow = threading.Thread(target=lambda: p.http(timeout=10).post(
+        "/v1/chat/completions", headers={**hdrs, "X-Fake-Delay-Ms": "1200"},
+        json={"model": "m1", "max_tokens": 100, "messages": [{"role": "user", "content": "a"}]}))
+    slow.start()
+    time.sleep(0.4)
+    r = p.http().post("/v1/chat/completions", headers=hdrs, json={
+        "model": "m1", "max_tokens": 10, "messages": [{"role": "user", "content": "b"}]})
+    assert_openai_error(r, 429, "budget_held")
+    assert r.headers["retry-after"] == "1"
+    slow.join()
+    assert p.episode(eid)["exhausted_by"] is None
+    r = p.http().post("/v1/chat/completions", headers=hdrs, json={
+        "model": "m1", "max_tokens": 10, "messages": [{"role": "user", "content": "b"}]})
+    assert r.status_code == 200
