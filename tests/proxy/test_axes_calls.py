@@ -192,6 +192,7 @@ def test_a_time_budget_that_expires_before_the_answer_finishes_the_call(
         parsed.choices[0].finish_reason)
     assert time.monotonic() - t0 < 2.0
     assert finish == "length" and raw.headers["x-episode-exhausted"] == "true"
+    assert 0.0 <= float(raw.headers["x-episode-time-remaining"]) <= 0.5
     ep = p.episode(eid)
     assert ep["exhausted_by"] == "time" and ep["turns_used"] == 0  # its turn given back
 
