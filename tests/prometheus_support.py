@@ -35,6 +35,7 @@ SAMPLE_VALUES: dict[str, str] = {
     "route": ".*",
     "upstream": ".*",
     "turns": "5|10|20",
+    "tokens": "1000|10000|100000",
     "window": "10m",
     "__range": "10m",
     "__rate_interval": "1m",

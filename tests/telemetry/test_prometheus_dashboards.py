@@ -375,6 +375,16 @@ def test_the_readmes_pass_at_t_query(run: Run) -> None:
                                      for tier, arm in ARMS}), t
 
 
+def test_success_within_b_tokens(run: Run) -> None:
+    """Every episode spends a few dozen tokens: within 100,000 is every success, as within
+    every turn; within 1,000 too (the fake's echo is short)."""
+    got = run.by("Success within B tokens (chosen B)", "tier", "disclosure", "le",
+                 tokens="1000|100000")
+    want = {(t, a, le): success_within(t, a, 64) for t, a in ARMS
+            for le in ("1000.0", "100000.0")}
+    assert got == pytest.approx(want)
+
+
 @pytest.mark.parametrize("title", ["Success within T (chosen T)", "Success within T over time"])
 def test_success_within_chosen_t(run: Run, title: str) -> None:
     ts = (1, 2, 4, 5, 8, 10, 20)
