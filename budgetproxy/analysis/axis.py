@@ -42,6 +42,7 @@ class AxisCell:
     n_tasks: int
     n_tasks_left_out: int
     n_episodes: int
+    by: tuple[tuple[str, str | None], ...] = ()
 
     def as_json(self) -> dict[str, Any]:
         row: dict[str, Any] = {"k": self.k, "axis": self.axis, "budget": self.budget}
@@ -49,7 +50,7 @@ class AxisCell:
             row["turns"] = int(self.budget)
         row.update(value=self.value, ci_low=self.ci_low, ci_high=self.ci_high,
                    n_tasks=self.n_tasks, n_tasks_left_out=self.n_tasks_left_out,
-                   n_episodes=self.n_episodes, by={}, hold=self.hold)
+                   n_episodes=self.n_episodes, by=dict(self.by), hold=self.hold)
         return row
 
 
@@ -104,7 +105,16 @@ def _spend(turns: list[dict[str, Any]], success_turn: int, prices: PriceTable,
     return out
 
 
-def load(files: Sequence[str], prices: PriceTable) -> tuple[list[AxisEpisode], int]:
+def _by_value(ep: dict[str, Any], name: str) -> str | None:
+    """A --by field of an episode record, or else of its tags, as text."""
+    value = ep.get(name)
+    if value is None and isinstance(ep.get("tags"), dict):
+        value = ep["tags"].get(name)
+    return None if value is None else str(value)
+
+
+def load(files: Sequence[str], prices: PriceTable, by: Sequence[str] = ()
+         ) -> tuple[list[AxisEpisode], int]:
     """Episodes that count at all (finished with a task, not abandoned), and how many were
     left out for that."""
     episodes: dict[str, dict[str, Any]] = {}
@@ -131,7 +141,8 @@ def load(files: Sequence[str], prices: PriceTable) -> tuple[list[AxisEpisode], i
             task_id=str(ep["task_id"]), disclosure=str(ep.get("disclosure") or "hidden"),
             budgets={a: _num(ep.get(f)) for a, f in BUDGET_FIELDS.items()},
             success=success, spend_at_success=spend,
-            announced={a: _num(ep.get(f)) for a, f in ANNOUNCED_FIELDS.items()}))
+            announced={a: _num(ep.get(f)) for a, f in ANNOUNCED_FIELDS.items()},
+            by=tuple((name, _by_value(ep, name)) for name in by)))
     return out, left_out
 
 
@@ -144,6 +155,19 @@ def compute(episodes: list[AxisEpisode], axis: str, budgets: Sequence[float],
             seed: int = 0) -> list[AxisCell]:
     """Every (hold, B, K) cell: per task n eligible and c succeeded within, Pass@K averaged
     over the tasks with n >= K, with bootstrap CIs over tasks."""
+    slices: dict[tuple[tuple[str, str | None], ...], list[AxisEpisode]] = defaultdict(list)
+    for ep in episodes:
+        slices[ep.by].append(ep)
+    cells = []
+    for key in sorted(slices, key=lambda k: [(v is None, v or "") for _, v in k]):
+        cells += _slice_cells(slices[key], key, axis, budgets, ks, fixed, resamples, seed)
+    return cells
+
+
+def _slice_cells(episodes: list[AxisEpisode], key: tuple[tuple[str, str | None], ...],
+                 axis: str, budgets: Sequence[float], ks: Sequence[int],
+                 fixed: Mapping[str, float | None], resamples: int, seed: int
+                 ) -> list[AxisCell]:
     by_task: dict[str, list[AxisEpisode]] = defaultdict(list)
     for ep in episodes:
         by_task[ep.task_id].append(ep)
@@ -164,17 +188,18 @@ def compute(episodes: list[AxisEpisode], axis: str, budgets: Sequence[float],
                 cells.append(AxisCell(
                     k, axis, b, dict(hold), sum(vals) / len(vals) if vals else None, low, high,
                     len(vals), len(counts) - len(vals),
-                    sum(n for n, _ in counts if n >= k)))
+                    sum(n for n, _ in counts if n >= k), key))
     return cells
 
 
 def format_cells(cells: Sequence[AxisCell]) -> str:
     lines = []
-    for hold in {tuple(sorted(c.hold.items())): None for c in cells}:
+    for by, hold in {(c.by, tuple(sorted(c.hold.items()))): None for c in cells}:
         shown = ", ".join(f"{a}={'-' if v is None else f'{v:g}'}" for a, v in hold)
-        mine = [c for c in cells if tuple(sorted(c.hold.items())) == hold]
+        mine = [c for c in cells if c.by == by and tuple(sorted(c.hold.items())) == hold]
         axis = mine[0].axis
-        lines.append(f"Pass@(K,B) along {axis}, other budgets at {shown}")
+        where = "".join(f", {f}={v}" for f, v in by)
+        lines.append(f"Pass@(K,B) along {axis}, other budgets at {shown}{where}")
         budgets = list(dict.fromkeys(c.budget for c in mine))
         ks = list(dict.fromkeys(c.k for c in mine))
         lines.append("K \\ B".ljust(8) + "".join(f"{b:>12g}" for b in budgets))

@@ -39,6 +39,7 @@ class AxisEpisode:
     # cumulative spend per axis at the success turn (None: unknown, or no success)
     spend_at_success: Mapping[str, float | None] = field(default_factory=dict)
     announced: Mapping[str, float | None] = field(default_factory=dict)
+    by: tuple[tuple[str, str | None], ...] = ()  # the --by fields' values
 
 
 def eligible(ep: AxisEpisode, axis: str, b: float, hold: Mapping[str, float | None]) -> bool:

@@ -170,7 +170,15 @@ def _run_axis(args: argparse.Namespace) -> int:
         fixed = axis.parse_hold(args.hold)
     except ValueError as e:
         raise load.InputError(str(e), exit_code=2) from None
-    episodes, left_out = axis.load(inputs.jsonl, PriceTable())
+    others = [flag for flag, on in (
+        ("--report", args.report is not None), ("--to-parquet", args.to_parquet is not None),
+        ("--error-pattern", args.error_pattern is not None),
+        ("--audit-budgetmix", args.audit_budgetmix or args.audit_groups is not None),
+        ("--tiers/--turns", args.tiers is not None or bool(args.turns))) if on]
+    if others:
+        raise load.InputError(f"--budgets does not combine with {', '.join(others)}",
+                              exit_code=2)
+    episodes, left_out = axis.load(inputs.jsonl, PriceTable(), args.by)
     if not episodes:
         raise load.InputError(f"no finished episodes with a task_id in {inputs.files} file(s)")
     cells = axis.compute(episodes, args.axis, args.budgets, args.k, fixed, args.resamples,

@@ -45,5 +45,16 @@ def test_pass_at_budgets_along_tokens(proxy: ProxyFactory, tmp_path: Path,
     assert cells[30]["n_tasks"] == 2 and cells[30]["hold"]["turns"] == 20
 
 
+    # --by splits the cells: task a alone, then task b
+    code = main([str(tmp_path), "--axis", "tokens", "--budgets", "30", "--k", "1",
+                 "--hold", "turns=20", "--by", "task_id", "--json"])
+    split = json.loads(capsys.readouterr().out)["pass_at"]
+    assert code == 0
+    assert [(c["by"], c["value"]) for c in split] == [({"task_id": "a"}, 1.0),
+                                                      ({"task_id": "b"}, 0.5)]
+
+
 def test_axis_without_budgets_is_a_usage_error(tmp_path: Path) -> None:
     assert main([str(tmp_path), "--axis", "tokens"]) == 2
+    (tmp_path / "x.jsonl").write_text("")
+    assert main([str(tmp_path), "--budgets", "10", "--report", str(tmp_path / "r.html")]) == 2
