@@ -374,3 +374,18 @@ def test_a_call_finding_the_rest_held_by_one_in_flight_gets_a_429_and_the_episod
     r = p.http().post("/v1/chat/completions", headers=hdrs, json={
         "model": "m1", "max_tokens": 10, "messages": [{"role": "user", "content": "b"}]})
     assert r.status_code == 200
+
+
+def test_extreme_axis_values_are_answered_never_a_500(proxy: ProxyFactory) -> None:
+    p = proxy({"prices": PRICES})
+    cases = [({"X-Episode-Time-Budget": "1e308", "X-Episode-Token-Budget": "2147483647",
+               "X-Episode-Cost-Budget": "1e300"}, 200),
+             ({"X-Episode-Cost-Budget": "1e-300"}, 403),  # buys no output token at all
+             ({"X-Episode-Token-Budget": "99999999999999"}, 400)]
+    for headers, status in cases:
+        r = p.http().post("/v1/chat/completions", headers={"X-Episode-Id": new_id(), **headers},
+                          json={"model": "m1", "max_tokens": -5,
+                                "messages": [{"role": "user", "content": "x"}]})
+        assert r.status_code == status, (headers, r.text)
+    r = p.http().post("/v1/episodes", json={"time_budget_s": 1e308, "token_budget": 5})
+    assert r.status_code == 201
