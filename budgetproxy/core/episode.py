@@ -69,7 +69,7 @@ class EpisodeState:
     first_call_at: float | None = None
     exhausted_by: str | None = None  # the axis other than turns that ended it (or a refusal's)
     # Disclosed texts with axis fields, by turn (str): re-applied as they were (history: keep).
-    told: dict[str, str] = field(default_factory=dict)
+    told: dict[str, str] | None = None
 
     @property
     def remaining(self) -> int:

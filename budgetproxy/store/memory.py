@@ -42,7 +42,7 @@ def _compact(st: EpisodeState) -> None:
     st.messages_seen = 0
     st.messages_digest = None
     st.metadata = {}
-    st.told = {}
+    st.told = None
 
 
 class ForgottenIds:
@@ -188,7 +188,7 @@ class MemoryStore:
     async def keep_told(self, episode_id: str, turn: int, text: str) -> None:
         st = self._active.get(episode_id)
         if st is not None and st.status == "active":
-            st.told = {**st.told, str(turn): text}  # snapshots keep the dict they had
+            st.told = {**(st.told or {}), str(turn): text}  # snapshots keep the dict they had
 
     async def create(self, fresh: EpisodeState) -> bool:
         eid = fresh.episode_id

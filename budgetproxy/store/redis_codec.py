@@ -137,9 +137,8 @@ def decode_state(pairs: list[str]) -> EpisodeState:
             cost_reserved=float(g("cost_reserved") or 0.0),
             first_call_at=_opt_float(g("first_call_at")),
             exhausted_by=g("exhausted_by"),
-            told={k[5:]: v for k, v in d.items() if k.startswith("told:")},
+            told={k[5:]: v for k, v in d.items() if k.startswith("told:")} or None,
         )
-    else:
-        st.__dict__.update(_NO_AXES)
-        st.told = {}
+    # else: a turn-only episode reads the axis fields' defaults from the class (they are plain
+    # values there), without a write each
     return st
