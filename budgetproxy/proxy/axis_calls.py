@@ -11,16 +11,19 @@ import time
 from collections.abc import Awaitable, Callable
 from typing import Any
 
+from budgetproxy.config import BudgetConfig
 from budgetproxy.core import axes
+from budgetproxy.core.budget import tier_label
 from budgetproxy.core.episode import EpisodeState, SettleResult
 from budgetproxy.core.prices import PriceTable
 from budgetproxy.core.usage import billed_tokens
 from budgetproxy.errors import ProxyError, invalid_request
 from budgetproxy.proxy import output_cap
-from budgetproxy.proxy.asgi import Message, Send
+from budgetproxy.proxy.asgi import Message, Send, send_response
 from budgetproxy.proxy.calls import ModelCall
 from budgetproxy.proxy.dialects import Reply
 from budgetproxy.store.base import EpisodeStore, StoreUnavailable, TurnOpen
+from budgetproxy.telemetry.metrics import Metrics
 
 log = logging.getLogger("budgetproxy")
 
@@ -81,6 +84,30 @@ def held(st: EpisodeState) -> ProxyError:
         f"What is left of episode {st.episode_id!r}'s token or cost budget is held by its "
         "calls in flight; retry once they finish.",
         type_="rate_limit_error", headers={"retry-after": "1"})
+
+
+async def time_up(
+    call: ModelCall, send: Send, budget_cfg: BudgetConfig, metrics: Metrics | None,
+    episode_headers: Callable[[ModelCall], list[tuple[bytes, bytes]]], refused: int,
+) -> None:
+    """A call its episode's time budget ran out on before any byte was sent: answered as an
+    exhausted episode's (refusal or finish, nothing more from upstream), its turn given back;
+    the turn record follows as for every forwarded call."""
+    st = call.state
+    assert st is not None
+    st.exhausted_by = st.exhausted_by or "time"
+    if metrics is not None:
+        metrics.budget_exhausted.labels(tier_label(st.budget, st.max_turns),
+                                        st.disclosure).inc()
+    finish_mode = budget_cfg.on_exhausted == "finish"
+    call.refuse(200 if finish_mode else refused)
+    if not finish_mode:
+        raise axis_exhausted(st, refused)
+    ctype, data = call.dialect.synthetic(call.model or "", budget_cfg.finish_reason,
+                                         call.stream, call.payload or {})
+    call.started = True
+    await send_response(send, 200, [(b"content-type", ctype), *episode_headers(call),
+                                    (b"x-episode-exhausted", b"true")], data)
 
 
 def read_reply(call: ModelCall) -> Reply:

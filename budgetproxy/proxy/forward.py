@@ -434,7 +434,9 @@ class ModelCalls:
                 await axis_calls.within_deadline(
                     call, grant.hold.deadline, lambda out: self._upstream_leg(
                         call, upstream, headers, sent, payload, receive, out, drop_usage),
-                    send, self._time_up)
+                    send, lambda c, out: axis_calls.time_up(
+                        c, out, self.budget_cfg, self.metrics, self._episode_headers,
+                        refusal_status(headers)))
             else:
                 await self._upstream_leg(call, upstream, headers, body, payload, receive,
                                          send, drop_usage)
@@ -472,26 +474,6 @@ class ModelCalls:
             await self.upstream.litellm(call, upstream, payload, send)
         else:
             await self.upstream.http(call, upstream, headers, body, receive, send, drop_usage)
-
-    async def _time_up(self, call: ModelCall, send: Send) -> None:
-        """A call its episode's time budget ran out on before any byte was sent: answered as
-        an exhausted episode's (refusal or finish, nothing more from upstream), its turn
-        given back; the turn record follows as for every forwarded call."""
-        st = call.state
-        assert st is not None
-        st.exhausted_by = st.exhausted_by or "time"
-        if self.metrics is not None:
-            self.metrics.budget_exhausted.labels(tier_label(st.budget, st.max_turns),
-                                                 st.disclosure).inc()
-        finish_mode = self.budget_cfg.on_exhausted == "finish"
-        call.refuse(200 if finish_mode else 403)
-        if not finish_mode:
-            raise axis_calls.axis_exhausted(st)
-        ctype, data = call.dialect.synthetic(call.model or "", self.budget_cfg.finish_reason,
-                                             call.stream, call.payload or {})
-        call.started = True
-        await send_response(send, 200, [(b"content-type", ctype), *self._episode_headers(call),
-                                        (b"x-episode-exhausted", b"true")], data)
 
     @staticmethod
     def _exact(call: ModelCall, body: bytes, payload: dict[str, Any]) -> dict[str, Any] | None:
