@@ -69,6 +69,7 @@ METRICS: dict[str, set[str]] = {
     "budgetproxy_calls_without_episode_total": {"route"},
     "budgetproxy_trajectory_queue_depth": set(),
     "budgetproxy_store_unavailable_total": {"policy"},
+    "budgetproxy_store_degraded": set(),
     "budgetproxy_trace_spans_total": {"result"},
     "budgetproxy_episodes_exhausted_total": {"tier", "disclosure", "axis"},
     "budgetproxy_episode_tokens": {"tier", "disclosure", "outcome"},
@@ -334,6 +335,11 @@ class Proxy:
             str(workdir / "trajectories"),
             *extra_args,
         ]
+        if "--config" not in extra_args:
+            # the fake upstream's X-Fake-* steering headers reach it only when named
+            config = workdir / "proxy.yaml"
+            config.write_text("server: {forward_headers: [x-fake-*]}\n")
+            self.args += ["--config", str(config)]
         self._proc: subprocess.Popen[bytes] | None = None
 
     def start(self) -> Proxy:

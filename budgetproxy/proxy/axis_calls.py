@@ -16,6 +16,7 @@ from budgetproxy.core import axes
 from budgetproxy.core.budget import tier_label
 from budgetproxy.core.episode import EpisodeState, SettleResult
 from budgetproxy.core.prices import PriceTable
+from budgetproxy.core.tenants import local_id
 from budgetproxy.core.usage import billed_tokens
 from budgetproxy.errors import ProxyError, invalid_request
 from budgetproxy.proxy import output_cap
@@ -70,7 +71,8 @@ def axis_exhausted(st: EpisodeState, status: int = 403) -> ProxyError:
     axis = st.exhausted_by or "turns"
     return ProxyError(
         status, _CODES.get(axis, "turn_budget_exhausted"),
-        f"Episode {st.episode_id!r} has used its {_WHAT.get(axis, 'budget')}; no further "
+        f"Episode {local_id(st.episode_id)!r} has used its {_WHAT.get(axis, 'budget')}; no "
+        "further "
         "model calls are forwarded. Report the outcome or start a new episode.",
         type_="budget_exhausted")
 
@@ -81,7 +83,8 @@ def held(st: EpisodeState) -> ProxyError:
     so a harness retries it, not the SDK on its own."""
     return ProxyError(
         429, "budget_held",
-        f"What is left of episode {st.episode_id!r}'s token or cost budget is held by its "
+        f"What is left of episode {local_id(st.episode_id)!r}'s token or cost budget is held "
+        "by its "
         "calls in flight; retry once they finish.",
         type_="rate_limit_error", headers={"retry-after": "1"})
 

@@ -44,7 +44,7 @@ class ModelCall:
         "t0", "route", "dialect", "kind", "model", "stream", "episode_id", "state", "grant",
         "upstream", "t_upstream", "started", "sent_body", "status", "disclosure_text",
         "result", "http_status", "ttft", "error_class", "conversation", "data", "events",
-        "settled", "span", "prints", "previous_response", "exact", "ended", "probe",
+        "settled", "span", "prints", "previous_response", "exact", "ended", "probe", "query",
         "payload", "timed_out", "cumulative",
     )
 
@@ -79,6 +79,7 @@ class ModelCall:
         self.exact = False  # the payload was read again to keep integers past 64 bits
         self.ended: EpisodeState | None = None  # its episode, when settling this call ended it
         self.probe: str | None = None  # the probe run that sent it (PROBE_HEADER)
+        self.query = ""  # the query string forwarded upstream with it (core.paths.wire_query)
         self.payload: dict[str, Any] | None = None  # as parsed (or clamped, core.axes)
         self.timed_out = False  # its episode's time budget ended it (core.axes)
         self.cumulative: dict[str, Any] | None = None  # spend per axis once settled

@@ -51,6 +51,9 @@ class Recorder:
             self.metrics.touch_episode_labels(*labels)
             self.metrics.episodes_started.labels(*labels).inc()
             self.metrics.active_episodes.inc()
+            tenant = self.metrics.tenant_label(st.episode_id)
+            if tenant is not None:
+                self.metrics.tenant_episodes_started.labels(tenant).inc()
 
     async def episode_ended(self, st: EpisodeState) -> None:
         tier, arm = self.labels(st)
@@ -70,6 +73,9 @@ class Recorder:
                 if st.cost_budget is not None:
                     m.episode_cost.labels(tier, arm, reason).observe(st.cost_used)
             m.active_episodes.dec()
+            tenant = m.tenant_label(st.episode_id)
+            if tenant is not None:
+                m.tenant_episodes_finished.labels(tenant, reason).inc()
         await self.sink.put(
             {
                 "schema": SCHEMA_VERSION,
