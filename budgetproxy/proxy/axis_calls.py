@@ -71,9 +71,8 @@ def axis_exhausted(st: EpisodeState, status: int = 403) -> ProxyError:
     axis = st.exhausted_by or "turns"
     return ProxyError(
         status, _CODES.get(axis, "turn_budget_exhausted"),
-        f"Episode {local_id(st.episode_id)!r} has used its {_WHAT.get(axis, 'budget')}; no "
-        "further "
-        "model calls are forwarded. Report the outcome or start a new episode.",
+        f"Episode {local_id(st.episode_id)!r} has used its {_WHAT.get(axis, 'budget')}; "
+        "no further model calls are forwarded. Report the outcome or start a new episode.",
         type_="budget_exhausted")
 
 
@@ -84,8 +83,7 @@ def held(st: EpisodeState) -> ProxyError:
     return ProxyError(
         429, "budget_held",
         f"What is left of episode {local_id(st.episode_id)!r}'s token or cost budget is held "
-        "by its "
-        "calls in flight; retry once they finish.",
+        "by its calls in flight; retry once they finish.",
         type_="rate_limit_error", headers={"retry-after": "1"})
 
 
