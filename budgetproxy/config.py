@@ -45,6 +45,11 @@ class UpstreamConfig(_Strict):
     kind: Literal["openai", "litellm"] = "openai"
     # litellm only: the provider model to call, e.g. "anthropic/claude-sonnet-4-5".
     model: str | None = None
+    # Ask the server for the sampled token ids and logprobs and log them with each turn
+    # (chat and text completions); the client's response is unchanged (proxy/capture.py).
+    capture_tokens: bool = False
+    # Whose field names and shapes: vLLM (null when not asked) or SGLang (absent).
+    token_server: Literal["vllm", "sglang"] = "vllm"
 
     @field_validator("base_url")
     @classmethod
@@ -152,6 +157,13 @@ class StoreConfig(_Strict):
     on_unavailable: Literal["fail_closed", "fail_open"] = "fail_closed"
 
 
+class RewardConfig(_Strict):
+    # zero: an exhausted episode's reward is 0 (BudgetMix RL); keep: what the harness reported.
+    on_exhausted: Literal["zero", "keep"] = "keep"
+    # Group advantages: reward minus the group mean, divided by the group's std when true.
+    scale_by_std: bool = False
+
+
 class AuthConfig(_Strict):
     keys: list[str] = Field(default_factory=list)
 
@@ -167,6 +179,7 @@ class Config(_Strict):
     tracing: TracingConfig = TracingConfig()
     store: StoreConfig = StoreConfig()
     auth: AuthConfig = AuthConfig()
+    reward: RewardConfig = RewardConfig()
 
     @model_validator(mode="after")
     def _check(self) -> Config:

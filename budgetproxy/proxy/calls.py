@@ -9,6 +9,7 @@ from typing import Any
 from budgetproxy.config import UpstreamConfig
 from budgetproxy.core.episode import EpisodeState, Grant, GrantKind, SettleResult
 from budgetproxy.core.fingerprint import Fingerprint
+from budgetproxy.proxy.capture import Capture, Tokens
 from budgetproxy.proxy.dialects import Dialect
 from budgetproxy.telemetry.tracing import CallTrace
 from budgetproxy.trajectories.records import SCHEMA_VERSION, rfc3339
@@ -40,7 +41,8 @@ class ModelCall:
         "t0", "route", "dialect", "kind", "model", "stream", "episode_id", "state", "grant",
         "upstream", "t_upstream", "started", "sent_body", "status", "disclosure_text",
         "result", "http_status", "ttft", "error_class", "conversation", "data", "events",
-        "settled", "span", "prints", "previous_response", "exact", "ended",
+        "settled", "span", "prints", "previous_response", "exact", "ended", "capture",
+        "tokens",
     )
 
     def __init__(self, route: str, dialect: Dialect) -> None:
@@ -73,6 +75,8 @@ class ModelCall:
         self.previous_response: str | None = None
         self.exact = False  # the payload was read again to keep integers past 64 bits
         self.ended: EpisodeState | None = None  # its episode, when settling this call ended it
+        self.capture: Capture | None = None  # token capture asked of the upstream
+        self.tokens: Tokens | None = None  # what it sampled, read back
 
     def refuse(self, http_status: int) -> None:
         """The proxy answers this forwarded call itself, with `http_status`: its turn is
@@ -133,4 +137,6 @@ def turn_record(
     }
     if call.previous_response is not None:  # what the logged input continues
         record["previous_response_id"] = call.previous_response
+    if call.tokens is not None:
+        record.update(call.tokens.fields())
     return record

@@ -28,6 +28,7 @@ from budgetproxy.errors import (
     invalid_episode_id,
     invalid_request,
 )
+from budgetproxy.proxy import capture
 from budgetproxy.proxy.asgi import (
     ClientGone,
     Receive,
@@ -360,6 +361,8 @@ class ModelCalls:
                                              "include_usage": True}
                 drop_usage = True
                 body = b""
+        if upstream.capture_tokens and call.dialect.kind in capture.CAPTURED_KINDS:
+            body, payload = self._capture(call, upstream, body, payload)
         call.conversation = conversation
         call.span = self.tracing.start(call.kind, call.model, headers, call.episode_id)
         try:
@@ -391,6 +394,20 @@ class ModelCalls:
                     status=call.http_status, error_class=call.error_class, reply=reply,
                     conversation=conversation,
                 )
+
+    def _capture(
+        self, call: ModelCall, upstream: UpstreamConfig, body: bytes, payload: dict[str, Any]
+    ) -> tuple[bytes, dict[str, Any]]:
+        """Ask for token ids and logprobs the client did not ask for (capture_tokens)."""
+        cap, add = capture.plan(payload, call.dialect.kind, upstream.token_server)
+        call.capture = cap
+        if not add:
+            return body, payload
+        if body and any(k in payload for k in add):  # re-encoded: integers must stay exact
+            exact = self._exact(call, body, payload)
+            if exact is not None:
+                payload = exact
+        return capture.add_fields(body, payload, add), payload
 
     @staticmethod
     def _exact(call: ModelCall, body: bytes, payload: dict[str, Any]) -> dict[str, Any] | None:
@@ -445,6 +462,9 @@ class ModelCalls:
         except Exception:  # an odd reply costs its details in the log, never its record
             log.warning("could not read back the reply to %s (%s); its turn is logged without "
                         "it", call.route, call.episode_id, exc_info=True)
+        if call.capture is not None:
+            call.tokens = (capture.read_events(call.events) if call.events is not None
+                           else capture.read_body(call.data) if call.data else None)
         usage = reply.get("usage")
         m = self.metrics
         if m is not None and isinstance(usage, dict):

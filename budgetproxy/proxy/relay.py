@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from enum import StrEnum
 
@@ -37,9 +38,11 @@ async def relay_stream(
     head: list[tuple[bytes, bytes]],
     *,
     drop_usage: bool,
+    transform: Callable[[bytes], bytes | None] | None = None,
 ) -> Relayed:
     """Send `resp`'s events to the client as they arrive; nothing is held back but a partial
-    event. With `drop_usage`, the usage-only chunk the proxy asked for is not passed on.
+    event. With `drop_usage`, the usage-only chunk the proxy asked for is not passed on;
+    `transform` rewrites each event the client gets (None: it gets none of it).
 
     A client disconnect cancels the upstream read at once. On a break before any event was
     sent, nothing has been sent at all, so the caller can still answer with an error.
@@ -65,8 +68,14 @@ async def relay_stream(
             chunk = []
             for ev in splitter.feed(data):
                 out.events.append(ev)
-                if not (drop_usage and is_usage_only(ev)):
-                    chunk.append(ev)
+                if drop_usage and is_usage_only(ev):
+                    continue
+                if transform is not None:  # what the client gets of it (None: nothing)
+                    out_ev = transform(ev)
+                    if out_ev is not None:
+                        chunk.append(out_ev)
+                    continue
+                chunk.append(ev)
             if not chunk:
                 continue
             if not out.started:

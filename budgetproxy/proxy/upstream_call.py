@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Awaitable, Callable
+from functools import partial
 from typing import Any
 
 import aiohttp
@@ -14,6 +15,7 @@ from budgetproxy.core.episode import SettleResult
 from budgetproxy.errors import ProxyError
 from budgetproxy.proxy.asgi import Receive, Send, send_response
 from budgetproxy.proxy.calls import ModelCall
+from budgetproxy.proxy.capture import strip, strip_event
 from budgetproxy.proxy.relay import StreamEnd, relay_stream
 from budgetproxy.proxy.sse import EventSplitter
 from budgetproxy.proxy.upstream import UpstreamPool
@@ -85,7 +87,10 @@ class UpstreamCall:
             call.started = True
             if call.result is SettleResult.REFUNDABLE:
                 await self.settle(call)
-            await send_response(send, resp.status, out, data)
+            cap = call.capture
+            sent = strip(data, cap) if cap is not None and cap.strips and (
+                resp.status == 200) else data
+            await send_response(send, resp.status, out, sent)
             call.sent_body = True
         finally:
             resp.release()
@@ -140,7 +145,10 @@ class UpstreamCall:
         drop_usage: bool, t_up: float,
     ) -> None:
         head = self._response_headers(resp, call)
-        relayed = await relay_stream(resp, receive, send, head, drop_usage=drop_usage)
+        cap = call.capture
+        transform = partial(strip_event, cap=cap) if cap is not None and cap.strips else None
+        relayed = await relay_stream(resp, receive, send, head, drop_usage=drop_usage,
+                                     transform=transform)
         call.started = relayed.started
         call.sent_body = relayed.sent_body
         call.events = relayed.events

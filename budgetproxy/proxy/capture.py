@@ -1,0 +1,235 @@
+"""Token capture: ask a vLLM or SGLang server for sampled token ids and logprobs, give the
+client its answer as it would be without them, and read them back for the turn's record."""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+from typing import Any, Literal
+
+import orjson
+
+from budgetproxy.proxy.sse import event_data
+
+Server = Literal["vllm", "sglang"]
+# The APIs whose OpenAI-compatible servers return token ids (vLLM and SGLang both serve
+# chat and text completions with them; neither returns them on /v1/responses or /v1/messages).
+CAPTURED_KINDS = frozenset({"chat", "completions"})
+
+# A JSON string (escapes included) or one bracket: enough to find where a value ends.
+_TOKEN = re.compile(rb'"(?:[^"\\]|\\.)*"|[\[\]{}]')
+_SCALAR_END = re.compile(rb"[,}\]]")
+_KEY = {name: re.compile(rb'"' + name + rb'"\s*:\s*')
+        for name in (b"prompt_token_ids", b"token_ids", b"logprobs")}
+
+
+@dataclass(slots=True)
+class Capture:
+    """One call's capture: what the proxy added to the request, so it is taken out again."""
+
+    kind: str
+    server: Server
+    strip_ids: bool  # the client did not ask for token ids
+    strip_logprobs: bool  # the client did not ask for logprobs
+
+    @property
+    def strips(self) -> bool:
+        return self.strip_ids or self.strip_logprobs
+
+
+def plan(payload: dict[str, Any], kind: str, server: Server) -> tuple[Capture, dict[str, Any]]:
+    """The capture for a call of `kind`, and the request fields to add (none when the client
+    asked for everything itself)."""
+    add: dict[str, Any] = {}
+    asked_ids = payload.get("return_token_ids") is True
+    if not asked_ids:
+        add["return_token_ids"] = True
+    lp = payload.get("logprobs")
+    if kind == "chat":
+        asked_lp = lp is True
+        if not asked_lp:
+            add["logprobs"] = True
+    else:  # completions: logprobs is the number of alternatives; 0 gives the sampled token's
+        asked_lp = type(lp) is int and lp >= 0
+        if not asked_lp:
+            add["logprobs"] = 0
+    return Capture(kind, server, not asked_ids, not asked_lp), add
+
+
+def add_fields(body: bytes, payload: dict[str, Any], add: dict[str, Any]) -> bytes:
+    """The body with `add` as extra members when none of them is in it yet (its other bytes
+    unchanged); b"" when one is there (the caller re-encodes `payload`, now updated)."""
+    present = any(k in payload for k in add)
+    payload.update(add)
+    if present or not body:
+        return b""
+    end = body.rindex(b"}")
+    extra = b"".join(b',"%s":%s' % (k.encode(), orjson.dumps(v)) for k, v in add.items())
+    return body[:end] + extra + body[end:]
+
+
+def _value_end(buf: bytes, start: int) -> int:
+    """The index just past the JSON value that starts at `start`."""
+    first = buf[start:start + 1]
+    if first not in (b"[", b"{", b'"'):
+        m = _SCALAR_END.search(buf, start)
+        return m.start() if m else len(buf)
+    depth = 0
+    for m in _TOKEN.finditer(buf, start):
+        tok = m.group()
+        if tok in (b"[", b"{"):
+            depth += 1
+        elif tok in (b"]", b"}"):
+            depth -= 1
+        if depth == 0:
+            return m.end()
+    return len(buf)
+
+
+def _null_member(buf: bytes, key: bytes) -> bytes:
+    """`buf` with every `"key": value` member's value written as null."""
+    pattern = _KEY[key]
+    out: list[bytes] = []
+    pos = 0
+    for m in pattern.finditer(buf):
+        if m.start() < pos:
+            continue
+        end = _value_end(buf, m.end())
+        out.append(buf[pos:m.end()])
+        out.append(b"null")
+        pos = end
+    if not out:
+        return buf
+    out.append(buf[pos:])
+    return b"".join(out)
+
+
+def _drop_member(buf: bytes, key: bytes) -> bytes:
+    """`buf` without any `"key": value` member (and the comma that joined it)."""
+    pattern = _KEY[key]
+    while True:
+        m = pattern.search(buf)
+        if m is None:
+            return buf
+        start, end = m.start(), _value_end(buf, m.end())
+        before = buf[:start].rstrip()
+        if before.endswith(b","):
+            buf = before[:-1] + buf[end:]
+        else:
+            after = buf[end:].lstrip()
+            buf = buf[:start] + (after[1:] if after.startswith(b",") else after)
+
+
+def strip(data: bytes, cap: Capture) -> bytes:
+    """A body or event as the server writes it when not asked for what the proxy added:
+    vLLM writes `null` for token ids and logprobs it was not asked for; SGLang leaves token
+    ids out and writes `null` logprobs."""
+    if cap.strip_ids:
+        if cap.server == "vllm":
+            data = _null_member(_null_member(data, b"prompt_token_ids"), b"token_ids")
+        else:
+            data = _drop_member(_drop_member(data, b"prompt_token_ids"), b"token_ids")
+    if cap.strip_logprobs:
+        data = _null_member(data, b"logprobs")
+    return data
+
+
+def strip_event(event: bytes, cap: Capture) -> bytes | None:
+    """A stream event as the client would get it without capture; None: the server would not
+    have sent it (vLLM sends a chunk with no text only to carry token ids or logprobs)."""
+    out = strip(event, cap)
+    if b'"delta":{}' in out and b'"finish_reason":null' in out:
+        data = event_data(out)
+        try:
+            obj = orjson.loads(data) if data is not None else None
+        except orjson.JSONDecodeError:
+            return out
+        if isinstance(obj, dict) and not obj.get("usage"):
+            choices = obj.get("choices")
+            if isinstance(choices, list) and choices and all(
+                    isinstance(c, dict) and c.get("delta") == {} and c.get("finish_reason") is None
+                    for c in choices):
+                return None
+    return out
+
+
+@dataclass(slots=True)
+class Tokens:
+    """What a turn's record keeps of a captured call (choice 0)."""
+
+    prompt_token_ids: list[int] | None = None
+    completion_token_ids: list[int] | None = None
+    logprobs: list[float] | None = None
+
+    def fields(self) -> dict[str, Any]:
+        return {"prompt_token_ids": self.prompt_token_ids,
+                "completion_token_ids": self.completion_token_ids, "logprobs": self.logprobs}
+
+
+def _ints(value: Any) -> list[int] | None:
+    if isinstance(value, list) and all(type(v) is int for v in value):
+        return value
+    return None
+
+
+def _logprob_values(lp: Any) -> list[float] | None:
+    """The sampled tokens' logprobs: chat's `content[].logprob` or completions' list."""
+    if not isinstance(lp, dict):
+        return None
+    content = lp.get("content")
+    if isinstance(content, list):
+        return [float(e["logprob"]) for e in content
+                if isinstance(e, dict) and isinstance(e.get("logprob"), int | float)]
+    values = lp.get("token_logprobs")
+    if isinstance(values, list):
+        return [float(v) if isinstance(v, int | float) else 0.0 for v in values]
+    return None
+
+
+def _read(obj: Any, out: Tokens) -> None:
+    """Add one body's or chunk's tokens (choice 0) to `out`."""
+    if not isinstance(obj, dict):
+        return
+    prompt = _ints(obj.get("prompt_token_ids"))
+    choices = obj.get("choices")
+    c0 = None
+    if isinstance(choices, list):
+        for c in choices:
+            if isinstance(c, dict) and c.get("index", 0) == 0:
+                c0 = c
+                break
+    if c0 is not None and prompt is None:
+        prompt = _ints(c0.get("prompt_token_ids"))
+    if prompt is not None and out.prompt_token_ids is None:
+        out.prompt_token_ids = prompt
+    if c0 is None:
+        return
+    ids = _ints(c0.get("token_ids"))
+    if ids is not None:
+        out.completion_token_ids = [*(out.completion_token_ids or ()), *ids]
+    values = _logprob_values(c0.get("logprobs"))
+    if values is not None:
+        out.logprobs = [*(out.logprobs or ()), *values]
+
+
+def read_body(data: bytes) -> Tokens:
+    out = Tokens()
+    try:
+        _read(orjson.loads(data), out)
+    except orjson.JSONDecodeError:
+        pass
+    return out
+
+
+def read_events(events: list[bytes]) -> Tokens:
+    out = Tokens()
+    for event in events:
+        data = event_data(event)
+        if data is None or data == b"[DONE]" or b"token_ids" not in data and (
+                b"logprob" not in data):
+            continue
+        try:
+            _read(orjson.loads(data), out)
+        except orjson.JSONDecodeError:
+            continue
+    return out
