@@ -40,6 +40,7 @@ from budgetproxy.proxy.asgi import (
 )
 from budgetproxy.proxy.calls import ModelCall, turn_hash, turn_record, with_stream_usage
 from budgetproxy.proxy.dialects import DIALECTS, Reply
+from budgetproxy.proxy.grouping import group_key, group_size
 from budgetproxy.proxy.upstream import UpstreamPool
 from budgetproxy.proxy.upstream_call import UpstreamCall
 from budgetproxy.proxy.wire import (
@@ -50,6 +51,7 @@ from budgetproxy.proxy.wire import (
     spec_from_headers,
 )
 from budgetproxy.store.base import EpisodeStore, StoreUnavailable
+from budgetproxy.store.groups import GroupStore
 from budgetproxy.telemetry.metrics import Metrics
 from budgetproxy.telemetry.tracing import Tracing
 from budgetproxy.trajectories.recorder import Recorder
@@ -71,6 +73,8 @@ class ModelCalls:
         metrics: Metrics | None,
         tracing: Tracing,
         litellm_call: Callable[..., Any] | None = None,
+        *,
+        groups: GroupStore | None = None,
     ) -> None:
         self.cfg = config
         self.pool = pool
@@ -78,6 +82,7 @@ class ModelCalls:
         self.recorder = recorder
         self.metrics = metrics
         self.tracing = tracing
+        self.groups = groups
         names = ["x-episode-id", *(h.lower() for h in config.episodes.all_id_headers())]
         self.id_headers = tuple(dict.fromkeys(n.encode() for n in names))
         self.alias_headers = self.id_headers[1:]
@@ -235,13 +240,17 @@ class ModelCalls:
     ) -> tuple[Grant | None, EpisodeState]:
         now = time.time()
 
+        size: int | None = None
+
         def fresh() -> EpisodeState:
+            nonlocal size
             try:
                 st = new_episode(spec_from_headers(eid, headers), self.budget_cfg,
                                  self.disc_cfg, now)
             except SpecError as e:
                 raise invalid_request(str(e), e.param) from None
             st.model = call.model
+            size = group_size(headers)
             return st
 
         count = len(conversation)
@@ -276,6 +285,10 @@ class ModelCalls:
             raise ProxyError(503, "store_unavailable",
                              "The episode store is unavailable; try again shortly") from None
         if opened.created:
+            key = group_key(opened.state)
+            if size is not None and key is not None and self.groups is not None:
+                with contextlib.suppress(StoreUnavailable):  # the group API can declare it
+                    await self.groups.declare(key, size)
             await self.recorder.episode_started(opened.state)
         call.state = opened.state
         call.grant = opened.grant

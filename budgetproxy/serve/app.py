@@ -10,6 +10,7 @@ import time
 from collections.abc import Callable
 from typing import Any
 
+from fastapi import FastAPI
 from opentelemetry.sdk.trace import SpanProcessor
 from prometheus_client import CollectorRegistry
 from starlette.exceptions import HTTPException as StarletteHTTPException
@@ -24,13 +25,15 @@ from budgetproxy.errors import (
 )
 from budgetproxy.proxy.asgi import Receive, Scope, Send, send_error
 from budgetproxy.proxy.forward import ModelCalls
+from budgetproxy.proxy.grouping import GroupRecorder
 from budgetproxy.proxy.upstream import UpstreamPool
 from budgetproxy.proxy.wire import MODEL_ROUTES
 from budgetproxy.serve.episode_api import build_api
+from budgetproxy.serve.groups_api import add_group_routes
 from budgetproxy.store.base import EpisodeStore, StoreUnavailable
+from budgetproxy.store.groups import GroupStore, MemoryGroups, RedisGroups
 from budgetproxy.telemetry.metrics import Metrics
 from budgetproxy.telemetry.tracing import Tracing, build_processor, tracing_wanted
-from budgetproxy.trajectories.recorder import Recorder
 from budgetproxy.trajectories.sink import JsonlSink, NullSink, TrajectorySink
 
 log = logging.getLogger("budgetproxy")
@@ -49,6 +52,13 @@ def _make_store(config: Config) -> EpisodeStore:
     from budgetproxy.store.memory import MemoryStore
 
     return MemoryStore()
+
+
+def _make_groups(config: Config) -> GroupStore:
+    if config.store.kind == "redis":
+        return RedisGroups(config.store.url, config.store.key_prefix,
+                           config.episodes.retention_s)
+    return MemoryGroups()
 
 
 def _metrics_registries(turn_buckets: int) -> tuple[Metrics, CollectorRegistry]:
@@ -109,19 +119,26 @@ class BudgetProxy:
         if self.metrics is not None:
             for u in config.upstreams:
                 self.metrics.touch_upstream_labels(u.name)
-        self.recorder = Recorder(self.sink, self.metrics, config.trajectories.content == "full")
+        self.groups = _make_groups(config)
+        self.recorder = GroupRecorder(self.sink, self.metrics,
+                                      config.trajectories.content == "full", self.groups)
         litellm_call = None
         if any(u.kind == "litellm" for u in config.upstreams):
             from budgetproxy.proxy.litellm_adapter import call_litellm
 
             litellm_call = call_litellm
         self.calls = ModelCalls(config, self.pool, self.store, self.recorder, self.metrics,
-                                self.tracing, litellm_call)
-        self.api = build_api(config, self.store, self.recorder, self.pool, self.registry)
+                                self.tracing, litellm_call, groups=self.groups)
+        self.api = build_api(config, self.store, self.recorder, self.pool, self.registry,
+                             extra_routes=self._extra_routes)
         self._auth_keys = frozenset(f"Bearer {k}".encode() for k in config.auth.keys)
         self._raw_keys = frozenset(k.encode() for k in config.auth.keys)
         self._sweeper: asyncio.Task[None] | None = None
         self._flusher: asyncio.Task[None] | None = None
+
+    def _extra_routes(self, app: FastAPI) -> None:
+        """The rollout gateway's routes, registered before the pass-through ones."""
+        add_group_routes(app, self.config, self.store, self.groups)
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] != "http":
@@ -216,6 +233,7 @@ class BudgetProxy:
         await self.sink.close()
         await self.pool.close()
         await self.store.close()
+        await self.groups.close()
         if self.metrics is not None:
             self.metrics.flush()
         if self._own_processor:

@@ -6,6 +6,7 @@ import asyncio
 import logging
 import time
 import uuid
+from collections.abc import Callable
 from typing import Annotated, Any, Literal
 
 import aiohttp
@@ -116,6 +117,7 @@ def build_api(
     recorder: Recorder,
     pool: UpstreamPool,
     registry: CollectorRegistry | None,
+    extra_routes: Callable[[FastAPI], None] | None = None,
 ) -> FastAPI:
     """The episode API, /v1/models, pass-through routes and the service endpoints. API keys
     (`auth.keys`) are checked by the app before any /v1 route here (app.py)."""
@@ -287,6 +289,9 @@ def build_api(
             for m in models or ():
                 merged.setdefault(m["id"], m)
         return _json({"object": "list", "data": list(merged.values())})
+
+    if extra_routes is not None:  # before the pass-through routes, which match any path
+        extra_routes(app)
 
     @app.api_route("/v1/{path:path}", methods=["GET", "POST", "PUT", "PATCH", "DELETE"],
                    include_in_schema=False)

@@ -9,9 +9,9 @@ from typing import Any
 import httpx
 import orjson
 import pytest
+from conftest import Proxy, ProxyFactory, WatchedUpstream, new_id
 
 from budgetproxy.testing import fake_tokens
-from tests.conftest import Proxy, ProxyFactory, WatchedUpstream, new_id
 
 _VOLATILE = re.compile(rb'("id":"[a-z]+-fake-)\d+|("created":)\d+')
 
