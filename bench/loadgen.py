@@ -45,8 +45,12 @@ class WrkResult:
     cpu_us_per_req: float | None = None
 
 
-def run_wrk(target: Target, connections: int, seconds: float) -> WrkResult:
-    """One closed-loop wrk run (one thread) against the target's chat endpoint."""
+# The model-call APIs a row can load: route under the base URL (wrk_chat.lua's BENCH_API).
+API_PATHS = {"chat": "/chat/completions", "responses": "/responses", "messages": "/messages"}
+
+
+def run_wrk(target: Target, connections: int, seconds: float, api: str = "chat") -> WrkResult:
+    """One closed-loop wrk run (one thread) against one of the target's model-call routes."""
     argv = [
         "wrk",
         "-t1",
@@ -57,12 +61,12 @@ def run_wrk(target: Target, connections: int, seconds: float) -> WrkResult:
         "10s",
         "-s",
         str(WRK_SCRIPT),
-        target.chat_url,
+        target.base_url + API_PATHS[api],
         "--",
         str(target.episodes),
         str(EPISODE_BUDGET),
     ]
-    env = {**os.environ, "BENCH_AUTH": target.auth}
+    env = {**os.environ, "BENCH_AUTH": target.auth, "BENCH_API": api}
     cpu_before = cpu_seconds(target.pid) if target.pid else None
     out = subprocess.run(
         pinned(CLIENT_CORE, argv), capture_output=True, text=True, env=env, timeout=seconds + 60
@@ -113,16 +117,42 @@ class StreamStats:
     errors: list[str] = field(default_factory=list)
 
 
+def _stream_body(api: str, text: str) -> dict[str, Any]:
+    if api == "responses":
+        return {"model": "fake-model", "stream": True, "input": text}
+    if api == "messages":
+        return {"model": "fake-model", "stream": True, "max_tokens": 64,
+                "messages": [{"role": "user", "content": text}]}
+    return {**_STREAM_BODY, "messages": [{"role": "user", "content": text}]}
+
+
+def _text_piece(api: str, event: Any) -> tuple[bool, bool]:
+    """Whether an SSE payload carries answer text, and whether it ends the stream."""
+    if not isinstance(event, dict):
+        return False, False
+    if api == "chat":
+        choices = event.get("choices") or []
+        return bool(choices and (choices[0].get("delta") or {}).get("content")), False
+    kind = event.get("type")
+    if api == "responses":
+        return (kind == "response.output_text.delta" and bool(event.get("delta")),
+                kind == "response.completed")
+    delta = event.get("delta") or {}
+    return (kind == "content_block_delta" and bool(delta.get("text")),
+            kind == "message_stop")
+
+
 async def _one_stream(
     session: aiohttp.ClientSession,
     target: Target,
     headers: dict[str, str],
     stats: StreamStats,
     want_chunks: int,
+    api: str = "chat",
 ) -> None:
     serial = next(_stream_ids)
     text = f"stream {serial}: " + _FILLER
-    body = {**_STREAM_BODY, "messages": [{"role": "user", "content": text}]}
+    body = _stream_body(api, text)
     hdrs = {"Content-Type": "application/json", **headers}
     if target.auth:
         hdrs["Authorization"] = f"Bearer {target.auth}"
@@ -133,7 +163,8 @@ async def _one_stream(
     arrivals: list[float] = []
     done = False
     try:
-        async with session.post(target.chat_url, data=orjson.dumps(body), headers=hdrs) as resp:
+        url = target.base_url + API_PATHS[api]
+        async with session.post(url, data=orjson.dumps(body), headers=hdrs) as resp:
             if resp.status != 200:
                 stats.errors.append(f"HTTP {resp.status}")
                 return
@@ -141,10 +172,12 @@ async def _one_stream(
                 if payload == b"[DONE]":
                     done = True
                     break
-                chunk = orjson.loads(payload)
-                choices = chunk.get("choices") or []
-                if choices and (choices[0].get("delta") or {}).get("content"):
+                text_piece, last = _text_piece(api, orjson.loads(payload))
+                if text_piece:
                     arrivals.append(time.perf_counter())
+                if last:
+                    done = True
+                    break
     except (TimeoutError, aiohttp.ClientError, ValueError) as exc:
         stats.errors.append(type(exc).__name__)
         return
@@ -165,6 +198,7 @@ async def _streams(
     stagger_s: float,
     timeout_s: float,
     on_tick: Any = None,
+    api: str = "chat",
 ) -> StreamStats:
     stats = StreamStats(streams=concurrency * rounds, completed=0)
     connector = aiohttp.TCPConnector(limit=0, force_close=False)
@@ -173,7 +207,7 @@ async def _streams(
 
         async def launch(delay: float) -> None:
             await asyncio.sleep(delay)
-            await _one_stream(session, target, headers, stats, want_chunks)
+            await _one_stream(session, target, headers, stats, want_chunks, api)
 
         for _ in range(rounds):
             tasks = [
@@ -187,11 +221,12 @@ async def _streams(
     return stats
 
 
-def stream_latency(target: Target, concurrency: int, rounds: int, chunks: int) -> dict[str, Any]:
+def stream_latency(target: Target, concurrency: int, rounds: int, chunks: int,
+                   api: str = "chat") -> dict[str, Any]:
     """TTFT and inter-chunk gaps over ``rounds`` of ``concurrency`` simultaneous streams."""
     # A discarded warm-up round: the first streams through a fresh server pay for lazy setup.
-    asyncio.run(_streams(target, concurrency, 1, {}, chunks, 0.0, 60.0))
-    stats = asyncio.run(_streams(target, concurrency, rounds, {}, chunks, 0.0, 60.0))
+    asyncio.run(_streams(target, concurrency, 1, {}, chunks, 0.0, 60.0, api=api))
+    stats = asyncio.run(_streams(target, concurrency, rounds, {}, chunks, 0.0, 60.0, api=api))
     return {
         "streams": stats.streams,
         "completed": stats.completed,

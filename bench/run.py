@@ -4,6 +4,7 @@
     python bench/run.py --quick         # c=1 and c=32 only, shorter runs
     python bench/run.py --streams 1000  # also hold 1,000 slow streams per proxy
     python bench/run.py --with-litellm  # create LiteLLM's venv if missing and include it
+    python bench/run.py --apis responses,messages  # also the Responses and Messages rows
 
 Servers run pinned to core 1, the upstream and load generators to core 0 (when taskset exists).
 Results go to bench/results/<timestamp>.json; see bench/README.md.
@@ -102,6 +103,12 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         default="",
         help="comma-separated targets to sample with py-spy during an extra c=32 run",
     )
+    p.add_argument(
+        "--apis",
+        default="",
+        help="also load these APIs (responses,messages) plainly at c=32 and streamed, on the "
+        "upstream directly and the budgetproxy rows",
+    )
     p.add_argument("--out", type=Path, default=tg.BENCH_DIR / "results")
     p.add_argument("--keep", action="store_true", help="keep the temporary dir (logs, configs)")
     return p.parse_args(argv)
@@ -149,6 +156,43 @@ def median_result(results: list[loadgen.WrkResult]) -> dict[str, Any]:
     out["errors"] = sum(r.errors for r in results)
     out["runs"] = [loadgen.as_dict(r) for r in results]
     return out
+
+
+def measure_api(api: str, targets: list[tg.Target], duration: float, repeat: int,
+                rounds: int, streams: bool) -> dict[str, Any]:
+    """One API's rows: c=32 wrk rounds interleaved over the targets, then stream latency."""
+    for t in targets:  # warm-up of this route
+        loadgen.run_wrk(t, 32, 1.0, api)
+    results: dict[str, list[loadgen.WrkResult]] = {t.name: [] for t in targets}
+    for _ in range(repeat):
+        for t in targets:
+            print(f"wrk c=32 {t.name} {api}...", flush=True)
+            results[t.name].append(loadgen.run_wrk(t, 32, duration, api))
+    out: dict[str, Any] = {name: {"c32": median_result(rs)} for name, rs in results.items()}
+    if streams:
+        for t in targets:
+            print(f"streams x10 {t.name} {api}...", flush=True)
+            out[t.name]["streams"] = loadgen.stream_latency(t, 10, rounds, STREAM_CHUNKS, api)
+    return out
+
+
+def api_table(by_target: dict[str, Any]) -> str:
+    direct = by_target.get("direct", {})
+    base_rps = direct.get("c32", {}).get("rps")
+    base_ttft = direct.get("streams", {}).get("ttft_p50_ms")
+    lines = [f"{'target':22} {'c32 req/s':>10} {'/direct':>8} {'c32 p50':>9} {'errors':>7} "
+             f"{'TTFT p50':>9} {'+direct':>8} {'gap p50':>8} {'streams ok':>10}"]
+    for name, row in by_target.items():
+        c32, st = row["c32"], row.get("streams", {})
+        ratio = f"{c32['rps'] / base_rps:.2f}x" if base_rps else "-"
+        ttft, gap = st.get("ttft_p50_ms"), st.get("gap_p50_ms")
+        added = f"{ttft - base_ttft:+.2f}ms" if ttft is not None and base_ttft is not None else "-"
+        ok = f"{st['completed']}/{st['streams']}" if st else "-"
+        lines.append(
+            f"{name:22} {c32['rps']:>10.0f} {ratio:>8} {c32['p50_ms']:>7.2f}ms "
+            f"{c32['errors']:>7} {f'{ttft:.2f}ms' if ttft is not None else '-':>9} {added:>8} "
+            f"{f'{gap:.2f}ms' if gap is not None else '-':>8} {ok:>10}")
+    return "\n".join(lines)
 
 
 def git_revision() -> str:
@@ -199,6 +243,7 @@ def main(argv: list[str] | None = None) -> int:
     measured: list[tg.Target] = [upstream] if "direct" in names else []
     others: list[tg.Target] = []
     rows: dict[str, dict[str, Any]] = {}
+    api_rows: dict[str, dict[str, Any]] = {}
     try:
         others = start_targets(
             [n for n in names if n != "direct"], workdir, upstream.base_url, args
@@ -231,6 +276,15 @@ def main(argv: list[str] | None = None) -> int:
                 rows[t.name]["slow_streams"] = loadgen.slow_streams(
                     t, args.streams, args.slow_chunks
                 )
+        apis = [a.strip() for a in args.apis.split(",") if a.strip()]
+        unknown_apis = [a for a in apis if a not in loadgen.API_PATHS]
+        if unknown_apis:
+            raise SystemExit(f"unknown --apis {', '.join(unknown_apis)}")
+        api_targets = [t for t in measured
+                       if t.name == "direct" or t.name in tg.BUDGETPROXY_VARIANTS]
+        for api in apis:
+            api_rows[api] = measure_api(api, api_targets, duration, repeat, rounds,
+                                        not args.no_stream_latency)
         for t in measured:
             if t.name in args.profile.split(","):
                 print(f"profiling {t.name} under c=32...", flush=True)
@@ -257,6 +311,9 @@ def main(argv: list[str] | None = None) -> int:
             f"{STREAM_GAP_MS:.0f} ms apart; overheads vs direct"
         )
         print(streams)
+    for api, by_target in api_rows.items():
+        print(f"\n/v1{loadgen.API_PATHS[api]}: c=32 and 10 concurrent streams; ratios vs direct")
+        print(api_table(by_target))
     slow = report.slow_table(rows)
     if slow:
         print(f"\nSlow streams: {args.streams} concurrent, one chunk a second")
@@ -293,6 +350,7 @@ def main(argv: list[str] | None = None) -> int:
         },
         "notes": notes,
         "targets": rows,
+        "apis": api_rows,
         "summary": summary,
         "baseline": args.baseline,
         "verdicts": report.verdicts(summary, args.baseline),

@@ -4,6 +4,8 @@
 --
 --   wrk -t1 -c32 -d5s --latency -s bench/wrk_chat.lua URL -- EPISODES [BUDGET]
 -- BENCH_AUTH in the environment adds "Authorization: Bearer $BENCH_AUTH".
+-- BENCH_API=responses|messages sends the same turn as a Responses or Anthropic Messages body
+-- (to /v1/responses or /v1/messages: the URL is the caller's).
 -- BENCH_HISTORY_KB=N puts about N KB of earlier turns (1 KB messages, assistant and user in
 -- turn) before the last message, as a long agent conversation has: costs that follow the
 -- body's size (parsing, hashing, logging) then show.
@@ -19,7 +21,22 @@ local prefix = '{"model":"fake-model","temperature":0,"max_tokens":64,"messages"
   .. 'south-east; holes are marked H on the map SFFF FHFH FFFH HFFG. Step '
 local suffix = ': choose your next move."}]}'
 
+local system = 'You are a careful agent working on a grid puzzle. '
+  .. 'Think briefly, then answer with exactly one move: left, right, up or down.'
+local observation = 'Observation: you stand on a frozen tile; the goal lies '
+  .. 'south-east; holes are marked H on the map SFFF FHFH FFFH HFFG. Step '
+local bodies = {
+  responses = {'{"model":"fake-model","max_output_tokens":64,"instructions":"' .. system
+    .. '","input":[{"role":"user","content":"' .. observation, suffix},
+  messages = {'{"model":"fake-model","max_tokens":64,"system":"' .. system
+    .. '","messages":[{"role":"user","content":"' .. observation, suffix},
+}
+
 function init(args)
+  local api = os.getenv("BENCH_API")
+  if api and bodies[api] then
+    prefix, suffix = bodies[api][1], bodies[api][2]
+  end
   episodes = tonumber(args[1] or "0") or 0
   budget = args[2] or budget
   headers["Content-Type"] = "application/json"

@@ -122,6 +122,9 @@ class EpisodesConfig(_Strict):
     idle_timeout_s: float = Field(3600.0, gt=0)
     retention_s: float = Field(86400.0, ge=0)
     uncounted_models: list[str] = Field(default_factory=list)
+    # Exact texts of a call whose only message is that text (inspect-ai's capability probe,
+    # "Please say 'hello, world'"): forwarded without spending a turn.
+    uncounted_prompts: list[str] = Field(default_factory=list)
     budget_headers: Literal["always", "disclosed_only", "never"] = "always"
     sweep_interval_s: float = Field(5.0, gt=0)
 

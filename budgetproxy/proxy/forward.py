@@ -40,6 +40,7 @@ from budgetproxy.proxy.asgi import (
 )
 from budgetproxy.proxy.calls import ModelCall, turn_hash, turn_record, with_stream_usage
 from budgetproxy.proxy.dialects import DIALECTS, Reply
+from budgetproxy.proxy.dialects.base import lone_text
 from budgetproxy.proxy.grouping import group_key, group_size
 from budgetproxy.proxy.upstream import UpstreamPool
 from budgetproxy.proxy.upstream_call import UpstreamCall
@@ -90,6 +91,7 @@ class ModelCalls:
         self.auth_keys = frozenset(f"Bearer {k}".encode() for k in config.auth.keys)
         self.raw_keys = frozenset(k.encode() for k in config.auth.keys)
         self.uncounted = tuple(config.episodes.uncounted_models)
+        self.uncounted_prompts = frozenset(p.strip() for p in config.episodes.uncounted_prompts)
         self.budget_cfg = config.budget
         self.disc_cfg = config.disclosure
         self.max_body = config.server.max_body_bytes
@@ -194,6 +196,10 @@ class ModelCalls:
         counted = eid is not None and not (
             self.uncounted and any(fnmatch.fnmatchcase(model, p) for p in self.uncounted)
         )
+        conversation = dialect.conversation(payload) if counted else []
+        if counted and self.uncounted_prompts and (
+                lone_text(conversation, dialect.heads) in self.uncounted_prompts):
+            counted = False  # a capability probe, not a turn of the task
         call.episode_id = eid
         if not counted:
             if self.metrics is not None:
@@ -203,7 +209,6 @@ class ModelCalls:
                                 conversation=None)
             return
         assert eid is not None
-        conversation = dialect.conversation(payload)
         call.previous_response = dialect.continues(payload)
         grant, st = await self._open_turn(call, eid, headers, body, conversation)
         if grant is None:  # store down, fail_open

@@ -89,8 +89,10 @@ def _json(data: Any, status: int = 200) -> Response:
     return Response(orjson.dumps(data), status_code=status, media_type="application/json")
 
 
-def _error(err: ProxyError) -> Response:
-    return Response(err.body(), status_code=err.status,
+def _error(err: ProxyError, path: str = "") -> Response:
+    """An error the proxy answers; on the Messages API's routes in Anthropic's shape."""
+    body = err.anthropic_body() if path.startswith("/v1/messages") else err.body()
+    return Response(body, status_code=err.status,
                     headers=dict((k.decode(), v.decode()) for k, v in err.header_list()))
 
 
@@ -132,8 +134,8 @@ def build_api(
     )
 
     @app.exception_handler(ProxyError)
-    async def _proxy_error(_: Request, exc: ProxyError) -> Response:
-        return _error(exc)
+    async def _proxy_error(request: Request, exc: ProxyError) -> Response:
+        return _error(exc, request.url.path)
 
     @app.exception_handler(RequestValidationError)
     async def _invalid(_: Request, exc: RequestValidationError) -> Response:
@@ -158,7 +160,7 @@ def build_api(
         if exc.status_code == 404 and message == "Not Found":
             message = f"No route {request.method} {request.url.path}"
         return _error(ProxyError(exc.status_code, code, message,
-                                 headers=dict(exc.headers or {})))
+                                 headers=dict(exc.headers or {})), request.url.path)
 
     @app.exception_handler(StoreUnavailable)
     async def _store_down(_: Request, exc: StoreUnavailable) -> Response:
@@ -322,10 +324,15 @@ def build_api(
         headers = {k: v for k, v in request.headers.items()
                    if k not in ("host", "content-length", "authorization", "accept-encoding",
                                 "connection", "x-api-key") and not k.startswith("x-episode-")}
-        if upstream.api_key:
+        anthropic = path.startswith("messages")  # /v1/messages/count_tokens and the like
+        if upstream.api_key and anthropic:
+            headers["x-api-key"] = upstream.api_key
+        elif upstream.api_key:
             headers["authorization"] = f"Bearer {upstream.api_key}"
-        elif not config.auth.keys and "authorization" in request.headers:
-            headers["authorization"] = request.headers["authorization"]
+        elif not config.auth.keys:
+            for name in ("authorization", "x-api-key"):
+                if name in request.headers:
+                    headers[name] = request.headers[name]
         url = f"{upstream.base_url}/{path}"
         if request.url.query:
             url += f"?{request.url.query}"

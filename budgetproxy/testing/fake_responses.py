@@ -53,7 +53,8 @@ def usage_of(req: dict[str, Any], output: list[dict[str, Any]]) -> dict[str, Any
         instructions if isinstance(instructions, str) else "")
     completion = sum(words(text_of(o.get("content"))) if o["type"] == "message" else 4
                      for o in output)
-    return {"input_tokens": prompt, "input_tokens_details": {"cached_tokens": 0},
+    return {"input_tokens": prompt, "input_tokens_details":
+            {"cached_tokens": 0, "cache_write_tokens": 0},
             "output_tokens": completion, "output_tokens_details": {"reasoning_tokens": 0},
             "total_tokens": prompt + completion}
 

@@ -137,3 +137,47 @@ def test_require_id(proxy: ProxyFactory, upstream: FakeUpstream) -> None:
         model="m1", messages=[{"role": "user", "content": "y"}])
     assert p.episode(eid)["turns_used"] == 2
     assert p.client().embeddings.create(model="m1", input="free").data
+
+
+def test_path_prefix_and_x_episode_id_win_over_an_alias(aliased: Proxy) -> None:
+    """Claude Code sends its session id on every call: it never conflicts with the id the
+    harness chose by path or X-Episode-Id."""
+    eid, sid = new_id(), new_id("session")
+    by_path = aliased.client(base_url=f"{aliased.url}/episodes/{eid}/v1",
+                             default_headers={"X-Claude-Code-Session-Id": sid})
+    raw = by_path.chat.completions.with_raw_response.create(
+        model="m1", messages=[{"role": "user", "content": "path"}])
+    assert raw.headers["x-episode-id"] == eid
+    by_header = aliased.client(default_headers={"X-Claude-Code-Session-Id": sid,
+                                                "X-Episode-Id": eid})
+    raw = by_header.chat.completions.with_raw_response.create(
+        model="m1", messages=[{"role": "user", "content": "header"}])
+    assert raw.headers["x-episode-id"] == eid
+    assert aliased.episode(eid)["turns_used"] == 2
+    assert aliased.http().get(f"/v1/episodes/{sid}").status_code == 404
+
+
+@pytest.mark.parametrize(("preset", "header"), [
+    ("claude_code", "X-Claude-Code-Session-Id"), ("codex", "session-id"),
+    ("litellm", "x-litellm-session-id"), ("helicone", "Helicone-Session-Id")])
+def test_id_header_presets_name_each_agents_session_header(
+        proxy: ProxyFactory, preset: str, header: str) -> None:
+    p = proxy({"episodes": {"id_header_presets": [preset]}})
+    sid = new_id("session")
+    raw = p.client().chat.completions.with_raw_response.create(
+        model="m1", messages=[{"role": "user", "content": "x"}], extra_headers={header: sid})
+    assert raw.headers["x-episode-id"] == sid
+
+
+def test_capability_probe_prompts_spend_no_turn(proxy: ProxyFactory) -> None:
+    probe = "Please say 'hello, world'"
+    p = proxy({"episodes": {"uncounted_prompts": [probe]}})
+    eid = new_id()
+    c = p.client(default_headers={"X-Episode-Id": eid})
+    c.responses.create(model="m1", input=probe, reasoning={"effort": "low"})
+    c.chat.completions.create(model="m1", messages=[{"role": "user", "content": probe}])
+    raw = c.chat.completions.with_raw_response.create(
+        model="m1", messages=[{"role": "user", "content": probe},
+                              {"role": "assistant", "content": "hello, world"},
+                              {"role": "user", "content": probe}])
+    assert raw.headers["x-episode-turn"] == "1"  # a real conversation is a turn

@@ -308,3 +308,37 @@ def test_an_empty_id_in_the_episode_api_is_a_400(default_proxy: Proxy) -> None:
     """`{"episode_id": ""}` created an episode under a generated id, as if none was given."""
     r = _post(default_proxy, "/v1/episodes", {"episode_id": ""})
     assert_openai_error(r, 400, "invalid_episode_id")
+
+
+ODD_RESPONSES = [
+    {"input": [1, "x", None]},
+    {"input": [{"type": "function_call_output", "call_id": "c", "output": 5}]},
+    {"input": [{"role": "user", "content": 7}], "instructions": ["not", "a", "string"]},
+    {"input": None},
+    {"input": {"role": "user"}},
+    {"input": [], "previous_response_id": 12},
+]
+ODD_MESSAGES = [
+    {"messages": [{"role": "user", "content": 5}], "system": 7},
+    {"messages": [{"role": "user", "content": [1, None, {"type": "text"}]}]},
+    {"messages": [{"role": "assistant", "content": "prefill"}]},
+    {"messages": [{"role": "system", "content": "only a system message"}]},
+    {"messages": [{"role": "user", "content": [{"type": "tool_result", "content": [
+        {"type": "text", "text": "x", "cache_control": "odd"}]}]}], "system": [3]},
+]
+
+
+@pytest.mark.parametrize("placement", ["last_message", "system", "new_message"])
+@pytest.mark.parametrize(("path", "extra"), [
+    *(("/v1/responses", b) for b in ODD_RESPONSES),
+    *(("/v1/messages", {"max_tokens": 8, **b}) for b in ODD_MESSAGES),
+])
+def test_odd_responses_and_messages_bodies_are_never_a_500(
+        proxy: ProxyFactory, placement: str, path: str, extra: dict[str, Any]) -> None:
+    p = proxy({"disclosure": {"mode": "disclosed", "placement": placement}})
+    eid = new_id()
+    r = _post(p, path, {"model": "m1", **extra}, {"X-Episode-Id": eid})
+    assert r.status_code < 500, r.text
+    if r.status_code == 200:
+        assert p.wait_records(1, type="turn", episode_id=eid)
+    _still_logging(p)

@@ -199,3 +199,15 @@ def test_auth_errors_and_size_limits_on_messages_routes(proxy: ProxyFactory) -> 
     big = {**body, "messages": [{"role": "user", "content": "x" * 3000}]}
     assert_anthropic_error(http.post("/v1/messages", json=big, headers={"x-api-key": "proxy-key"}),
                            413, "request_too_large")
+
+
+def test_count_tokens_passes_through_with_the_upstream_key_uncounted(
+        proxy: ProxyFactory, upstream: FakeUpstream) -> None:
+    p = keyed(proxy, upstream)
+    eid = new_id()
+    n = client(p, eid).messages.count_tokens(
+        model="m1", messages=[{"role": "user", "content": "three words here"}])
+    assert n.input_tokens == 3
+    seen = [r for r in upstream.requests if r.path == "/v1/messages/count_tokens"][-1]
+    assert seen.headers["x-api-key"] == "sk-upstream-key"
+    assert p.http().get(f"/v1/episodes/{eid}").status_code == 404  # no turn, no episode

@@ -204,6 +204,8 @@ def test_client_disconnect_mid_stream_cancels_the_upstream_call(
     still_serving(faulty)
     # The turn was charged (bytes had reached the client) and the episode still works.
     assert faulty.episode(eid)["turns_used"] == 1
+    (rec,) = faulty.wait_records(1, type="turn", episode_id=eid)
+    assert (rec["status"], rec["http_status"]) == ("client_closed", 200)  # no upstream fault
     faulty.client().chat.completions.create(model="m1", messages=[{"role": "user", "content": "y"}],
                                             extra_headers={"X-Episode-Id": eid})
     assert faulty.episode(eid)["turns_used"] == 2

@@ -210,3 +210,18 @@ def test_agents_sdk_gets_the_disclosure_on_the_tool_output(
     assert sent[-1]["type"] == "function_call_output"
     assert sent[-1]["output"].endswith("[Turn budget] Turn 2 of 4.")
     assert "[Turn budget] Turn 1 of 4." in str(sent[0]["content"])
+
+
+def test_langchain_use_responses_api_gets_the_disclosure(
+        proxy: ProxyFactory, upstream: FakeUpstream) -> None:
+    lc = pytest.importorskip("langchain_openai")
+    p = disclosed(proxy)
+    eid = new_id()
+    llm = lc.ChatOpenAI(model="m1", base_url=p.base_url, api_key="x", use_responses_api=True,
+                        max_retries=0, default_headers={"X-Episode-Id": eid,
+                                                        "X-Test-Episode": eid,
+                                                        "X-Episode-Budget": "2"})
+    answer = llm.invoke("hello")
+    assert "[Turn budget] Turn 1 of 2." in answer.text
+    assert "[Turn budget] Turn 1 of 2." in str(last_request(upstream, eid)["input"])
+    assert p.episode(eid)["turns_used"] == 1

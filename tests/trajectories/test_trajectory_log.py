@@ -305,3 +305,20 @@ def test_every_record_has_schema_and_type(default_proxy: Proxy) -> None:
     assert records
     for r in records:
         assert r["schema"] == 1 and r["type"] in ("turn", "episode")
+
+
+def test_a_retry_record_reads_on_its_own(logged: Proxy) -> None:
+    """A later attempt of a turn logs its conversation whole, not an empty tail that only the
+    failed attempt's record explains."""
+    eid = new_id()
+    post(logged, "/v1/chat/completions", chat_body("first"), **{"X-Episode-Id": eid})
+    body = {"model": "m1", "messages": [{"role": "user", "content": "first"},
+                                        {"role": "assistant", "content": "echo: first"},
+                                        {"role": "user", "content": "second"}]}
+    assert post(logged, "/v1/chat/completions", body,
+                **{"X-Episode-Id": eid, "X-Fake-Status": "503"}).status_code == 503
+    assert post(logged, "/v1/chat/completions", body, **{"X-Episode-Id": eid}).status_code == 200
+    recs = logged.wait_records(3, type="turn", episode_id=eid)
+    assert [(r["turn"], r["attempt"]) for r in recs] == [(1, 1), (2, 1), (2, 2)]
+    assert recs[1]["messages_offset"] == 1
+    assert (recs[2]["messages_offset"], recs[2]["request_messages"]) == (0, body["messages"])

@@ -22,6 +22,8 @@ class Dialect(Protocol):
     """
 
     kind: str
+    # Head items the conversation starts with (instructions, system prompt) before messages.
+    heads: int
     # Whether disclosed episodes get the text placed on this API (see `place`).
     discloses: bool
     # Ask the upstream for usage on streams (stream_options.include_usage) and drop the extra
@@ -82,3 +84,21 @@ def head_log_fields(conversation: list[Any], seen: int, field: str) -> dict[str,
             out[field] = head
         return out
     return {"request_messages": conversation[seen:], "messages_offset": seen - 1}
+
+
+def lone_text(conversation: list[Any], heads: int) -> str | None:
+    """The text of a conversation's only user message (string content, or its text parts),
+    stripped; None when it holds more, or other, messages."""
+    if len(conversation) != heads + 1:
+        return None
+    m = conversation[heads]
+    if not isinstance(m, dict) or m.get("role", "user") != "user":
+        return None
+    content = m.get("content")
+    if isinstance(content, list):
+        parts = [p.get("text") for p in content if isinstance(p, dict)]
+        texts = [t for t in parts if isinstance(t, str)]
+        if not texts or len(texts) != len(content):
+            return None
+        content = "".join(texts)
+    return content.strip() if isinstance(content, str) else None

@@ -47,6 +47,7 @@ def read_choice_body(data: bytes, text_key: str | None) -> Reply:
 
 class ChatDialect:
     kind = "chat"
+    heads = 0
     discloses = True
     stream_usage = True
 

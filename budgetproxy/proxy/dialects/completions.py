@@ -14,6 +14,7 @@ from budgetproxy.proxy.sse import assemble
 
 class CompletionsDialect:
     kind = "completions"
+    heads = 0
     discloses = False  # see place()
     stream_usage = True
 

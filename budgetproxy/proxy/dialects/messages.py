@@ -108,6 +108,7 @@ def _merge_usage(usage: dict[str, Any], more: Any) -> None:
 
 class MessagesDialect:
     kind = "messages"
+    heads = 1
     discloses = True
     stream_usage = False  # message_start and message_delta carry usage
 

@@ -104,6 +104,7 @@ def finish_of(obj: dict[str, Any]) -> Any:
 
 class ResponsesDialect:
     kind = "responses"
+    heads = 1
     discloses = True
     stream_usage = False  # usage arrives in response.completed
 

@@ -12,7 +12,8 @@ from budgetproxy.proxy.synthetic import EXHAUSTED_TEXT
 
 
 def _usage() -> dict[str, Any]:
-    return {"input_tokens": 0, "input_tokens_details": {"cached_tokens": 0},
+    return {"input_tokens": 0, "input_tokens_details":
+            {"cached_tokens": 0, "cache_write_tokens": 0},
             "output_tokens": 0, "output_tokens_details": {"reasoning_tokens": 0},
             "total_tokens": 0}
 
