@@ -122,7 +122,7 @@ def main(argv: list[str] | None = None) -> int:
               file=sys.stderr)
         return 2
     names = [n.strip() for n in args.targets.split(",") if n.strip()]
-    unknown = [n for n in names if n != "forwarder" and n not in tg.BUDGETPROXY_VARIANTS]
+    unknown = [n for n in names if n != "forwarder" and not tg.is_budgetproxy_row(n)]
     if unknown:
         print(f"unknown targets: {', '.join(unknown)}; choose from forwarder, "
               f"{', '.join(tg.BUDGETPROXY_VARIANTS)}", file=sys.stderr)

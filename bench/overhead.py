@@ -59,7 +59,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
 def start(name: str, workdir: Path, upstream: str) -> tg.Target:
     if name == "forwarder":
         return tg.start_forwarder(workdir, upstream)
-    if name in tg.BUDGETPROXY_VARIANTS:
+    if tg.is_budgetproxy_row(name):
         return tg.start_budgetproxy(workdir, upstream, name)
     raise SystemExit(f"unknown target {name!r}; choose from forwarder, "
                      + ", ".join(tg.BUDGETPROXY_VARIANTS))
@@ -98,7 +98,7 @@ def main(argv: list[str] | None = None) -> int:
         raise SystemExit("wrk not found (apt-get install wrk)")
     if args.history_kb:
         os.environ["BENCH_HISTORY_KB"] = str(args.history_kb)  # read by bench/wrk_chat.lua
-    unknown = [n for n in names if n != "forwarder" and n not in tg.BUDGETPROXY_VARIANTS]
+    unknown = [n for n in names if n != "forwarder" and not tg.is_budgetproxy_row(n)]
     if unknown:
         raise SystemExit(f"unknown row(s) {', '.join(unknown)}; choose from forwarder, "
                          + ", ".join(tg.BUDGETPROXY_VARIANTS))

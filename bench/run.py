@@ -71,7 +71,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         "--targets",
         default=",".join(ALL_TARGETS),
         help=f"comma-separated subset of {','.join(ALL_TARGETS)}; ablations: "
-        + ",".join(list(tg.BUDGETPROXY_VARIANTS)[3:]),
+        + ",".join(list(tg.BUDGETPROXY_VARIANTS)[3:])
+        + "; any budgetproxy row at a git revision: NAME@REV (e.g. budgetproxy+episodes@main~3)",
     )
     p.add_argument(
         "--with-litellm",
@@ -131,7 +132,7 @@ def start_targets(
         print(f"starting {name}...", flush=True)
         if name == "forwarder":
             t = tg.start_forwarder(workdir, upstream)
-        elif name in tg.BUDGETPROXY_VARIANTS:
+        elif tg.is_budgetproxy_row(name):
             t = tg.start_budgetproxy(workdir, upstream, name)
         elif name == "nginx":
             t = tg.start_nginx(workdir, upstream)
@@ -222,7 +223,7 @@ def main(argv: list[str] | None = None) -> int:
         names.remove("litellm")
     # Checked before anything starts, so a typo leaves no server behind.
     known = {*ALL_TARGETS, *tg.BUDGETPROXY_VARIANTS}
-    unknown = [n for n in names if n not in known]
+    unknown = [n for n in names if n not in known and not tg.is_budgetproxy_row(n)]
     if unknown:
         raise SystemExit(f"unknown target(s) {', '.join(unknown)}; choose from "
                          + ", ".join(sorted(known)))

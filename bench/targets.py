@@ -285,11 +285,43 @@ BUDGETPROXY_VARIANTS: dict[str, tuple[str, bool, str | None]] = {
 }
 
 
+def split_revision(name: str) -> tuple[str, str | None]:
+    """A row name and the git revision after its "@" (``budgetproxy+episodes@main~3``), or
+    None for the working tree: builds compared side by side in one run."""
+    variant, at, rev = name.partition("@")
+    return variant, (rev if at else None)
+
+
+def is_budgetproxy_row(name: str) -> bool:
+    variant, rev = split_revision(name)
+    return variant in BUDGETPROXY_VARIANTS and rev != ""
+
+
+def source_of(rev: str, workdir: Path) -> Path:
+    """The package source at ``rev``, unpacked once per run under ``workdir``."""
+    sha = subprocess.run(["git", "-C", str(REPO_DIR), "rev-parse", "--verify", f"{rev}^{{commit}}"],
+                         capture_output=True, text=True)
+    if sha.returncode != 0:
+        raise SystemExit(f"unknown git revision {rev!r}: {sha.stderr.strip()}")
+    dest = workdir / f"src-{sha.stdout.strip()[:12]}"
+    if not dest.exists():
+        dest.mkdir(parents=True)
+        archive = subprocess.Popen(["git", "-C", str(REPO_DIR), "archive", sha.stdout.strip(),
+                                    "budgetproxy"], stdout=subprocess.PIPE)
+        subprocess.run(["tar", "-x", "-C", str(dest)], stdin=archive.stdout, check=True)
+        if archive.wait() != 0:
+            raise SystemExit(f"git archive {rev} failed")
+    return dest
+
+
 def start_budgetproxy(
     workdir: Path, upstream: str, name: str, wrapper: list[str] | None = None,
     ready_timeout: float = 60.0,
 ) -> Target:
-    description, episodes, extra = BUDGETPROXY_VARIANTS[name]
+    variant, rev = split_revision(name)
+    description, episodes, extra = BUDGETPROXY_VARIANTS[variant]
+    if rev is not None:
+        description = f"{description} (at {rev})"
     port = free_port()
     target = Target(
         name, description, f"http://127.0.0.1:{port}/v1", episodes=EPISODES if episodes else 0
@@ -298,26 +330,30 @@ def start_budgetproxy(
     if missing:
         target.skip = missing
         return target
-    slug = name.replace("+", "-")
+    slug = name.replace("+", "-").replace("@", "-at-").replace("~", "-").replace("/", "-")
     target.log_path = workdir / f"{slug}.log"
     log_dir = workdir / f"trajectories-{slug}"
     argv = [sys.executable, "-m", "budgetproxy", "serve", "--port", str(port)]
     if extra is not None:
         config = workdir / f"{slug}.yaml"
         # Written per CONTRACT.md's config schema; the upstream comes from --upstream.
+        # each row its own Redis keys: rows at other revisions must not share episodes
+        extra = extra.replace("key_prefix: bench", f"key_prefix: bench-{slug}")
         config.write_text(f"# bench/run.py: {description}\nbudget: {{default_turns: 20}}\n{extra}")
         argv += ["--config", str(config)]
     # --log-dir merges into the config's trajectories section (it keeps `enabled: false`).
     argv += ["--log-dir", str(log_dir), "--upstream", upstream]
-    env = None
-    if name.startswith("bp+episodes-traced"):
+    env: dict[str, str] | None = None
+    if rev is not None:
+        env = {"PYTHONPATH": str(source_of(rev, workdir))}
+    if variant.startswith("bp+episodes-traced"):
         # The fake upstream doubles as the OTLP/HTTP receiver (POST /v1/traces).
-        env = {"OTEL_EXPORTER_OTLP_ENDPOINT": upstream.rsplit("/v1", 1)[0],
-               "OTEL_SERVICE_NAME": "budgetproxy-bench"}
-        if name.endswith("-10pct"):
+        env = (env or {}) | {"OTEL_EXPORTER_OTLP_ENDPOINT": upstream.rsplit("/v1", 1)[0],
+                             "OTEL_SERVICE_NAME": "budgetproxy-bench"}
+        if variant.endswith("-10pct"):
             env |= {"OTEL_TRACES_SAMPLER": "parentbased_traceidratio",
                     "OTEL_TRACES_SAMPLER_ARG": "0.1"}
-        elif name.endswith("-unsampled"):
+        elif variant.endswith("-unsampled"):
             env |= {"OTEL_TRACES_SAMPLER": "always_off"}
     target.proc = spawn([*(wrapper or []), *argv], target.log_path, env)
     wait_ready(target, ready_timeout)

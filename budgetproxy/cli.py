@@ -17,6 +17,7 @@ from budgetproxy.config import (
     ENV_MULTIPROC_DIR,
     Config,
     ConfigError,
+    effective_config,
     load_config,
 )
 
@@ -82,6 +83,10 @@ def _serve(args: argparse.Namespace) -> int:
     if missing:
         print(f"budgetproxy: {missing}", file=sys.stderr)
         return 2
+    if args.check:
+        print(effective_config(config), end="")
+        print(f"budgetproxy: config OK ({path or 'embedded defaults and flags'})", file=sys.stderr)
+        return 0
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: "
                         "%(message)s")
     if config.server.workers > 1:
@@ -110,16 +115,36 @@ def build_parser() -> argparse.ArgumentParser:
     )
     parser.add_argument("--version", action="version", version=f"budgetproxy {__version__}")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
-    serve = sub.add_parser("serve", help="run the proxy")
-    serve.add_argument("--config", help="YAML config file (env BUDGETPROXY_CONFIG)")
-    serve.add_argument("--host")
-    serve.add_argument("--port", type=int)
-    serve.add_argument("--upstream", help="OpenAI-compatible base URL ending in /v1, for every "
-                       "model")
-    serve.add_argument("--log-dir", help="trajectory JSONL directory (default ./trajectories)")
-    serve.add_argument("--default-budget", type=int, help="turns for an episode that names none")
-    serve.add_argument("--workers", type=int, help="worker processes (needs the Redis store)")
-    serve.add_argument("--store", help="'memory', or a redis:// URL for the Redis store")
+    serve = sub.add_parser(
+        "serve",
+        help="run the proxy",
+        description="Run the proxy: count, cap and disclose turn budgets per episode in front of "
+        "OpenAI-compatible (and Anthropic Messages) upstreams. Flags override the config file; "
+        "with neither, embedded defaults apply (memory store, ./trajectories, metrics on).",
+    )
+    serve.add_argument("--config", metavar="FILE",
+                       help=f"YAML config file (or env {ENV_CONFIG_FILE}; default: none)")
+    serve.add_argument("--host", help="address to listen on (default: server.host, 127.0.0.1)")
+    serve.add_argument("--port", type=int,
+                       help="port to listen on, 0 for a free one (default: server.port, 8080)")
+    serve.add_argument("--upstream", metavar="URL",
+                       help="OpenAI-compatible base URL ending in /v1, serving every model "
+                       "(replaces the config's upstreams)")
+    serve.add_argument("--log-dir", metavar="DIR",
+                       help="trajectory JSONL directory (default: trajectories.dir, "
+                       "./trajectories)")
+    serve.add_argument("--default-budget", type=int, metavar="N",
+                       help="turns for an episode that names none (default: budget.default_turns, "
+                       "20)")
+    serve.add_argument("--workers", type=int, metavar="N",
+                       help="worker processes on one port; more than 1 needs the Redis store "
+                       "(default: server.workers, 1)")
+    serve.add_argument("--store", metavar="KIND_OR_URL",
+                       help="'memory', or a redis:// URL for the Redis store (default: store.kind, "
+                       "memory)")
+    serve.add_argument("--check", action="store_true",
+                       help="validate the config, print the effective config (secrets masked) and "
+                       "exit: 0 when valid, 2 with one line naming the key when not")
     serve.set_defaults(func=_serve)
     for module in ("budgetproxy.analysis.command", "budgetproxy.demo.command"):
         try:

@@ -10,8 +10,8 @@
 
 `AsyncBudgetClient` is the same with ``await``. The episode API is spoken with httpx; errors
 the proxy answers come back as `BudgetProxyError`, carrying the OpenAI-shaped error code
-(``episode_not_found``, ``episode_exists``, ``outcome_conflict`` ...). httpx and openai are
-imported when first needed.
+(``episode_not_found``, ``episode_exists``, ``outcome_conflict`` ...). httpx and openai come
+with ``pip install 'budgetproxy[client]'`` and are imported when first needed.
 """
 
 from __future__ import annotations
@@ -240,6 +240,19 @@ class AsyncEpisode(_EpisodeFields):
         return await self._owner().status(self.episode_id)
 
 
+def _require_client_extra() -> None:
+    """The client needs httpx and openai, which the proxy itself does not: say how to get them."""
+    import importlib.util
+
+    missing = [m for m in ("httpx", "openai") if importlib.util.find_spec(m) is None]
+    if missing:
+        raise ModuleNotFoundError(
+            f"budgetproxy.client needs {' and '.join(missing)}: "
+            "pip install 'budgetproxy[client]'",
+            name=missing[0],
+        )
+
+
 def _headers(api_key: str | None) -> dict[str, str]:
     return {"Authorization": f"Bearer {api_key}"} if api_key else {}
 
@@ -254,6 +267,7 @@ class BudgetClient:
         timeout: float = 30.0,
         http_client: httpx.Client | None = None,
     ) -> None:
+        _require_client_extra()
         import httpx
 
         self.proxy_url = _proxy_root(proxy_url)
@@ -347,6 +361,7 @@ class AsyncBudgetClient:
         timeout: float = 30.0,
         http_client: httpx.AsyncClient | None = None,
     ) -> None:
+        _require_client_extra()
         import httpx
 
         self.proxy_url = _proxy_root(proxy_url)

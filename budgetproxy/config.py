@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import difflib
 import os
 import re
 from collections.abc import Mapping
@@ -90,15 +91,15 @@ class DisclosureConfig(_Strict):
     disclosed_fraction: float = Field(0.5, ge=0, le=1)
     placement: Literal["last_message", "system", "new_message"] = "last_message"
     history: Literal["keep", "drop"] = "keep"
-    template: str = "[Turn budget] Turn {turn} of {total}. {remaining} turns remain after this one."
+    template: str = "[Turn budget] Turn {turn} of {total}. {turns_remain} after this one."
 
     @field_validator("template")
     @classmethod
     def _template_renders(cls, v: str) -> str:
         try:
-            v.format(turn=1, total=2, remaining=1, used=0)
+            v.format(turn=1, total=2, remaining=1, used=0, turns_remain="1 turn remains")
         except (KeyError, IndexError, ValueError) as e:
-            allowed = "{turn} {total} {remaining} {used}"
+            allowed = "{turn} {total} {remaining} {used} {turns_remain}"
             raise ValueError(f"cannot render ({e!r}); allowed fields are {allowed}") from None
         return v
 
@@ -217,12 +218,38 @@ def expand_env(
     return _ENV_REF.sub(sub, text)
 
 
+def _section_at(loc: tuple[int | str, ...]) -> type[BaseModel] | None:
+    """The config section a validation error's location points into (list indexes skipped)."""
+    model: type[BaseModel] = Config
+    for part in loc:
+        if isinstance(part, int):
+            continue
+        field = model.model_fields.get(part)
+        if field is None:
+            return None
+        inner = field.annotation
+        for arg in (inner, *getattr(inner, "__args__", ())):
+            if isinstance(arg, type) and issubclass(arg, BaseModel):
+                model = arg
+                break
+        else:
+            return None
+    return model
+
+
+def _unknown_key(loc: tuple[int | str, ...]) -> str:
+    section = _section_at(loc[:-1])
+    names = list(section.model_fields) if section is not None else []
+    near = difflib.get_close_matches(str(loc[-1]), names, n=1, cutoff=0.6)
+    return f"unknown key (did you mean `{near[0]}`?)" if near else "unknown key"
+
+
 def _format_error(err: ValidationError) -> str:
     first = err.errors()[0]
     key = ".".join(str(p) for p in first["loc"]) or "config"
     msg = first["msg"]
     if first["type"] == "extra_forbidden":
-        msg = "unknown key"
+        msg = _unknown_key(tuple(first["loc"]))
     if msg.startswith("Value error, "):
         msg = msg[len("Value error, ") :]
     if not first["loc"]:  # a check across sections, whose message names its own key
@@ -275,3 +302,27 @@ def load_config(
     except ValidationError as e:
         hint = f" (unset environment variable: {', '.join(sorted(set(unset)))})" if unset else ""
         raise ConfigError(_format_error(e) + hint) from None
+
+
+_SECRET_KEYS = frozenset({"api_key", "keys", "admin_keys", "key"})
+_URL_PASSWORD = re.compile(r"(://[^:/@]*:)[^@]*@")
+
+
+def _masked(value: Any, key: str = "") -> Any:
+    if key in _SECRET_KEYS and value:
+        if isinstance(value, list):
+            return [_masked(v, "key") if isinstance(v, dict) else "***" for v in value]
+        return "***"
+    if isinstance(value, dict):
+        return {k: _masked(v, k) for k, v in value.items()}
+    if isinstance(value, list):
+        return [_masked(v) for v in value]
+    if isinstance(value, str):
+        return _URL_PASSWORD.sub(r"\1***@", value)
+    return value
+
+
+def effective_config(config: Config) -> str:
+    """The whole effective config as YAML, with keys, API keys and URL passwords masked."""
+    text: str = yaml.safe_dump(_masked(config.model_dump(mode="json")), sort_keys=False)
+    return text

@@ -6,6 +6,8 @@ import sys
 from pathlib import Path
 from typing import Any
 
+import pytest
+
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "bench"))
 
 import loadgen  # noqa: E402
@@ -64,3 +66,18 @@ def test_api_rows_read_each_apis_stream_events_and_print_ratios_against_direct()
                                     "streams": 10}}})
     row = table.splitlines()[2].split()
     assert row[:3] == ["budgetproxy", "100", "0.50x"] and "+1.50ms" in row
+
+
+def test_rows_at_a_git_revision_run_that_revisions_package(tmp_path: Path) -> None:
+    """`budgetproxy+episodes@REV` rows compare builds side by side in one run."""
+    import targets as tg
+
+    assert tg.split_revision("budgetproxy+episodes@main~3") == ("budgetproxy+episodes", "main~3")
+    assert tg.split_revision("forwarder") == ("forwarder", None)
+    assert tg.is_budgetproxy_row("budgetproxy+redis@HEAD")
+    assert not tg.is_budgetproxy_row("budgetproxy@") and not tg.is_budgetproxy_row("nginx@HEAD")
+    src = tg.source_of("HEAD", tmp_path)
+    assert (src / "budgetproxy" / "__init__.py").is_file()
+    assert tg.source_of("HEAD", tmp_path) == src  # unpacked once per run
+    with pytest.raises(SystemExit, match="unknown git revision"):
+        tg.source_of("no-such-revision-xyz", tmp_path)

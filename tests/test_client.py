@@ -114,3 +114,21 @@ def test_an_unreachable_proxy_is_one_clear_error() -> None:
         with pytest.raises(BudgetProxyError) as down:
             api.create_episode()
     assert down.value.status is None and down.value.code == "proxy_unreachable"
+
+
+def test_without_the_client_extra_the_error_says_what_to_install() -> None:
+    """httpx and openai are not dependencies of the proxy; the client names the extra."""
+    import subprocess
+    import sys
+
+    code = ("import sys; sys.modules['openai'] = None\n"
+            "import importlib.util as u; real = u.find_spec\n"
+            "u.find_spec = lambda n, *a: None if n == 'openai' else real(n, *a)\n"
+            "from budgetproxy.client import BudgetClient\n"
+            "BudgetClient('http://127.0.0.1:9')\n")
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                          timeout=60)
+    assert done.returncode == 1
+    last = done.stderr.strip().splitlines()[-1]
+    assert last == ("ModuleNotFoundError: budgetproxy.client needs openai: "
+                    "pip install 'budgetproxy[client]'")

@@ -13,7 +13,10 @@ Placement = Literal["last_message", "system", "new_message"]
 
 def render(template: str, turn: int, budget: int, announced_budget: int | None) -> str:
     total = announced_budget if announced_budget is not None else budget
-    return template.format(turn=turn, total=total, remaining=max(0, total - turn), used=turn - 1)
+    remaining = max(0, total - turn)
+    turns_remain = "1 turn remains" if remaining == 1 else f"{remaining} turns remain"
+    return template.format(turn=turn, total=total, remaining=remaining, used=turn - 1,
+                           turns_remain=turns_remain)
 
 
 def disclose(

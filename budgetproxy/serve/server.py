@@ -59,6 +59,14 @@ class _AnnouncingServer(uvicorn.Server):
         self.announce = announce
         self.bound_port: int | None = None
 
+    def handle_exit(self, sig: int, frame: Any) -> None:
+        if self.announce and not self.should_exit:
+            name = signal.Signals(sig).name
+            print(f"budgetproxy: {name}: draining; calls in flight get up to "
+                  f"{self.config.timeout_graceful_shutdown} s (Ctrl-C again stops at once)",
+                  flush=True)
+        super().handle_exit(sig, frame)
+
     async def startup(self, sockets: Any = None) -> None:
         await super().startup(sockets)
         for server in getattr(self, "servers", []):
@@ -97,14 +105,21 @@ def run_foreground(config: Config) -> int:
     server = _AnnouncingServer(
         uvicorn_config(app, config, host=config.server.host, port=config.server.port), True
     )
-    # uvicorn re-raises the signal it shut down on once it is done; a SIGTERM that ended in a
-    # clean, drained shutdown must exit 0, so that re-raise lands on a no-op handler.
-    previous = signal.signal(signal.SIGTERM, lambda *_: None)
+    # uvicorn re-raises the signal it shut down on once it is done; a SIGTERM or Ctrl-C that
+    # ended in a clean, drained shutdown must exit 0, so that re-raise lands on a no-op handler.
+    previous = {s: signal.signal(s, lambda *_: None) for s in (signal.SIGTERM, signal.SIGINT)}
     try:
         server.run()
     finally:
-        signal.signal(signal.SIGTERM, previous)
-    return 0 if server.started else 1
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)
+    if not server.started:
+        return 1
+    if server.force_exit:
+        print("budgetproxy: stopped at once; calls in flight were cut off", flush=True)
+        return 130
+    print("budgetproxy: stopped after a clean drain", flush=True)
+    return 0
 
 
 class ProxyServer:

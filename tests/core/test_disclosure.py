@@ -9,6 +9,7 @@ import pytest
 from hypothesis import assume, given
 from hypothesis import strategies as st
 
+from budgetproxy.config import DisclosureConfig
 from budgetproxy.core import disclosure
 from budgetproxy.core.fingerprint import Fingerprint
 
@@ -185,6 +186,16 @@ def test_render_fields() -> None:
     assert disclosure.render("{total} {remaining}", 3, 5, 10) == "10 7"
     # remaining never below 0, also when the announced total is smaller than the real budget
     assert disclosure.render("{remaining}", 7, 10, 4) == "0"
+
+
+def test_the_default_template_reads_correctly_for_every_count() -> None:
+    template = DisclosureConfig().template
+    assert disclosure.render(template, 1, 5, None) == (
+        "[Turn budget] Turn 1 of 5. 4 turns remain after this one.")
+    assert disclosure.render(template, 4, 5, None) == (
+        "[Turn budget] Turn 4 of 5. 1 turn remains after this one.")
+    assert disclosure.render(template, 5, 5, None) == (
+        "[Turn budget] Turn 5 of 5. 0 turns remain after this one.")
 
 
 def test_earlier_texts_go_back_where_they_were() -> None:

@@ -9,6 +9,7 @@ from typing import Any
 import pytest
 
 from budgetproxy.config import DisclosureConfig
+from budgetproxy.core import disclosure
 from budgetproxy.demo import policies as po
 from budgetproxy.demo.frozenlake import (
     SYSTEM_PROMPT,
@@ -31,9 +32,7 @@ def prompt(text: str, budget_line: str | None = None) -> list[dict[str, Any]]:
 
 def budget_line(turn: int, total: int) -> str:
     """The line the proxy appends in the disclosed arm, from its default template."""
-    return DisclosureConfig().template.format(
-        turn=turn, total=total, remaining=total - turn, used=turn - 1
-    )
+    return disclosure.render(DisclosureConfig().template, turn, total, None)
 
 
 def body(model: str, messages: list[dict[str, Any]], seed: int = 1) -> dict[str, Any]:
@@ -64,6 +63,7 @@ def test_parse_observation_reads_what_the_agent_wrote() -> None:
 def test_parse_budget_reads_the_proxys_default_template() -> None:
     assert po.parse_budget(budget_line(3, 8)) == po.BudgetLine(turn=3, total=8, remaining=5)
     assert po.parse_budget(budget_line(1, 2) + "\n" + budget_line(2, 2)) == po.BudgetLine(2, 2, 0)
+    assert po.parse_budget(budget_line(4, 5)) == po.BudgetLine(4, 5, 1)  # "1 turn remains"
     assert po.parse_budget("no budget here") is None
 
 

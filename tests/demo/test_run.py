@@ -74,6 +74,6 @@ def test_the_runs_went_through_the_proxy(
     assert by_group and all(len(b) == 1 for b in by_group.values())  # one budget per group
     turns = [r for r in records if r["type"] == "turn"]
     disclosed = [t for t in turns if t["disclosure"]["arm"] == "disclosed" and t["status"] == "ok"]
-    assert disclosed and all("turns remain" in (t["disclosure"]["text"] or "") for t in disclosed)
+    assert disclosed and all(" remain" in (t["disclosure"]["text"] or "") for t in disclosed)
     assert {t["model"] for t in turns} == {"sim-careful", "sim-recovering", "sim-budget-aware"}
     assert any(t["status"] == "rejected" for t in turns)  # spent budgets were refused

@@ -15,7 +15,8 @@ from budgetproxy.testing import FakeUpstream
 
 def text(turn: int, total: int) -> str:
     left = max(0, total - turn)
-    return f"[Turn budget] Turn {turn} of {total}. {left} turns remain after this one."
+    remain = "1 turn remains" if left == 1 else f"{left} turns remain"
+    return f"[Turn budget] Turn {turn} of {total}. {remain} after this one."
 
 
 def disclosed(proxy: ProxyFactory, **disclosure: Any) -> Proxy:

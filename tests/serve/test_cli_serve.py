@@ -270,3 +270,48 @@ def test_calls_unanswered_at_the_shutdown_deadline_get_a_json_503(
         if proc.poll() is None:
             proc.kill()
             proc.wait(10)
+
+
+def test_unknown_key_suggests_the_nearest_valid_name(tmp_path: Path) -> None:
+    bad = tmp_path / "bad.yaml"
+    bad.write_text("budget: {default_turn: 3}\n"
+                   "upstreams: [{base_url: 'http://127.0.0.1:9/v1'}]\n")
+    proc = serve("--config", str(bad), "--check", cwd=tmp_path)
+    out, err = proc.communicate(timeout=30)
+    assert proc.returncode == 2 and out == ""
+    (line,) = [ln for ln in err.splitlines() if ln.strip()]
+    assert line == ("budgetproxy: bad config: budget.default_turn: unknown key "
+                    "(did you mean `default_turns`?)")
+
+
+def test_check_prints_the_effective_config_with_secrets_masked(tmp_path: Path) -> None:
+    good = tmp_path / "good.yaml"
+    good.write_text(
+        "upstreams: [{base_url: 'http://user:hunter2@127.0.0.1:9/v1', api_key: sk-secret}]\n"
+        "auth: {keys: [client-secret]}\n"
+        "store: {kind: redis, url: 'redis://:redispw@127.0.0.1:6379/0'}\n"
+        "budget: {default_turns: 7}\n")
+    proc = serve("--config", str(good), "--check", "--port", "9999", cwd=tmp_path)
+    out, err = proc.communicate(timeout=30)
+    assert proc.returncode == 0, err
+    import yaml
+
+    shown = yaml.safe_load(out)
+    assert shown["budget"]["default_turns"] == 7 and shown["server"]["port"] == 9999
+    assert shown["upstreams"][0]["api_key"] == "***"
+    assert shown["upstreams"][0]["base_url"] == "http://user:***@127.0.0.1:9/v1"
+    assert shown["auth"]["keys"] == ["***"]
+    assert shown["store"]["url"] == "redis://:***@127.0.0.1:6379/0"
+    for secret in ("sk-secret", "hunter2", "client-secret", "redispw"):
+        assert secret not in out + err
+    assert not (tmp_path / "trajectories").exists()  # --check starts nothing
+
+
+def test_ctrl_c_drains_says_so_and_exits_0(served: tuple[subprocess.Popen[str], str, Path]) -> None:
+    proc, url, _ = served
+    assert httpx.get(f"{url}/healthz", timeout=10).status_code == 200
+    proc.send_signal(signal.SIGINT)
+    out, err = proc.communicate(timeout=40)
+    assert proc.returncode == 0, (out, err)
+    assert "SIGINT: draining" in out and "stopped after a clean drain" in out, out
+    assert "Traceback" not in err and "KeyboardInterrupt" not in err, err
