@@ -168,6 +168,13 @@ class RewardConfig(_Strict):
     scale_by_std: bool = False
 
 
+class RolloutsConfig(_Strict):
+    # Keep each finished episode's turns (messages as the model saw them, tokens when
+    # captured) for GET /v1/episodes/{id}/trajectory, for episodes.retention_s.
+    keep_turns: bool = True
+    max_bytes: int = Field(256 * 1024 * 1024, gt=0)  # memory store: all episodes' turns
+
+
 class AuthConfig(_Strict):
     keys: list[str] = Field(default_factory=list)
 
@@ -184,6 +191,7 @@ class Config(_Strict):
     store: StoreConfig = StoreConfig()
     auth: AuthConfig = AuthConfig()
     reward: RewardConfig = RewardConfig()
+    rollouts: RolloutsConfig = RolloutsConfig()
 
     @model_validator(mode="after")
     def _check(self) -> Config:

@@ -42,7 +42,7 @@ class ModelCall:
         "upstream", "t_upstream", "started", "sent_body", "status", "disclosure_text",
         "result", "http_status", "ttft", "error_class", "conversation", "data", "events",
         "settled", "span", "prints", "previous_response", "exact", "ended", "capture",
-        "tokens",
+        "tokens", "sent",
     )
 
     def __init__(self, route: str, dialect: Dialect) -> None:
@@ -77,6 +77,7 @@ class ModelCall:
         self.ended: EpisodeState | None = None  # its episode, when settling this call ended it
         self.capture: Capture | None = None  # token capture asked of the upstream
         self.tokens: Tokens | None = None  # what it sampled, read back
+        self.sent: list[Any] | None = None  # the conversation as the upstream got it
 
     def refuse(self, http_status: int) -> None:
         """The proxy answers this forwarded call itself, with `http_status`: its turn is

@@ -382,6 +382,8 @@ class ModelCalls:
         if upstream.capture_tokens and call.dialect.kind in capture.CAPTURED_KINDS:
             body, payload = self._capture(call, upstream, body, payload)
         call.conversation = conversation
+        if conversation is not None:
+            call.sent = call.dialect.conversation(payload)  # disclosure texts included
         call.span = self.tracing.start(call.kind, call.model, headers, call.episode_id)
         try:
             if not body:
@@ -509,4 +511,5 @@ class ModelCalls:
         if st is None or call.episode_id is None or not self.recorder.keeps_turns:
             return
         charged, remaining = self._settled(call, charged)
-        await self.recorder.turn(turn_record(call, st, conversation, reply, charged, remaining))
+        await self.recorder.turn(turn_record(call, st, conversation, reply, charged, remaining),
+                                 call.sent)

@@ -1,15 +1,20 @@
-"""Groups kept as episodes start and end: members joined, waiters woken (store/groups.py)."""
+"""What rollouts keep as episodes run: group members joined and waiters woken
+(store/groups.py), and each turn as the model saw it (store/turn_log.py)."""
 
 from __future__ import annotations
 
 import logging
+from typing import Any
+
+import orjson
 
 from budgetproxy.core.episode import EpisodeState
 from budgetproxy.errors import invalid_request
 from budgetproxy.store.base import StoreUnavailable
 from budgetproxy.store.groups import GroupKey, GroupStore
+from budgetproxy.store.turn_log import TurnLog
 from budgetproxy.telemetry.metrics import Metrics
-from budgetproxy.trajectories.recorder import Recorder
+from budgetproxy.trajectories.recorder import Recorder, strip_text
 from budgetproxy.trajectories.sink import TrajectorySink
 
 log = logging.getLogger("budgetproxy")
@@ -37,14 +42,51 @@ def group_size(headers: dict[bytes, bytes]) -> int | None:
     return int(digits)
 
 
-class GroupRecorder(Recorder):
-    """A Recorder that also keeps each episode's group: joined when it starts, its waiters
-    woken when it ends (once per episode across replicas, as its record is written)."""
+TURN_FIELDS = ("turn", "attempt", "response", "finish_reason", "usage")
+TOKEN_FIELDS = ("prompt_token_ids", "completion_token_ids", "logprobs")
+
+
+def turn_entry(record: dict[str, Any], sent: list[Any] | None) -> dict[str, Any]:
+    """A turn as GET /v1/episodes/{id}/trajectory gives it: the messages the model got."""
+    entry = {k: record.get(k) for k in TURN_FIELDS}
+    entry["messages"] = sent
+    entry["disclosure_text"] = (record.get("disclosure") or {}).get("text")
+    for k in TOKEN_FIELDS:
+        if k in record:
+            entry[k] = record[k]
+    return entry
+
+
+class RolloutRecorder(Recorder):
+    """A Recorder that also keeps each episode's group (joined when it starts, its waiters
+    woken when it ends: once per episode across replicas, as its record is written) and,
+    with a turn log, every answered turn with the messages the upstream got."""
 
     def __init__(self, sink: TrajectorySink, metrics: Metrics | None, content_full: bool,
-                 groups: GroupStore) -> None:
+                 groups: GroupStore, turns: TurnLog | None) -> None:
         super().__init__(sink, metrics, content_full)
         self.groups = groups
+        self.turns = turns
+        if turns is not None:
+            self.keeps_turns = True
+
+    async def turn(self, record: dict[str, Any], sent: list[Any] | None = None) -> None:
+        await super().turn(record, sent)
+        if self.turns is None or record.get("status") != "ok":
+            return
+        if sent is not None and not self.content_full:
+            sent = strip_text(sent)
+        entry = turn_entry(record, sent)
+        try:
+            data = orjson.dumps(entry)
+            small = orjson.dumps({**entry, "messages": None, "truncated": True})
+        except (TypeError, ValueError):  # nesting past orjson's depth: kept without messages
+            data = small = orjson.dumps({**turn_entry(record, None), "truncated": True})
+        try:
+            await self.turns.append(str(record["episode_id"]), data, small)
+        except StoreUnavailable:
+            log.warning("store unavailable: turn %s of %s not kept for its trajectory",
+                        record.get("turn"), record.get("episode_id"))
 
     async def episode_started(self, st: EpisodeState) -> None:
         await super().episode_started(st)

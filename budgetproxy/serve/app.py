@@ -25,13 +25,15 @@ from budgetproxy.errors import (
 )
 from budgetproxy.proxy.asgi import Receive, Scope, Send, send_error
 from budgetproxy.proxy.forward import ModelCalls
-from budgetproxy.proxy.grouping import GroupRecorder
+from budgetproxy.proxy.grouping import RolloutRecorder
 from budgetproxy.proxy.upstream import UpstreamPool
 from budgetproxy.proxy.wire import MODEL_ROUTES
 from budgetproxy.serve.episode_api import build_api
 from budgetproxy.serve.groups_api import add_group_routes
+from budgetproxy.serve.trajectory_api import add_trajectory_route
 from budgetproxy.store.base import EpisodeStore, StoreUnavailable
 from budgetproxy.store.groups import GroupStore, MemoryGroups, RedisGroups
+from budgetproxy.store.turn_log import MemoryTurnLog, RedisTurnLog, TurnLog
 from budgetproxy.telemetry.metrics import Metrics
 from budgetproxy.telemetry.tracing import Tracing, build_processor, tracing_wanted
 from budgetproxy.trajectories.sink import JsonlSink, NullSink, TrajectorySink
@@ -59,6 +61,15 @@ def _make_groups(config: Config) -> GroupStore:
         return RedisGroups(config.store.url, config.store.key_prefix,
                            config.episodes.retention_s)
     return MemoryGroups()
+
+
+def _make_turn_log(config: Config) -> TurnLog | None:
+    if not config.rollouts.keep_turns:
+        return None
+    retention = config.episodes.retention_s + config.episodes.idle_timeout_s
+    if config.store.kind == "redis":
+        return RedisTurnLog(config.store.url, config.store.key_prefix, retention)
+    return MemoryTurnLog(retention, max_bytes=config.rollouts.max_bytes)
 
 
 def _metrics_registries(turn_buckets: int) -> tuple[Metrics, CollectorRegistry]:
@@ -120,8 +131,10 @@ class BudgetProxy:
             for u in config.upstreams:
                 self.metrics.touch_upstream_labels(u.name)
         self.groups = _make_groups(config)
-        self.recorder = GroupRecorder(self.sink, self.metrics,
-                                      config.trajectories.content == "full", self.groups)
+        self.turn_log = _make_turn_log(config)
+        self.recorder = RolloutRecorder(self.sink, self.metrics,
+                                        config.trajectories.content == "full", self.groups,
+                                        self.turn_log)
         litellm_call = None
         if any(u.kind == "litellm" for u in config.upstreams):
             from budgetproxy.proxy.litellm_adapter import call_litellm
@@ -139,6 +152,7 @@ class BudgetProxy:
     def _extra_routes(self, app: FastAPI) -> None:
         """The rollout gateway's routes, registered before the pass-through ones."""
         add_group_routes(app, self.config, self.store, self.groups)
+        add_trajectory_route(app, self.config, self.store, self.turn_log)
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] != "http":
@@ -234,6 +248,8 @@ class BudgetProxy:
         await self.pool.close()
         await self.store.close()
         await self.groups.close()
+        if self.turn_log is not None:
+            await self.turn_log.close()
         if self.metrics is not None:
             self.metrics.flush()
         if self._own_processor:

@@ -1,5 +1,5 @@
-"""Groups on Redis: two replicas share a group; a long poll on one wakes when the last
-episode ends on the other."""
+"""Rollouts on Redis: two replicas share a group (a long poll on one wakes when the last
+episode ends on the other) and serve each other's episodes' trajectories."""
 
 from __future__ import annotations
 
@@ -36,7 +36,9 @@ def replicas(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[str, st
         for name in ("a", "b"):
             cfg = write_config(Path(d) / f"{name}.yaml", up.base_url,
                                store={"kind": "redis", "url": REDIS_URL, "key_prefix": prefix},
-                               trajectories={"dir": str(Path(d) / f"traj-{name}")})
+                               trajectories={"dir": str(Path(d) / f"traj-{name}")},
+                               upstreams=[{"name": "fake", "base_url": up.base_url,
+                                           "capture_tokens": True}])
             procs.append(ProxyProcess(cfg, Path(d) / f"{name}.log").start())
         yield procs[0].url, procs[1].url
     finally:
@@ -82,3 +84,23 @@ def test_long_poll_on_other_replica(replicas: tuple[str, str]) -> None:
     assert view["done"] is True and got["at"] - ended_at < 0.5, got["at"] - ended_at
     assert [e["episode_id"] for e in view["episodes"]] == ids
     assert [e["advantage"] for e in view["episodes"]] == pytest.approx([1 / 3, 1 / 3, -2 / 3])
+
+
+def test_trajectory_from_other_replica(replicas: tuple[str, str]) -> None:
+    from budgetproxy.testing import fake_tokens
+
+    a, b = replicas
+    eid = f"ep-traj-{time.time_ns()}"
+    messages = [{"role": "user", "content": "hello there"}]
+    with httpx.Client(timeout=20) as c:
+        for url in (a, b):  # one turn on each replica
+            r = c.post(url + "/v1/chat/completions", json={"model": "m", "messages": messages},
+                       headers={"X-Episode-Id": eid, "X-Fake-Token-Server": "vllm"})
+            assert r.status_code == 200, r.text
+            messages = [*messages, r.json()["choices"][0]["message"],
+                        {"role": "user", "content": "more"}]
+        assert c.post(a + f"/v1/episodes/{eid}/end").status_code == 200
+        data = c.get(b + f"/v1/episodes/{eid}/trajectory").json()
+    assert [t["turn"] for t in data["turns"]] == [1, 2]
+    assert data["turns"][1]["prompt_token_ids"] == fake_tokens.prompt_ids(messages[:3])
+    assert data["append_only"] is True

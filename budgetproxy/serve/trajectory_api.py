@@ -1,0 +1,67 @@
+"""GET /v1/episodes/{id}/trajectory: a finished episode's turns as the model saw them."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import orjson
+from fastapi import FastAPI
+from fastapi.responses import Response
+
+from budgetproxy.config import Config
+from budgetproxy.core.rewards import final_reward
+from budgetproxy.core.tokens import sequence
+from budgetproxy.errors import ProxyError, checked_episode_id
+from budgetproxy.store.base import EpisodeStore
+from budgetproxy.store.turn_log import TurnLog
+
+
+def last_attempts(entries: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """One entry per turn, its last answered attempt (the one the agent went on from)."""
+    by_turn: dict[int, dict[str, Any]] = {}
+    for e in entries:
+        by_turn[int(e.get("turn") or 0)] = e
+    return [by_turn[t] for t in sorted(by_turn)]
+
+
+def add_trajectory_route(app: FastAPI, config: Config, store: EpisodeStore,
+                         turns: TurnLog | None) -> None:
+    @app.get("/v1/episodes/{episode_id}/trajectory")
+    async def trajectory(episode_id: str) -> Response:
+        st = await store.get(checked_episode_id(episode_id))
+        if st is None:
+            if await store.is_known(episode_id):
+                raise ProxyError(404, "trajectory_not_found",
+                                 f"Episode {episode_id!r} is past retention; its turns are "
+                                 "only in the trajectory log", param="episode_id")
+            raise ProxyError(404, "episode_not_found", f"No episode with id {episode_id!r}",
+                             param="episode_id")
+        if st.status != "finished" or st.end_pending:
+            raise ProxyError(409, "episode_active",
+                             f"Episode {episode_id!r} has not ended; its trajectory is served "
+                             "once it has (report its outcome or end it)", param="episode_id")
+        if turns is None:
+            raise ProxyError(404, "trajectory_not_found",
+                             "This proxy keeps no trajectories (rollouts.keep_turns: false)",
+                             param="episode_id")
+        raw = await turns.read(episode_id) or []
+        kept = last_attempts([orjson.loads(b) for b in raw])
+        seq = sequence(kept)
+        body: dict[str, Any] = {
+            "episode_id": st.episode_id,
+            "task_id": st.task_id,
+            "group": st.group,
+            "budget": st.budget,
+            "disclosure": st.disclosure,
+            "end_reason": st.end_reason,
+            "reward": final_reward(st.reward, st.outcome, st.end_reason,
+                                   config.reward.on_exhausted),
+            # every turn's prompt ids extend the previous prompt and completion: the episode
+            # is one token sequence (token_ids, with loss_mask 1 on sampled tokens)
+            "append_only": seq is not None,
+            "turns": kept,
+        }
+        if seq is not None:
+            body["token_ids"] = seq.token_ids
+            body["loss_mask"] = seq.loss_mask
+        return Response(orjson.dumps(body), media_type="application/json")
