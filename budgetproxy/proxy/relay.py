@@ -28,7 +28,7 @@ class Relayed:
     started: bool = False  # response head sent
     sent_body: bool = False  # at least one event reached the client
     first_sent_at: float | None = None  # perf_counter() of the first event sent
-    done_sent: bool = False  # the stream's `data: [DONE]` reached the client
+    done_sent: bool = False  # the stream's last event (chat's `data: [DONE]`) reached the client
 
 
 async def relay_stream(
@@ -38,11 +38,14 @@ async def relay_stream(
     head: list[tuple[bytes, bytes]],
     *,
     drop_usage: bool,
+    ends: Callable[[bytes], bool] = lambda ev: event_data(ev) == b"[DONE]",
     transform: Callable[[bytes], bytes | None] | None = None,
 ) -> Relayed:
     """Send `resp`'s events to the client as they arrive; nothing is held back but a partial
     event. With `drop_usage`, the usage-only chunk the proxy asked for is not passed on;
     `transform` rewrites each event the client gets (None: it gets none of it).
+    `ends` tells the event that ends the stream in its API (chat's `[DONE]`, Messages'
+    `message_stop`).
 
     A client disconnect cancels the upstream read at once. On a break before any event was
     sent, nothing has been sent at all, so the caller can still answer with an error.
@@ -85,7 +88,7 @@ async def relay_stream(
             body = b"".join(chunk)
             await send({"type": "http.response.body", "body": body, "more_body": True})
             out.sent_body = True
-            if event_data(chunk[-1]) == b"[DONE]":
+            if ends(chunk[-1]):
                 out.done_sent = True
         rest = splitter.rest()
         if rest:
@@ -97,7 +100,7 @@ async def relay_stream(
     except asyncio.CancelledError:
         if not gone:
             raise
-        # A client that hangs up once it has [DONE] got the whole answer.
+        # A client that hangs up once it has the last event got the whole answer.
         out.end = StreamEnd.COMPLETE if out.done_sent else StreamEnd.CLIENT_GONE
     except (TimeoutError, aiohttp.ClientError):
         out.end = StreamEnd.BROKEN

@@ -148,7 +148,7 @@ class UpstreamCall:
         cap = call.capture
         transform = partial(strip_event, cap=cap) if cap is not None and cap.strips else None
         relayed = await relay_stream(resp, receive, send, head, drop_usage=drop_usage,
-                                     transform=transform)
+                                     ends=call.dialect.ends_stream, transform=transform)
         call.started = relayed.started
         call.sent_body = relayed.sent_body
         call.events = relayed.events

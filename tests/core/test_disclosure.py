@@ -248,3 +248,16 @@ def test_keep_changes_only_the_remembered_places(
         expected.append(msgs[i])
     expected.extend({"role": "user", "content": t} for t in [*pending, text])
     assert disclosure.apply(msgs, "new_message", text, earlier) == expected
+
+
+def test_edit_appends_and_inserts_leaving_untouched_items_the_clients() -> None:
+    items = [{"t": "a"}, {"t": "b"}]
+    out = disclosure.edit(items, {1: ["x", "y"]}, {0: ["n0"], 2: ["end"]},
+               lambda item, t: {"t": item["t"] + t}, lambda t: {"new": t})
+    assert out == [{"new": "n0"}, {"t": "a"}, {"t": "bxy"}, {"new": "end"}]
+    assert out[1] is items[0]
+
+
+def test_texts_renders_this_turn_and_replays_only_with_a_conversation() -> None:
+    assert disclosure.texts("{turn}/{total}", 2, 5, None) == ("2/5", [])
+    assert disclosure.texts("{turn}/{total}", 2, 5, 4, [(0, 1, 1, "1:x")], None) == ("2/4", [])

@@ -211,3 +211,23 @@ def test_count_tokens_passes_through_with_the_upstream_key_uncounted(
     seen = [r for r in upstream.requests if r.path == "/v1/messages/count_tokens"][-1]
     assert seen.headers["x-api-key"] == "sk-upstream-key"
     assert p.http().get(f"/v1/episodes/{eid}").status_code == 404  # no turn, no episode
+
+
+@pytest.mark.parametrize(("path", "body", "last"), [
+    ("/v1/messages", {"model": "m1", "max_tokens": 8, "stream": True,
+                      "messages": [{"role": "user", "content": "bye"}]}, b"message_stop"),
+    ("/v1/responses", {"model": "m1", "stream": True, "input": "bye"}, b"response.completed"),
+])
+def test_a_client_that_hangs_up_after_the_last_event_got_its_whole_answer(
+        default_proxy: Proxy, path: str, body: dict[str, Any], last: bytes) -> None:
+    eid = new_id()
+    headers = {"X-Episode-Id": eid, "X-Fake-Tail-Ms": "1500"}  # the upstream closes late
+    with httpx.Client(base_url=default_proxy.url, timeout=10) as http, http.stream(
+            "POST", path, json=body, headers=headers) as r:
+        seen = b""
+        for chunk in r.iter_bytes():
+            seen += chunk
+            if last in seen:
+                break
+    (rec,) = default_proxy.wait_records(1, type="turn", episode_id=eid)
+    assert rec["status"] == "ok" and rec["response"]["content"] == "echo: bye"

@@ -364,5 +364,5 @@ def test_responses_calls_are_turns_and_count_tokens_passes_through(
                                   json={"model": "m1", "messages": [{"role": "user",
                                                                      "content": "x"}]})
     assert upstream.requests[-1].path == "/v1/messages/count_tokens"
-    assert r.status_code == 404  # the fake has no such route; its answer passes through
+    assert (r.status_code, r.json()) == (200, {"input_tokens": 1})  # the fake's own answer
     assert default_proxy.episode(eid)["turns_used"] == 1

@@ -55,6 +55,10 @@ class Dialect(Protocol):
     def read_events(self, events: list[bytes]) -> Reply:
         """The reply in a streamed response's SSE events."""
 
+    def ends_stream(self, event: bytes) -> bool:
+        """Whether an SSE event is the one that ends a whole answer's stream (a client may
+        hang up once it has it: that turn was answered in full)."""
+
     def synthetic(
         self, model: str, finish_reason: str, stream: bool, payload: dict[str, Any]
     ) -> tuple[bytes, bytes]:

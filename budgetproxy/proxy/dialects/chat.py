@@ -11,7 +11,7 @@ from budgetproxy.core.disclosure import Placement
 from budgetproxy.errors import ProxyError, invalid_request
 from budgetproxy.proxy import synthetic
 from budgetproxy.proxy.dialects.base import EMPTY_REPLY, Reply
-from budgetproxy.proxy.sse import assemble
+from budgetproxy.proxy.sse import assemble, event_data
 
 
 def check_messages(payload: dict[str, Any]) -> None:
@@ -76,6 +76,9 @@ class ChatDialect:
 
     def read_events(self, events: list[bytes]) -> Reply:
         return assemble(events)
+
+    def ends_stream(self, event: bytes) -> bool:
+        return event_data(event) == b"[DONE]"
 
     def synthetic(
         self, model: str, finish_reason: str, stream: bool, payload: dict[str, Any]

@@ -9,7 +9,7 @@ from budgetproxy.errors import ProxyError, invalid_request
 from budgetproxy.proxy import synthetic
 from budgetproxy.proxy.dialects.base import Reply
 from budgetproxy.proxy.dialects.chat import read_choice_body
-from budgetproxy.proxy.sse import assemble
+from budgetproxy.proxy.sse import assemble, event_data
 
 
 class CompletionsDialect:
@@ -44,6 +44,9 @@ class CompletionsDialect:
 
     def read_events(self, events: list[bytes]) -> Reply:
         return assemble(events)
+
+    def ends_stream(self, event: bytes) -> bool:
+        return event_data(event) == b"[DONE]"
 
     def synthetic(
         self, model: str, finish_reason: str, stream: bool, payload: dict[str, Any]

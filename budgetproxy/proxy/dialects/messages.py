@@ -216,6 +216,9 @@ class MessagesDialect:
         message = message_of([blocks[i] for i in sorted(blocks)])
         return {"message": message, "finish_reason": stop, "usage": usage or None}
 
+    def ends_stream(self, event: bytes) -> bool:
+        return b"message_stop" in event[:64]  # the `event:` line, or the data's "type"
+
     def synthetic(
         self, model: str, finish_reason: str, stream: bool, payload: dict[str, Any]
     ) -> tuple[bytes, bytes]:

@@ -203,6 +203,11 @@ class ResponsesDialect:
             message["content"] = "".join(deltas)
         return {"message": message, "finish_reason": None, "usage": None}
 
+    def ends_stream(self, event: bytes) -> bool:
+        head = event[:96]  # the `event:` line, or the data's leading "type"
+        return b"response.completed" in head or b"response.incomplete" in head or (
+            b"response.failed" in head)
+
     def synthetic(
         self, model: str, finish_reason: str, stream: bool, payload: dict[str, Any]
     ) -> tuple[bytes, bytes]:
