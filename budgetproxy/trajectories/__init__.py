@@ -1,0 +1,1 @@
+"""Trajectory logs: the turn and episode records, the recorder that builds them, the JSONL sink."""
