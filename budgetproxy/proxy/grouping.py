@@ -77,11 +77,14 @@ class RolloutRecorder(Recorder):
         if sent is not None and not self.content_full:
             sent = strip_text(sent)
         entry = turn_entry(record, sent)
+
+        def small() -> bytes:  # past the episode's byte bound: the turn without its messages
+            return orjson.dumps({**turn_entry(record, None), "truncated": True})
+
         try:
             data = orjson.dumps(entry)
-            small = orjson.dumps({**entry, "messages": None, "truncated": True})
         except (TypeError, ValueError):  # nesting past orjson's depth: kept without messages
-            data = small = orjson.dumps({**turn_entry(record, None), "truncated": True})
+            data = small()
         try:
             await self.turns.append(str(record["episode_id"]), data, small)
         except StoreUnavailable:

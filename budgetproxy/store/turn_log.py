@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import time
 from collections import OrderedDict
+from collections.abc import Callable
 from typing import Any, Protocol
 
 from budgetproxy.store.base import StoreUnavailable
@@ -21,8 +22,8 @@ MAX_BYTES = 256 * 1024 * 1024
 
 
 class TurnLog(Protocol):
-    async def append(self, episode_id: str, entry: bytes, small: bytes) -> None:
-        """Keep `entry`, or `small` (the entry without its messages) when the episode is
+    async def append(self, episode_id: str, entry: bytes, small: Callable[[], bytes]) -> None:
+        """Keep `entry`, or `small()` (the entry without its messages) when the episode is
         past its byte bound."""
         ...
 
@@ -50,12 +51,12 @@ class MemoryTurnLog:
         self._max_turns = max_turns
         self._total = 0
 
-    async def append(self, episode_id: str, entry: bytes, small: bytes) -> None:
+    async def append(self, episode_id: str, entry: bytes, small: Callable[[], bytes]) -> None:
         now = time.monotonic()
         kept = self._eps.pop(episode_id, None) or _Kept()
         self._eps[episode_id] = kept  # now the most recently written
         if len(kept.entries) < self._max_turns:
-            data = entry if kept.size + len(entry) <= self._max_episode else small
+            data = entry if kept.size + len(entry) <= self._max_episode else small()
             kept.entries.append(data)
             kept.size += len(data)
             self._total += len(data)
@@ -104,10 +105,10 @@ class RedisTurnLog:
         base = f"{self._prefix}:turns:{{{episode_id}}}"
         return base, base + ":bytes"
 
-    async def append(self, episode_id: str, entry: bytes, small: bytes) -> None:
+    async def append(self, episode_id: str, entry: bytes, small: Callable[[], bytes]) -> None:
         key, size_key = self._key(episode_id)
         size = int(await self._run(self._redis.get(size_key)) or 0)
-        data = entry if size + len(entry) <= self._max_episode else small
+        data = entry if size + len(entry) <= self._max_episode else small()
         pipe = self._redis.pipeline(transaction=True)
         pipe.rpush(key, data).ltrim(key, 0, self._max_turns - 1).expire(key, self._ttl)
         pipe.incrby(size_key, len(data)).expire(size_key, self._ttl)
