@@ -3,6 +3,7 @@ client its answer as it would be without them, and read them back for the turn's
 
 from __future__ import annotations
 
+import json
 import re
 from dataclasses import dataclass
 from typing import Any, Literal
@@ -19,8 +20,8 @@ CAPTURED_KINDS = frozenset({"chat", "completions"})
 # A JSON string (escapes included) or one bracket: enough to find where a value ends.
 _TOKEN = re.compile(rb'"(?:[^"\\]|\\.)*"|[\[\]{}]')
 _SCALAR_END = re.compile(rb"[,}\]]")
-_KEY = {name: re.compile(rb'"' + name + rb'"\s*:\s*')
-        for name in (b"prompt_token_ids", b"token_ids", b"logprobs")}
+_WHITESPACE = b" \t\r\n"
+_DECODER = json.JSONDecoder()
 
 
 @dataclass(slots=True)
@@ -71,7 +72,19 @@ def add_fields(body: bytes, payload: dict[str, Any], add: dict[str, Any]) -> byt
 def _value_end(buf: bytes, start: int) -> int:
     """The index just past the JSON value that starts at `start`."""
     first = buf[start:start + 1]
-    if first not in (b"[", b"{", b'"'):
+    if first == b"[":  # token ids: a flat array of numbers, found in one scan
+        close = buf.find(b"]", start)
+        if close >= 0 and not any(c in buf[start + 1:close] for c in (b"[", b"{", b'"')):
+            return close + 1
+    elif first == b"{":  # logprobs: the C decoder finds the end (on text, then in bytes)
+        try:
+            text = buf[start:].decode()
+            _, end = _DECODER.raw_decode(text)
+        except (UnicodeDecodeError, ValueError):
+            pass
+        else:
+            return start + len(text[:end].encode())
+    elif first != b'"':
         m = _SCALAR_END.search(buf, start)
         return m.start() if m else len(buf)
     depth = 0
@@ -86,37 +99,49 @@ def _value_end(buf: bytes, start: int) -> int:
     return len(buf)
 
 
+def _members(buf: bytes, key: bytes) -> list[tuple[int, int, int]]:
+    """(member start, value start, value end) of every `"key": value` member, in order. A key
+    can only be matched outside strings: inside one its quotes would be escaped."""
+    needle = b'"' + key + b'":'
+    out = []
+    pos = buf.find(needle)
+    while pos >= 0:
+        vstart = pos + len(needle)
+        while buf[vstart:vstart + 1] in (b" ", b"\t", b"\r", b"\n") and vstart < len(buf):
+            vstart += 1
+        vend = _value_end(buf, vstart)
+        out.append((pos, vstart, vend))
+        pos = buf.find(needle, vend)
+    return out
+
+
 def _null_member(buf: bytes, key: bytes) -> bytes:
     """`buf` with every `"key": value` member's value written as null."""
-    pattern = _KEY[key]
+    found = _members(buf, key)
+    if not found:
+        return buf
     out: list[bytes] = []
     pos = 0
-    for m in pattern.finditer(buf):
-        if m.start() < pos:
-            continue
-        end = _value_end(buf, m.end())
-        out.append(buf[pos:m.end()])
+    for _, vstart, vend in found:
+        out.append(buf[pos:vstart])
         out.append(b"null")
-        pos = end
-    if not out:
-        return buf
+        pos = vend
     out.append(buf[pos:])
     return b"".join(out)
 
 
 def _drop_member(buf: bytes, key: bytes) -> bytes:
     """`buf` without any `"key": value` member (and the comma that joined it)."""
-    pattern = _KEY[key]
     while True:
-        m = pattern.search(buf)
-        if m is None:
+        found = _members(buf, key)
+        if not found:
             return buf
-        start, end = m.start(), _value_end(buf, m.end())
-        before = buf[:start].rstrip()
+        start, _, end = found[0]
+        before = buf[:start].rstrip(_WHITESPACE)
         if before.endswith(b","):
             buf = before[:-1] + buf[end:]
         else:
-            after = buf[end:].lstrip()
+            after = buf[end:].lstrip(_WHITESPACE)
             buf = buf[:start] + (after[1:] if after.startswith(b",") else after)
 
 
@@ -124,12 +149,12 @@ def strip(data: bytes, cap: Capture) -> bytes:
     """A body or event as the server writes it when not asked for what the proxy added:
     vLLM writes `null` for token ids and logprobs it was not asked for; SGLang leaves token
     ids out and writes `null` logprobs."""
-    if cap.strip_ids:
+    if cap.strip_ids and b"token_ids\":" in data:
         if cap.server == "vllm":
             data = _null_member(_null_member(data, b"prompt_token_ids"), b"token_ids")
         else:
             data = _drop_member(_drop_member(data, b"prompt_token_ids"), b"token_ids")
-    if cap.strip_logprobs:
+    if cap.strip_logprobs and b'"logprobs":' in data:
         data = _null_member(data, b"logprobs")
     return data
 
@@ -206,10 +231,14 @@ def _read(obj: Any, out: Tokens) -> None:
         return
     ids = _ints(c0.get("token_ids"))
     if ids is not None:
-        out.completion_token_ids = [*(out.completion_token_ids or ()), *ids]
+        if out.completion_token_ids is None:
+            out.completion_token_ids = []
+        out.completion_token_ids.extend(ids)
     values = _logprob_values(c0.get("logprobs"))
     if values is not None:
-        out.logprobs = [*(out.logprobs or ()), *values]
+        if out.logprobs is None:
+            out.logprobs = []
+        out.logprobs.extend(values)
 
 
 def read_body(data: bytes) -> Tokens:
