@@ -187,6 +187,10 @@ class ModelCalls:
         if upstream is None:
             raise ProxyError(404, "model_not_found", f"No upstream serves model {model!r}",
                              param="model")
+        if upstream.kind == "litellm" and not dialect.via_litellm:
+            raise ProxyError(400, "unsupported_api", f"Upstream {upstream.name!r} (kind: "
+                             f"litellm) serves chat completions only, not {call.route}",
+                             param="model")
         if eid is None and self.cfg.episodes.require_id:
             raise ProxyError(
                 400, "episode_id_required",

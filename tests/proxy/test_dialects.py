@@ -187,3 +187,39 @@ def test_messages_errors_are_anthropic_shaped() -> None:
     body = orjson.loads(MESSAGES.error_body(ProxyError(413, "request_too_large", "big")))
     assert body == {"type": "error", "error": {"type": "request_too_large",
                                                "message": "big (request_too_large)"}}
+
+
+def test_messages_new_message_replays_merge_into_the_user_message_they_followed() -> None:
+    first = [{"role": "user", "content": "task"}]
+    conv = MESSAGES.conversation({"messages": first})
+    index = MESSAGES.placement_index("new_message", conv)
+    assert index == 2  # after message 0, in conversation units (the system head is 0)
+    later = [*first, {"role": "assistant", "content": "ok"}, {"role": "user", "content": "more"}]
+    out = place(MESSAGES, {"model": "m", "messages": later}, "new_message", [(index, "[old]")])
+    assert [m["role"] for m in out["messages"]] == ["user", "assistant", "user"]
+    assert out["messages"][0]["content"][-1] == {"type": "text", "text": "[old]"}
+    assert out["messages"][2]["content"][-1] == {"type": "text", "text": T}
+
+
+def test_responses_new_message_replays_go_after_tool_outputs() -> None:
+    items = [{"role": "user", "content": "go"},
+             {"type": "function_call", "call_id": "c", "name": "f", "arguments": "{}"},
+             {"type": "function_call_output", "call_id": "c", "output": "1"},
+             {"role": "user", "content": "next"}]
+    out = place(RESPONSES, {"model": "m", "input": items}, "new_message", [(3, "[old]")])
+    assert [i.get("type", i.get("role")) for i in out["input"]] == [
+        "user", "function_call", "function_call_output", "user", "user", "user"]
+    assert out["input"][3] == {"role": "user", "content": "[old]"}
+    assert out["input"][-1] == {"role": "user", "content": T}
+
+
+@pytest.mark.parametrize(("dialect", "payload"), [
+    (RESPONSES, {"model": "m", "input": [{"role": "user", "content": "x"}]}),
+    (MESSAGES, {"model": "m", "messages": [{"role": "user", "content": "x"}]}),
+])
+def test_a_resent_turn_gets_its_text_once(dialect: Any, payload: dict[str, Any]) -> None:
+    """A retry of a turn carries that turn's own earlier placement: not re-applied there."""
+    conv = dialect.conversation(payload)
+    index = dialect.placement_index("last_message", conv)
+    out = place(dialect, payload, "last_message", [(index, T)])
+    assert str(out).count(T) == 1

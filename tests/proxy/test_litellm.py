@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 # litellm is part of the [dev] extra: a missing install fails here rather than skipping.
+import httpx
 import litellm  # noqa: E402,F401
 import openai
 import pytest
@@ -67,3 +68,15 @@ def test_litellm_stream_and_other_models_stay_on_fast_path(
         model="fake-model", messages=[{"role": "user", "content": "direct"}])
     assert direct.choices[0].message.content == "echo: direct"
     assert upstream.requests[-1].headers.get("authorization") == "Bearer client-key"
+
+
+def test_other_apis_to_a_litellm_upstream_are_a_clear_400(proxy: ProxyServer) -> None:
+    with httpx.Client(base_url=proxy.url, timeout=10) as http:
+        r = http.post("/v1/responses", json={"model": "claude-test", "input": "x"},
+                      headers={"X-Episode-Id": "lite-2"})
+        assert (r.status_code, r.json()["error"]["code"]) == (400, "unsupported_api")
+        r = http.post("/v1/messages", json={"model": "claude-test", "max_tokens": 8,
+                                            "messages": [{"role": "user", "content": "x"}]})
+        assert r.status_code == 400 and r.json()["type"] == "error"
+        assert "chat completions only" in r.json()["error"]["message"]
+        assert http.get("/v1/episodes/lite-2").status_code == 404  # no turn was opened

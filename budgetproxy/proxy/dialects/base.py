@@ -26,6 +26,8 @@ class Dialect(Protocol):
     heads: int
     # Whether disclosed episodes get the text placed on this API (see `place`).
     discloses: bool
+    # Whether a `kind: litellm` upstream can serve it (litellm.acompletion takes chat).
+    via_litellm: bool
     # Ask the upstream for usage on streams (stream_options.include_usage) and drop the extra
     # chunk when the client did not ask for it.
     stream_usage: bool

@@ -48,6 +48,7 @@ def read_choice_body(data: bytes, text_key: str | None) -> Reply:
 class ChatDialect:
     kind = "chat"
     heads = 0
+    via_litellm = True
     discloses = True
     stream_usage = True
 

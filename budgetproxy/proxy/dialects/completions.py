@@ -15,6 +15,7 @@ from budgetproxy.proxy.sse import assemble, event_data
 class CompletionsDialect:
     kind = "completions"
     heads = 0
+    via_litellm = False
     discloses = False  # see place()
     stream_usage = True
 

@@ -109,6 +109,7 @@ def _merge_usage(usage: dict[str, Any], more: Any) -> None:
 class MessagesDialect:
     kind = "messages"
     heads = 1
+    via_litellm = False
     discloses = True
     stream_usage = False  # message_start and message_delta carry usage
 
@@ -152,13 +153,15 @@ class MessagesDialect:
             else:
                 inserts.setdefault(at, []).append(t)
 
+        target = _last_user(items) if placement == "last_message" else None
         for idx, old in sorted(again):
             i = idx - 1  # conversation index -> message index
+            if i == target:  # this turn's own place (a resend of it): its text is new
+                continue
             if placement == "last_message" and 0 <= i < n and _is_user(items[i]):
                 appends.setdefault(i, []).append(old)
             elif 0 <= i < n:
                 put(i, old)
-        target = _last_user(items) if placement == "last_message" else None
         if target is not None:
             appends.setdefault(target, []).append(text)
         else:

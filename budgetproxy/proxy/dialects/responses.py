@@ -105,6 +105,7 @@ def finish_of(obj: dict[str, Any]) -> Any:
 class ResponsesDialect:
     kind = "responses"
     heads = 1
+    via_litellm = False
     discloses = True
     stream_usage = False  # usage arrives in response.completed
 
@@ -146,12 +147,14 @@ class ResponsesDialect:
         appends: dict[int, list[str]] = {}
         inserts: dict[int, list[str]] = {}
         if placement == "last_message":
+            t = _target(items)
             for idx, old in again:  # (conversation index, text): item idx - 1
+                if idx - 1 == t:  # this turn's own place (a resend of it): its text is new
+                    continue
                 if 0 <= idx - 1 < n and _readable(items[idx - 1]):
                     appends.setdefault(idx - 1, []).append(old)
                 elif idx - 1 < n:  # it was placed as a new item there
                     inserts.setdefault(max(0, idx - 1), []).append(old)
-            t = _target(items)
             if t is None:
                 inserts.setdefault(n, []).append(text)
             else:
