@@ -114,9 +114,9 @@ def checked_episode_id(episode_id: str) -> str:
     return episode_id
 
 
-def budget_exhausted(episode_id: str, budget: int) -> ProxyError:
+def budget_exhausted(episode_id: str, budget: int, status: int = 403) -> ProxyError:
     return ProxyError(
-        403,
+        status,
         "turn_budget_exhausted",
         f"Episode {episode_id!r} has used its turn budget of {budget}; no further model calls "
         "are forwarded. Report the outcome or start a new episode.",
@@ -124,9 +124,9 @@ def budget_exhausted(episode_id: str, budget: int) -> ProxyError:
     )
 
 
-def episode_finished(episode_id: str) -> ProxyError:
+def episode_finished(episode_id: str, status: int = 403) -> ProxyError:
     return ProxyError(
-        403,
+        status,
         "episode_finished",
         f"Episode {episode_id!r} has finished; model calls on it are refused.",
     )

@@ -42,6 +42,7 @@ from budgetproxy.proxy.calls import ModelCall, turn_hash, turn_record, with_stre
 from budgetproxy.proxy.dialects import DIALECTS, Reply
 from budgetproxy.proxy.dialects.base import lone_text
 from budgetproxy.proxy.grouping import group_key, group_size
+from budgetproxy.proxy.refusal import refusal_status
 from budgetproxy.proxy.upstream import UpstreamPool
 from budgetproxy.proxy.upstream_call import UpstreamCall
 from budgetproxy.proxy.wire import (
@@ -220,9 +221,10 @@ class ModelCalls:
                                 conversation=None)
             return
         if grant.kind is GrantKind.FINISHED:
-            raise episode_finished(eid)
+            raise episode_finished(eid, refusal_status(headers))
         if grant.kind is GrantKind.EXHAUSTED:
-            await self._exhausted(call, st, send, payload, conversation)
+            await self._exhausted(call, st, send, payload, conversation,
+                                  refusal_status(headers))
             return
         if st.disclosure == "disclosed" and dialect.discloses:
             exact = self._exact(call, body, payload)
@@ -306,17 +308,17 @@ class ModelCalls:
     # -- budget spent --------------------------------------------------------------------------
     async def _exhausted(
         self, call: ModelCall, st: EpisodeState, send: Send, payload: dict[str, Any],
-        conversation: list[Any],
+        conversation: list[Any], refused: int,
     ) -> None:
         if self.metrics is not None:
             self.metrics.budget_exhausted.labels(tier_label(st.budget, st.max_turns),
                                                  st.disclosure).inc()
         call.status = "rejected"
         finish_mode = self.budget_cfg.on_exhausted == "finish"
-        call.http_status = 200 if finish_mode else 403
+        call.http_status = 200 if finish_mode else refused
         await self._record_turn(call, conversation, None, charged=False)
         if not finish_mode:
-            raise budget_exhausted(st.episode_id, st.budget)
+            raise budget_exhausted(st.episode_id, st.budget, refused)
         ctype, data = call.dialect.synthetic(call.model or "", self.budget_cfg.finish_reason,
                                              call.stream, payload)
         call.started = True
