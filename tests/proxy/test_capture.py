@@ -86,15 +86,16 @@ def test_client_asking_for_logprobs_keeps_them(
     assert b'"top_logprobs":[{"token"' in got_on.content
 
 
+@pytest.mark.parametrize("server", ["vllm", "sglang"])
 @pytest.mark.parametrize("stream", [False, True])
 def test_completions_bytes_unchanged_and_tokens_logged(
-    proxy: ProxyFactory, upstream: WatchedUpstream, stream: bool
+    proxy: ProxyFactory, upstream: WatchedUpstream, stream: bool, server: str
 ) -> None:
-    on, off = _proxies(proxy, upstream, "vllm")
+    on, off = _proxies(proxy, upstream, server)
     body = {"model": "m1", "prompt": "once upon a time", "stream": stream}
     e_on = new_id()
-    got_on = _post(on, "/v1/completions", body, "vllm", e_on)
-    got_off = _post(off, "/v1/completions", body, "vllm", new_id())
+    got_on = _post(on, "/v1/completions", body, server, e_on)
+    got_off = _post(off, "/v1/completions", body, server, new_id())
     assert _normal(got_on.content) == _normal(got_off.content)
     rec = _turn(on, e_on)
     want = fake_tokens.completion_ids("echo: once upon a time")
@@ -161,3 +162,43 @@ def test_disclosed_history_keep_gives_append_only_tokens(
     links = [extends(a["prompt_token_ids"], a["completion_token_ids"], b["prompt_token_ids"])
              for a, b in zip(recs, recs[1:], strict=False)]
     assert links == ([True, True] if history == "keep" else [False, False])
+
+
+@pytest.mark.parametrize("stream", [False, True])
+def test_field_names_inside_texts_are_left_alone(
+    proxy: ProxyFactory, upstream: WatchedUpstream, stream: bool
+) -> None:
+    """A reply whose text spells the stripped fields' names keeps its text: inside a JSON
+    string their quotes are escaped, so only real members are matched."""
+    on, off = _proxies(proxy, upstream, "vllm")
+    text = 'say "token_ids":[1,2] and "logprobs":{"content":[]} and "prompt_token_ids": ]'
+    body = {"model": "m1", "messages": [{"role": "user", "content": text}], "stream": stream}
+    got_on = _post(on, "/v1/chat/completions", body, "vllm", new_id())
+    got_off = _post(off, "/v1/chat/completions", body, "vllm", new_id())
+    assert _normal(got_on.content) == _normal(got_off.content)
+    if stream:
+        events = [orjson.loads(line[6:]) for line in got_on.content.split(b"\n\n")
+                  if line.startswith(b"data: {")]
+        said = "".join(e["choices"][0]["delta"].get("content") or "" for e in events
+                       if e["choices"])
+    else:
+        said = got_on.json()["choices"][0]["message"]["content"]
+    assert said == "echo: " + text
+
+
+def test_upstream_errors_pass_through_with_capture(
+    proxy: ProxyFactory, upstream: WatchedUpstream
+) -> None:
+    on, off = _proxies(proxy, upstream, "vllm")
+    got = []
+    eid = new_id()
+    for p in (on, off):
+        r = p.http().post("/v1/chat/completions", json=CHAT,
+                          headers={"X-Episode-Id": f"{eid}-{len(got)}", "X-Fake-Status": "400",
+                                   "X-Fake-Token-Server": "vllm"})
+        assert r.status_code == 400
+        got.append(r.content)
+    assert got[0] == got[1]
+    rec = _turn(on, f"{eid}-0")
+    assert rec["http_status"] == 400
+    assert rec["prompt_token_ids"] is None and rec["completion_token_ids"] is None
