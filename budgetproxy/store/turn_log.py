@@ -107,12 +107,17 @@ class RedisTurnLog:
 
     async def append(self, episode_id: str, entry: bytes, small: Callable[[], bytes]) -> None:
         key, size_key = self._key(episode_id)
-        size = int(await self._run(self._redis.get(size_key)) or 0)
-        data = entry if size + len(entry) <= self._max_episode else small()
+        # One round trip as a rule: the entry goes in, and is swapped for its small form only
+        # when the episode's bytes turn out to be past the bound.
         pipe = self._redis.pipeline(transaction=True)
-        pipe.rpush(key, data).ltrim(key, 0, self._max_turns - 1).expire(key, self._ttl)
-        pipe.incrby(size_key, len(data)).expire(size_key, self._ttl)
-        await self._run(pipe.execute())
+        pipe.rpush(key, entry).ltrim(key, 0, self._max_turns - 1).expire(key, self._ttl)
+        pipe.incrby(size_key, len(entry)).expire(size_key, self._ttl)
+        length, _, _, size, _ = await self._run(pipe.execute())
+        if size > self._max_episode and length <= self._max_turns:
+            data = small()
+            pipe = self._redis.pipeline(transaction=True)
+            pipe.lset(key, length - 1, data).incrby(size_key, len(data) - len(entry))
+            await self._run(pipe.execute())
 
     async def read(self, episode_id: str) -> list[bytes] | None:
         entries = await self._run(self._redis.lrange(self._key(episode_id)[0], 0, -1))

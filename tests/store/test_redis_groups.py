@@ -104,3 +104,22 @@ def test_trajectory_from_other_replica(replicas: tuple[str, str]) -> None:
     assert [t["turn"] for t in data["turns"]] == [1, 2]
     assert data["turns"][1]["prompt_token_ids"] == fake_tokens.prompt_ids(messages[:3])
     assert data["append_only"] is True
+
+
+async def test_redis_turn_log_bounds() -> None:
+    from budgetproxy.store.turn_log import RedisTurnLog
+
+    require_redis()
+    prefix = new_prefix()
+    log = RedisTurnLog(REDIS_URL, prefix, retention_s=60, max_episode_bytes=100, max_turns=3)
+    try:
+        for i in range(5):
+            await log.append("ep", b'{"turn":%d,"messages":"%s"}' % (i, b"x" * 40),
+                             lambda i=i: b'{"turn":%d,"truncated":true}' % i)
+        got = await log.read("ep")
+        assert got == [b'{"turn":0,"messages":"' + b"x" * 40 + b'"}',
+                       b'{"turn":1,"truncated":true}', b'{"turn":2,"truncated":true}']
+        assert await log.read("nope") is None
+    finally:
+        await log.close()
+        drop_prefix(prefix)
