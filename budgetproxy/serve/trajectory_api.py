@@ -57,8 +57,10 @@ def add_trajectory_route(app: FastAPI, config: Config, store: EpisodeStore,
             "reward": final_reward(st.reward, st.outcome, st.end_reason,
                                    config.reward.on_exhausted),
             # every turn's prompt ids extend the previous prompt and completion: the episode
-            # is one token sequence (token_ids, with loss_mask 1 on sampled tokens)
-            "append_only": seq is not None,
+            # is one token sequence (token_ids, with loss_mask 1 on sampled tokens); None
+            # when no token ids were captured
+            "append_only": (seq is not None) if any(
+                t.get("prompt_token_ids") is not None for t in kept) else None,
             "turns": kept,
         }
         if seq is not None:

@@ -62,6 +62,13 @@ def test_trajectory_errors(proxy: ProxyFactory, upstream: WatchedUpstream) -> No
     p = _proxy(proxy, upstream)
     assert_openai_error(p.http().get(f"/v1/episodes/{new_id()}/trajectory"), 404,
                         "episode_not_found")
+    plain = proxy({})  # no capture: turns kept, no token ids, append_only unknown
+    eid = new_id()
+    _rollout(plain, eid, 1)
+    plain.http().post(f"/v1/episodes/{eid}/end")
+    data = plain.http().get(f"/v1/episodes/{eid}/trajectory").json()
+    assert data["append_only"] is None and "prompt_token_ids" not in data["turns"][0]
+    assert data["turns"][0]["messages"] == [{"role": "user", "content": "begin"}]
     off = proxy({"rollouts": {"keep_turns": False}})
     eid = new_id()
     _rollout(off, eid, 1)
