@@ -22,6 +22,7 @@ _TOKEN = re.compile(rb'"(?:[^"\\]|\\.)*"|[\[\]{}]')
 _SCALAR_END = re.compile(rb"[,}\]]")
 _WHITESPACE = b" \t\r\n"
 _DECODER = json.JSONDecoder()
+_FIELD = re.compile(rb'"(prompt_token_ids|token_ids|logprobs)":')
 
 
 @dataclass(slots=True)
@@ -32,10 +33,18 @@ class Capture:
     server: Server
     strip_ids: bool  # the client did not ask for token ids
     strip_logprobs: bool  # the client did not ask for logprobs
+    # the fields the server writes as null when not asked for them (set from the above)
+    null_keys: frozenset[bytes] = frozenset()
 
     @property
     def strips(self) -> bool:
         return self.strip_ids or self.strip_logprobs
+
+    def __post_init__(self) -> None:
+        keys = {b"logprobs"} if self.strip_logprobs else set()
+        if self.strip_ids and self.server == "vllm":
+            keys |= {b"prompt_token_ids", b"token_ids"}
+        self.null_keys = frozenset(keys)
 
 
 def plan(payload: dict[str, Any], kind: str, server: Server) -> tuple[Capture, dict[str, Any]]:
@@ -115,17 +124,23 @@ def _members(buf: bytes, key: bytes) -> list[tuple[int, int, int]]:
     return out
 
 
-def _null_member(buf: bytes, key: bytes) -> bytes:
-    """`buf` with every `"key": value` member's value written as null."""
-    found = _members(buf, key)
-    if not found:
-        return buf
+def _null_members(buf: bytes, keys: frozenset[bytes]) -> bytes:
+    """`buf` with the value of every member named in `keys` written as null, in one pass."""
     out: list[bytes] = []
     pos = 0
-    for _, vstart, vend in found:
+    for m in _FIELD.finditer(buf):
+        if m.start() < pos or m.group(1) not in keys:
+            continue  # inside a value already replaced, or a field kept
+        vstart = m.end()
+        while buf[vstart:vstart + 1] in (b" ", b"\t", b"\r", b"\n") and vstart < len(buf):
+            vstart += 1
+        if buf.startswith(b"null", vstart):
+            continue
         out.append(buf[pos:vstart])
         out.append(b"null")
-        pos = vend
+        pos = _value_end(buf, vstart)
+    if not out:
+        return buf
     out.append(buf[pos:])
     return b"".join(out)
 
@@ -149,14 +164,10 @@ def strip(data: bytes, cap: Capture) -> bytes:
     """A body or event as the server writes it when not asked for what the proxy added:
     vLLM writes `null` for token ids and logprobs it was not asked for; SGLang leaves token
     ids out and writes `null` logprobs."""
-    if cap.strip_ids and b"token_ids\":" in data:
-        if cap.server == "vllm":
-            data = _null_member(_null_member(data, b"prompt_token_ids"), b"token_ids")
-        else:
-            data = _drop_member(_drop_member(data, b"prompt_token_ids"), b"token_ids")
-    if cap.strip_logprobs and b'"logprobs":' in data:
-        data = _null_member(data, b"logprobs")
-    return data
+    if cap.strip_ids and cap.server == "sglang" and b"token_ids\":" in data:
+        data = _drop_member(_drop_member(data, b"prompt_token_ids"), b"token_ids")
+    keys = cap.null_keys
+    return _null_members(data, keys) if keys else data
 
 
 def strip_event(event: bytes, cap: Capture) -> bytes | None:
