@@ -33,17 +33,25 @@ class Capture:
     server: Server
     strip_ids: bool  # the client did not ask for token ids
     strip_logprobs: bool  # the client did not ask for logprobs
+    # the client did not ask for prompt token ids (vLLM: with the others; SGLang's chat asks
+    # for them apart, with return_prompt_token_ids)
+    strip_prompt_ids: bool | None = None
     # the fields the server writes as null when not asked for them (set from the above)
     null_keys: frozenset[bytes] = frozenset()
 
     @property
     def strips(self) -> bool:
-        return self.strip_ids or self.strip_logprobs
+        return self.strip_ids or self.strip_logprobs or bool(self.strip_prompt_ids)
 
     def __post_init__(self) -> None:
+        if self.strip_prompt_ids is None:
+            self.strip_prompt_ids = self.strip_ids
         keys = {b"logprobs"} if self.strip_logprobs else set()
-        if self.strip_ids and self.server == "vllm":
-            keys |= {b"prompt_token_ids", b"token_ids"}
+        if self.server == "vllm":
+            if self.strip_ids:
+                keys.add(b"token_ids")
+            if self.strip_prompt_ids:
+                keys.add(b"prompt_token_ids")
         self.null_keys = frozenset(keys)
 
 
@@ -63,7 +71,12 @@ def plan(payload: dict[str, Any], kind: str, server: Server) -> tuple[Capture, d
         asked_lp = type(lp) is int and lp >= 0
         if not asked_lp:
             add["logprobs"] = 0
-    return Capture(kind, server, not asked_ids, not asked_lp), add
+    asked_prompt = asked_ids
+    if server == "sglang" and kind == "chat":
+        asked_prompt = payload.get("return_prompt_token_ids") is True
+        if not asked_prompt:
+            add["return_prompt_token_ids"] = True
+    return Capture(kind, server, not asked_ids, not asked_lp, not asked_prompt), add
 
 
 def add_fields(body: bytes, payload: dict[str, Any], add: dict[str, Any]) -> bytes:
@@ -163,9 +176,13 @@ def _drop_member(buf: bytes, key: bytes) -> bytes:
 def strip(data: bytes, cap: Capture) -> bytes:
     """A body or event as the server writes it when not asked for what the proxy added:
     vLLM writes `null` for token ids and logprobs it was not asked for; SGLang leaves token
-    ids out and writes `null` logprobs."""
-    if cap.strip_ids and cap.server == "sglang" and b"token_ids\":" in data:
-        data = _drop_member(_drop_member(data, b"prompt_token_ids"), b"token_ids")
+    ids out and writes `null` logprobs. (SGLang's chat API asks for prompt ids apart, with
+    `return_prompt_token_ids`, its text completions with `return_token_ids`.)"""
+    if cap.server == "sglang" and b"token_ids\":" in data:
+        if cap.strip_prompt_ids:
+            data = _drop_member(data, b"prompt_token_ids")
+        if cap.strip_ids:
+            data = _drop_member(data, b"token_ids")
     keys = cap.null_keys
     return _null_members(data, keys) if keys else data
 

@@ -9,8 +9,9 @@ re-renders what the model said unchanged.
 
 vLLM (`return_token_ids`, `logprobs`): a body carries `prompt_token_ids` and each choice
 `token_ids`, `null` when not asked; a stream's first chunk carries `prompt_token_ids` and
-each content chunk `token_ids` (its tokens). SGLang: choices carry `prompt_token_ids` and
-`token_ids` only when asked; its chat streams carry logprobs but no token ids.
+each content chunk `token_ids` (its tokens). SGLang: choices carry `prompt_token_ids` (chat:
+for `return_prompt_token_ids`) and `token_ids` (for `return_token_ids`) only when asked; its
+chat streams carry logprobs but no token ids.
 """
 
 from __future__ import annotations
@@ -100,6 +101,8 @@ class Asked:
 
     def __init__(self, req: dict[str, Any], kind: str) -> None:
         self.ids = req.get("return_token_ids") is True
+        # SGLang's chat API returns prompt ids for return_prompt_token_ids
+        self.prompt_ids = req.get("return_prompt_token_ids") is True
         lp = req.get("logprobs")
         self.logprobs = lp is True if kind == "chat" else type(lp) is int
         top = req.get("top_logprobs")
@@ -123,9 +126,11 @@ def chat_body(body: dict[str, Any], req: dict[str, Any], server: str) -> dict[st
         body["prompt_logprobs"] = None
         body["prompt_token_ids"] = prompt if asked.ids else None
         body["kv_transfer_params"] = None
-    elif asked.ids:
-        choice["prompt_token_ids"] = prompt
-        choice["token_ids"] = toks
+    else:
+        if asked.prompt_ids:
+            choice["prompt_token_ids"] = prompt
+        if asked.ids:
+            choice["token_ids"] = toks
     return body
 
 

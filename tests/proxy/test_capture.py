@@ -60,6 +60,7 @@ def test_chat_bytes_unchanged_and_tokens_logged(
     sent = [r.json for r in upstream.requests if r.headers.get("x-episode-id") is None
             and r.json and r.json.get("messages") == CHAT["messages"]][-2:]
     assert sent[0]["return_token_ids"] is True and sent[0]["logprobs"] is True
+    assert sent[0].get("return_prompt_token_ids") is (True if server == "sglang" else None)
     assert "return_token_ids" not in sent[1] and "logprobs" not in sent[1]
 
     rec = _turn(on, e_on)
@@ -202,3 +203,19 @@ def test_upstream_errors_pass_through_with_capture(
     rec = _turn(on, f"{eid}-0")
     assert rec["http_status"] == 400
     assert rec["prompt_token_ids"] is None and rec["completion_token_ids"] is None
+
+
+def test_sglang_client_asking_for_token_ids_only(
+    proxy: ProxyFactory, upstream: WatchedUpstream
+) -> None:
+    """SGLang's chat API asks for prompt ids apart: a client that asked for token ids keeps
+    them and gets no prompt ids it did not ask for."""
+    on, off = _proxies(proxy, upstream, "sglang")
+    body = {**CHAT, "return_token_ids": True}
+    e_on = new_id()
+    got_on = _post(on, "/v1/chat/completions", body, "sglang", e_on)
+    got_off = _post(off, "/v1/chat/completions", body, "sglang", new_id())
+    assert _normal(got_on.content) == _normal(got_off.content)
+    choice = got_on.json()["choices"][0]
+    assert "token_ids" in choice and "prompt_token_ids" not in choice
+    assert _turn(on, e_on)["prompt_token_ids"] == fake_tokens.prompt_ids(CHAT["messages"])
