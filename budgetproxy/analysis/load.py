@@ -114,8 +114,8 @@ def _read_lines(files: Sequence[str]) -> str:
 
 
 # One pass over every line, parsed once for its schema, type and episode_id. Episode lines are
-# kept for the next step; turn lines only counted, per file and episode; anything else grouped
-# by the reason it is skipped.
+# kept for the next step; turn lines only counted, per file and episode; probe lines passed over
+# (they belong to no episode); anything else grouped by the reason it is skipped.
 SCAN_SQL = """
 CREATE TEMP TABLE scan AS
 WITH head AS (
@@ -131,6 +131,8 @@ WITH head AS (
              WHEN h IS NULL THEN (CASE WHEN trim(line) = '' THEN 'blank' ELSE 'bad' END)
              WHEN h[2] = 'episode' THEN 'episode'
              WHEN h[1] = '{schema}' AND h[2] = 'turn' AND h[3] IS NOT NULL THEN 'turn'
+             -- a probe's calls (budgetproxy probe) belong to no episode: not read, not bad
+             WHEN h[1] = '{schema}' AND h[2] = 'probe' THEN 'probe'
              ELSE 'bad' END AS kind
     FROM head
 )

@@ -10,8 +10,10 @@ DESCRIPTION = """\
 Start the proxy in-process with embedded defaults, a simulated OpenAI-compatible model and
 FrozenLake agents (gymnasium) that call it through the official openai client; run K
 episodes per map at the 25/50/75/100% budget tiers in hidden and disclosed arms, plus
-BudgetMix groups; print the Pass@(K,T) table and what it shows; leave report.html, the
-trajectories and a metrics snapshot in --out. Needs the [demo] extra."""
+BudgetMix groups; print the Pass@(K,T) table and what it shows; run budgetproxy probe on
+the logs (careful vs recovering from the same states) and print its claims; leave
+report.html, probe.json, the trajectories and a metrics snapshot in --out. Needs the [demo]
+extra."""
 
 
 def _positive(text: str) -> int:

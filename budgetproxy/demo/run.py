@@ -18,7 +18,7 @@ import json
 import sys
 import time
 from collections.abc import Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any, TextIO
 
@@ -47,10 +47,15 @@ class DemoSettings:
     k_budgetmix: int = 8
     concurrency: int = 16
     analysis_k: tuple[int, ...] = (1, 2, 4, 8)
+    # budgetproxy probe on the run's logs (demo/probe.py): states, samples, continuations
+    probe_states: int = 64
+    probe_samples: int = 8
+    probe_rollouts: int = 2
 
     @classmethod
     def quick(cls, out: Path, seed: int = 0) -> DemoSettings:
-        return cls(out=out, seed=seed, k=8, tasks=QUICK_TASKS, budgetmix_groups=2)
+        return cls(out=out, seed=seed, k=8, tasks=QUICK_TASKS, budgetmix_groups=2,
+                   probe_states=32, probe_samples=4, probe_rollouts=1)
 
 
 @dataclass
@@ -60,6 +65,7 @@ class DemoOutcome:
     results: list[EpisodeResult] = field(default_factory=list)
     pass_at: list[dict[str, Any]] = field(default_factory=list)
     summary: list[str] = field(default_factory=list)
+    probe: dict[str, Any] = field(default_factory=dict)
     seconds: float = 0.0
 
 
@@ -204,9 +210,10 @@ def _clear_old_logs(folder: Path) -> int:
 
 def run_demo(s: DemoSettings, out: TextIO = sys.stdout, err: TextIO = sys.stderr) -> DemoOutcome:
     """The whole demo; raises on failure. Writes OUT/{trajectories/,metrics.txt,report.html,
-    pass_at.json,summary.txt}."""
+    pass_at.json,summary.txt,probe.json,probe/}."""
     from budgetproxy.client import BudgetClient
     from budgetproxy.demo.model_server import ModelServer
+    from budgetproxy.demo.probe import add_to_report, claims, run_demo_probe
     from budgetproxy.demo.summary import BY, what_this_shows
     from budgetproxy.serve.server import ProxyServer
 
@@ -228,7 +235,15 @@ def run_demo(s: DemoSettings, out: TextIO = sys.stdout, err: TextIO = sys.stderr
                 bar.close()
             with BudgetClient(proxy.url) as api:
                 metrics = api.metrics()
-        # The proxy has stopped: every trajectory record is on disk.
+        # The proxy has stopped: every trajectory record is on disk. The probe gets a proxy
+        # of its own on the same model, logging apart (OUT/probe/trajectories).
+        probe_out = replace(s, out=s.out / "probe")
+        _clear_old_logs(probe_out.out / "trajectories")
+        probe_started = time.monotonic()
+        outcome.probe = run_demo_probe(
+            s.out, traj, proxy_config(probe_out, model.base_url), states=s.probe_states,
+            samples=s.probe_samples, rollouts=s.probe_rollouts, seed=s.seed)
+        print(f"probe: {time.monotonic() - probe_started:.1f}s", file=err)
     (s.out / "metrics.txt").write_text(metrics, encoding="utf-8")
     ks = ",".join(map(str, s.analysis_k))
     report = s.out / "report.html"
@@ -240,11 +255,13 @@ def run_demo(s: DemoSettings, out: TextIO = sys.stdout, err: TextIO = sys.stderr
     outcome.pass_at = list(json.loads(as_json).get("pass_at", []))
     outcome.summary = what_this_shows(outcome.pass_at, outcome.results)
     add_summary_to_report(report, outcome.summary)
+    add_to_report(report, outcome.probe)
     (s.out / "pass_at.json").write_text(as_json, encoding="utf-8")
     (s.out / "summary.txt").write_text("\n".join(outcome.summary) + "\n", encoding="utf-8")
     outcome.seconds = time.monotonic() - started
     print(table, file=out)
     print("\n".join(outcome.summary), file=out)
+    print("\n" + "\n".join(claims(outcome.probe)), file=out)
     turns = sum(r.turns for r in outcome.results)
     refused = sum(r.exhausted for r in outcome.results)
     # The log has a turn record for each refused call too: the two counts differ by those.
@@ -254,7 +271,9 @@ def run_demo(s: DemoSettings, out: TextIO = sys.stdout, err: TextIO = sys.stderr
                        ("trajectories/", "the proxy's JSONL trajectories"),
                        ("metrics.txt", "a /metrics snapshot (Prometheus text)"),
                        ("pass_at.json", "the Pass@(K,T) cells (analyze --json)"),
-                       ("summary.txt", "what this shows")):
+                       ("summary.txt", "what this shows"),
+                       ("probe.json", "budgetproxy probe: careful vs recovering, same states"),
+                       ("probe/", "the probe's calls and continuation episodes (JSONL)")):
         print(f"  {s.out / name}  {what}", file=out)
     print(f"Re-run the analysis: budgetproxy analyze {traj} --by {','.join(BY)}", file=out)
     return outcome

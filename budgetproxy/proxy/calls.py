@@ -24,6 +24,10 @@ def turn_hash(route: str, body: bytes) -> str:
     return h.hexdigest()[:32]
 
 
+# A call carrying this header is a probe's (budgetproxy probe): it names no episode (one that
+# does is refused), is forwarded, and is logged as a "probe" record; the value names the run.
+PROBE_HEADER = b"x-budgetproxy-probe"
+
 _STREAM_USAGE = b',"stream_options":{"include_usage":true}}'
 
 
@@ -41,8 +45,8 @@ class ModelCall:
         "t0", "route", "dialect", "kind", "model", "stream", "episode_id", "state", "grant",
         "upstream", "t_upstream", "started", "sent_body", "status", "disclosure_text",
         "result", "http_status", "ttft", "error_class", "conversation", "data", "events",
-        "settled", "span", "prints", "previous_response", "exact", "ended", "capture",
-        "tokens", "sent",
+        "settled", "span", "prints", "previous_response", "exact", "ended", "probe",
+        "capture", "tokens", "sent",
     )
 
     def __init__(self, route: str, dialect: Dialect) -> None:
@@ -75,6 +79,7 @@ class ModelCall:
         self.previous_response: str | None = None
         self.exact = False  # the payload was read again to keep integers past 64 bits
         self.ended: EpisodeState | None = None  # its episode, when settling this call ended it
+        self.probe: str | None = None  # the probe run that sent it (PROBE_HEADER)
         self.capture: Capture | None = None  # token capture asked of the upstream
         self.tokens: Tokens | None = None  # what it sampled, read back
         self.sent: list[Any] | None = None  # the conversation as the upstream got it
@@ -141,3 +146,23 @@ def turn_record(
     if call.tokens is not None:
         record.update(call.tokens.fields())
     return record
+
+
+def probe_record(call: ModelCall, reply: dict[str, Any]) -> dict[str, Any]:
+    """A probe call's record: the whole conversation it sent and the reply (no episode)."""
+    return {
+        "schema": SCHEMA_VERSION,
+        "type": "probe",
+        "probe_id": call.probe,
+        "ts": rfc3339(time.time()),
+        "latency_s": round(time.perf_counter() - call.t0, 6),
+        "model": call.model,
+        "route": call.route,
+        "stream": call.stream,
+        "status": call.status,
+        "http_status": call.http_status,
+        "request_messages": call.conversation or [],
+        "response": reply.get("message"),
+        "finish_reason": reply.get("finish_reason"),
+        "usage": reply.get("usage"),
+    }

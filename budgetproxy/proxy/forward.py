@@ -38,7 +38,14 @@ from budgetproxy.proxy.asgi import (
     send_error,
     send_response,
 )
-from budgetproxy.proxy.calls import ModelCall, turn_hash, turn_record, with_stream_usage
+from budgetproxy.proxy.calls import (
+    PROBE_HEADER,
+    ModelCall,
+    probe_record,
+    turn_hash,
+    turn_record,
+    with_stream_usage,
+)
 from budgetproxy.proxy.dialects import DIALECTS, Reply
 from budgetproxy.proxy.dialects.base import lone_text
 from budgetproxy.proxy.grouping import group_key, group_size
@@ -99,7 +106,7 @@ class ModelCalls:
         self.fail_open = config.store.on_unavailable == "fail_open"
         self.upstream = UpstreamCall(
             pool, metrics, tracing, litellm_call,
-            strip_headers=DROP_REQUEST_HEADERS | set(self.id_headers),
+            strip_headers=DROP_REQUEST_HEADERS | set(self.id_headers) | {PROBE_HEADER},
             auth_keys=self.auth_keys, episode_headers=self._episode_headers, settle=self._settle)
 
     # -- entry -------------------------------------------------------------------------------
@@ -178,6 +185,13 @@ class ModelCalls:
         if len(headers) < len(scope["headers"]):  # a header sent twice: the dict kept the last
             self._one_id_each(scope["headers"])
         eid = self._episode_id(headers, path_episode)
+        # A probe's call (budgetproxy probe) is never an episode's turn. It may not name one:
+        # the marker would otherwise let any agent call past its budget.
+        probe = headers.get(PROBE_HEADER)
+        if probe is not None and eid is not None:
+            raise invalid_request(
+                "A probe call (X-Budgetproxy-Probe) names no episode: send it without an "
+                "episode id", "X-Budgetproxy-Probe")
         body = await read_body(receive, headers, self.max_body)
         dialect = call.dialect
         payload = parse_payload(body)
@@ -210,8 +224,11 @@ class ModelCalls:
             if self.metrics is not None:
                 m = self.metrics
                 m.child(m.calls_without_episode, call.route).inc()
+            if probe is not None:
+                call.probe = probe.decode("latin-1")
             await self._forward(call, upstream, headers, body, payload, receive, send,
-                                conversation=None)
+                                conversation=None if probe is None else dialect.conversation(
+                                    payload))
             return
         assert eid is not None
         call.previous_response = dialect.continues(payload)
@@ -408,6 +425,8 @@ class ModelCalls:
         finally:
             await self._settle(call)
             reply = await self._after(call)
+            if call.probe is not None and self.recorder.keeps_turns:
+                await self.recorder.probe(probe_record(call, reply))
             if call.ended is not None:  # after its last turn's record
                 await self.recorder.episode_ended(call.ended)
             if call.span is not None and call.span.sampled:

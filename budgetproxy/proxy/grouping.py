@@ -72,8 +72,8 @@ class RolloutRecorder(Recorder):
 
     async def turn(self, record: dict[str, Any], sent: list[Any] | None = None) -> None:
         await super().turn(record, sent)
-        if self.turns is None or record.get("status") != "ok":
-            return
+        if self.turns is None or record.get("type") != "turn" or record.get("status") != "ok":
+            return  # (a probe call's record is no episode's turn)
         if sent is not None and not self.content_full:
             sent = strip_text(sent)
         entry = turn_entry(record, sent)

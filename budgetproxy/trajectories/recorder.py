@@ -87,6 +87,10 @@ class Recorder:
             }
         )
 
+    async def probe(self, record: dict[str, Any]) -> None:
+        """A probe call's record (never an episode's turn), texts left out as turns' are."""
+        await self.turn(record)
+
     async def turn(self, record: dict[str, Any], sent: list[Any] | None = None) -> None:
         """Log a turn's record; `sent` is the conversation as the upstream got it (a
         subclass keeps it, proxy/grouping.py)."""

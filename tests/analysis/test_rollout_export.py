@@ -51,7 +51,8 @@ def test_export_round_trip(proxy: ProxyFactory, upstream: WatchedUpstream, tmp_p
                  "--on-exhausted", "zero"]) == 0
     path = out / f"episodes.{fmt}"
     assert f"3 episodes -> {path}" in capsys.readouterr().out
-    df = pd.read_parquet(path) if fmt == "parquet" else pd.read_json(path, lines=True, precise_float=True)
+    df = (pd.read_parquet(path) if fmt == "parquet"
+          else pd.read_json(path, lines=True, precise_float=True))
     assert list(df["episode_id"]) == ids
     by_id = {r["episode_id"]: r for r in df.to_dict("records")}
     # ids[1] used its 2 turns and reported a failure: exhausted, so reward 0 under the rule
