@@ -1,10 +1,14 @@
 """Benchmark for `budgetproxy analyze`: generate a realistic trajectory log, time the analysis.
 
     python bench/analyze_bench.py [--turns 10000000] [--files 8] [--keep DIR] [--recovery]
+        [--episodes-only] [--memory-limit 1GB]
 
 The log is generated with DuckDB (vectorised, no per-record Python): BudgetMix groups of 8
 episodes per task, hidden and disclosed arms, episodes of 10-30 turns cut short by their budget,
-tool-call turns with occasional tool errors, one episode record per episode.
+tool-call turns with occasional tool errors, one episode record per episode. With
+--episodes-only the log holds only the episode records of those episodes (the heaviest case
+for memory: every line is kept). Each analysis runs in a child process, so its wall time,
+CPU time and peak RSS are its own.
 """
 
 from __future__ import annotations
@@ -12,6 +16,7 @@ from __future__ import annotations
 import argparse
 import os
 import shutil
+import subprocess
 import sys
 import tempfile
 import time
@@ -110,8 +115,11 @@ to_json({
 """
 
 
-def generate(out: Path, turns: int, files: int, seed: int) -> tuple[int, int]:
-    """Write about `turns` turn records (whole episodes) as JSONL files under `out`."""
+def generate(
+    out: Path, turns: int, files: int, seed: int, episodes_only: bool = False
+) -> tuple[int, int]:
+    """Write about `turns` turn records (whole episodes) as JSONL files under `out`; with
+    `episodes_only`, only those episodes' records."""
     import duckdb
 
     con = duckdb.connect()
@@ -132,14 +140,16 @@ def generate(out: Path, turns: int, files: int, seed: int) -> tuple[int, int]:
         "AND hash(i, t, 'repeat') % 10 < 4 THEN t - 1 ELSE t END"
     )
     con.execute(CALL_MACRO)
-    lines = f"""
-        SELECT i % {files} AS part, line FROM (
+    turn_lines = f"""
             SELECT i, {TURN_LINE} AS line
             FROM ep, (SELECT r.turn, bp_args(i, r.turn) AS args,
                              bp_args(i, r.turn - 1) AS prev_args
                       FROM range(1, turns_used + 1) r(turn)) r
-            UNION ALL
-            SELECT i, {EPISODE_LINE} FROM ep)
+            UNION ALL"""
+    lines = f"""
+        SELECT i % {files} AS part, line FROM (
+            {"" if episodes_only else turn_lines}
+            SELECT i, {EPISODE_LINE} AS line FROM ep)
     """
     tmp = out / "_parts"
     con.execute(
@@ -153,54 +163,92 @@ def generate(out: Path, turns: int, files: int, seed: int) -> tuple[int, int]:
     return int(n_turns), int(n_episodes)
 
 
+def _peak_rss_mb(pid: int) -> float | None:
+    """The process's peak resident set (VmHWM) so far, in MB; None once it has exited."""
+    try:
+        with open(f"/proc/{pid}/status") as f:
+            for line in f:
+                if line.startswith("VmHWM:"):
+                    return int(line.split()[1]) / 1024
+    except OSError:
+        return None
+    return None
+
+
+def run_child(argv: list[str]) -> tuple[int, float, float, float]:
+    """Run `budgetproxy analyze ARGV` in a child: (exit code, wall s, CPU s, peak RSS in MB).
+
+    The peak is the child's own VmHWM, polled while it runs: getrusage's maxrss of a child
+    would count the pages it shared with this process (and its generator) before exec."""
+    t0 = time.perf_counter()
+    peak = 0.0
+    with open(os.devnull, "w") as sink:
+        child = subprocess.Popen(
+            [sys.executable, "-m", "budgetproxy", "analyze", *argv], stdout=sink
+        )
+        while True:
+            waited, status, usage = os.wait4(child.pid, os.WNOHANG)
+            if waited:
+                break
+            peak = max(peak, _peak_rss_mb(child.pid) or 0.0)
+            time.sleep(0.05)
+    child.returncode = os.waitstatus_to_exitcode(status)
+    dt = time.perf_counter() - t0
+    cpu = usage.ru_utime + usage.ru_stime
+    return child.returncode, dt, cpu, peak
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--turns", type=int, default=10_000_000)
     parser.add_argument("--files", type=int, default=8)
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--keep", type=Path, help="write the log here and keep it")
+    parser.add_argument("--log", type=Path, help="analyse this log instead of generating one")
     parser.add_argument(
         "--recovery", action="store_true", help="also time the recovery view (--error-pattern)"
     )
     parser.add_argument("--parquet", action="store_true", help="also time --to-parquet")
+    parser.add_argument(
+        "--episodes-only", action="store_true", help="generate only the episode records"
+    )
+    parser.add_argument("--memory-limit", help="passed to analyze --memory-limit")
     args = parser.parse_args()
 
-    from budgetproxy.analysis import command
-
     workdir = Path(tempfile.mkdtemp(prefix="analyze-bench-"))
-    out = args.keep or workdir / "log"
-    out.mkdir(parents=True, exist_ok=True)
+    out = args.log or args.keep or workdir / "log"
     try:
-        t0 = time.perf_counter()
-        n_turns, n_episodes = generate(out, args.turns, args.files, args.seed)
+        if args.log is None:
+            out.mkdir(parents=True, exist_ok=True)
+            t0 = time.perf_counter()
+            n_turns, n_episodes = generate(
+                out, args.turns, args.files, args.seed, args.episodes_only
+            )
+            if args.episodes_only:
+                n_turns = 0
+            print(
+                f"generated {n_turns:,} turns + {n_episodes:,} episodes "
+                f"in {time.perf_counter() - t0:.1f} s",
+                file=sys.stderr,
+            )
+            records = n_turns + n_episodes
+        else:
+            records = sum(1 for p in out.glob("*.jsonl") for _ in p.open("rb"))
         size = sum(p.stat().st_size for p in out.glob("*.jsonl"))
-        print(
-            f"generated {n_turns:,} turns + {n_episodes:,} episodes, {size / 1e9:.2f} GB "
-            f"in {time.perf_counter() - t0:.1f} s",
-            file=sys.stderr,
-        )
-        records = n_turns + n_episodes
+        print(f"log: {records:,} records, {size / 1e9:.2f} GB in {out}", file=sys.stderr)
 
         runs: list[tuple[str, list[str]]] = [("pass@(K,T) table", [])]
         if args.recovery:
             runs.append(("table + recovery view", ["--error-pattern", "^Error:"]))
         if args.parquet:
             runs.append(("table + parquet export", ["--to-parquet", str(workdir / "parquet")]))
+        limit = ["--memory-limit", args.memory_limit] if args.memory_limit else []
         for label, extra in runs:
-            parser_ = argparse.ArgumentParser()
-            command.register(parser_.add_subparsers())
-            ns = parser_.parse_args(["analyze", str(out), "--json", *extra])
-            t0, cpu0 = time.perf_counter(), time.process_time()
-            with open(os.devnull, "w") as sink:
-                stdout, sys.stdout = sys.stdout, sink
-                try:
-                    rc = ns.func(ns)
-                finally:
-                    sys.stdout = stdout
-            dt, cpu = time.perf_counter() - t0, time.process_time() - cpu0
+            rc, dt, cpu, rss = run_child([str(out), "--json", *limit, *extra])
             print(
                 f"{label}: {records:,} records in {dt:.1f} s = {records / dt:,.0f} records/s "
                 f"({size / 1e6 / dt:,.0f} MB/s; {cpu:.1f} s CPU on {os.cpu_count()} cores; "
+                f"peak RSS {rss:,.0f} MB = {rss * 1e6 / max(size, 1):.2f}x the log; "
                 f"load average {os.getloadavg()[0]:.1f}; exit {rc})",
                 flush=True,
             )

@@ -14,8 +14,9 @@ from budgetproxy.analysis.stats import chi_square, chi_square_sf
 MIN_EXPECTED = 5  # the chi-square approximation needs about 5 expected draws per category
 EXAMPLES = 5
 
-# One row per draw: a (task_id, group), or an episode of no group. Groups that disagree on
-# their budget or arm report every value they hold. `audited` is the filter on the episodes.
+# One row per draw, in a fixed order: a (task_id, group), or an episode of no group. Groups
+# that disagree on their budget or arm report every value they hold. `audited` is the filter
+# on the episodes.
 DRAWS_SQL = """
 SELECT task_id, "group", max(max_turns) AS max_turns,
     list(DISTINCT budget ORDER BY budget) AS budgets,
@@ -23,6 +24,7 @@ SELECT task_id, "group", max(max_turns) AS max_turns,
     count(*) AS episodes, count(DISTINCT max_turns) AS max_turns_values
 FROM episodes WHERE task_id IS NOT NULL AND {audited}
 GROUP BY task_id, "group", CASE WHEN "group" IS NULL THEN episode_id END
+ORDER BY task_id, "group" NULLS LAST, min(episode_id)
 """
 
 

@@ -7,15 +7,19 @@ from __future__ import annotations
 
 import argparse
 import json
+import re
 import sys
 from collections.abc import Callable, Sequence
 from fractions import Fraction
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import Any, NoReturn, TypeVar
 
 from budgetproxy.analysis.passk import to_fraction
+from budgetproxy.core.budget import TURNS_MAX
 
 T = TypeVar("T")
+
+DEFAULT_MEMORY_LIMIT = "1GB"
 
 DESCRIPTION = """\
 Read trajectory logs (JSONL, .jsonl.gz, Parquet; files or folders) and print Pass@(K,T):
@@ -38,23 +42,76 @@ def _list_of(parse: Callable[[str], T], what: str) -> Callable[[str], list[T]]:
 
 def _positive_int(text: str) -> int:
     value = int(text)
-    if value < 1:
+    if not 1 <= value <= TURNS_MAX:
         raise ValueError(text)
     return value
 
 
 def _percent(text: str) -> Fraction:
     value = to_fraction(text)
-    if value <= 0:
+    if not 0 < value <= 100:
         raise ValueError(text)
     return value
 
 
 def _step(text: str) -> Fraction:
-    value = to_fraction(text)
-    if not 0 < value <= 1:
-        raise argparse.ArgumentTypeError(f"step must be in (0, 1], got {text!r}")
+    # At least 0.001: the grid has round(1/step) candidates, and a step of 1e-400 would be
+    # a list no machine holds.
+    what = f"step must be in [0.001, 1], got {text!r}"
+    try:
+        value = to_fraction(text)
+    except (ValueError, ZeroDivisionError) as exc:
+        raise argparse.ArgumentTypeError(what) from exc
+    if not Fraction(1, 1000) <= value <= 1:
+        raise argparse.ArgumentTypeError(what)
     return value
+
+
+def _int_in(low: int, high: int, what: str) -> Callable[[str], int]:
+    def parse(text: str) -> int:
+        try:
+            value = int(text)
+        except ValueError as exc:
+            raise argparse.ArgumentTypeError(f"expected {what}, got {text!r}") from exc
+        if not low <= value <= high:
+            raise argparse.ArgumentTypeError(f"expected {what}, got {text!r}")
+        return value
+
+    return parse
+
+
+def _alpha(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(f"expected a level in (0, 1), got {text!r}") from exc
+    if not 0 < value < 1:
+        raise argparse.ArgumentTypeError(f"expected a level in (0, 1), got {text!r}")
+    return value
+
+
+def _memory(text: str) -> str:
+    if not re.fullmatch(r"\d+(\.\d+)?\s*(KB|MB|GB|TB|KiB|MiB|GiB|TiB)", text.strip(), re.I):
+        raise argparse.ArgumentTypeError(f"expected a size like 2GB or 512MB, got {text!r}")
+    return text.strip()
+
+
+def _comparison(text: str) -> Any:
+    from budgetproxy.analysis.compare import parse_comparison
+
+    try:
+        return parse_comparison(text)
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from exc
+
+
+def _one_line_errors(parser: argparse.ArgumentParser) -> None:
+    """A bad argument is one line naming the flag, exit 2 (argparse would add the usage)."""
+
+    def error(message: str) -> NoReturn:
+        parser.exit(2, f"budgetproxy analyze: {message}\n")
+
+    parser.error = error  # type: ignore[method-assign]
 
 
 def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
@@ -74,7 +131,7 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
     )
     p.add_argument(
         "--tiers",
-        type=_list_of(_percent, "percentages like 25,50,75,100"),
+        type=_list_of(_percent, "percentages in (0, 100] like 25,50,75,100"),
         help="budget tiers in %% of each task's max_turns (default 25,50,75,100)",
     )
     p.add_argument(
@@ -89,10 +146,37 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
         help="split by disclosure, model, group, task_id or a tag name "
         "(comma-separated for several)",
     )
+    p.add_argument(
+        "--compare",
+        type=_comparison,
+        action="append",
+        default=[],
+        metavar="FIELD=A,B",
+        help="paired differences A − B per task, with bootstrap CIs, per cell: e.g. "
+        "disclosure=disclosed,hidden or model=rl,base (a --by field or tag; may repeat)",
+    )
     p.add_argument("--json", action="store_true", help="print JSON instead of tables")
     p.add_argument("--report", type=Path, metavar="FILE.html", help="write an HTML report")
-    p.add_argument("--seed", type=int, default=0, help="bootstrap seed (default 0)")
-    p.add_argument("--resamples", type=int, default=1000, help="bootstrap resamples (1000)")
+    p.add_argument(
+        "--seed",
+        type=_int_in(0, 2**63 - 1, "a seed in 0..2^63-1"),
+        default=0,
+        help="bootstrap seed (default 0)",
+    )
+    p.add_argument(
+        "--resamples",
+        type=_int_in(1, 1_000_000, "a number of resamples in 1..1000000"),
+        default=1000,
+        help="bootstrap resamples (default 1000)",
+    )
+    p.add_argument(
+        "--memory-limit",
+        type=_memory,
+        default=DEFAULT_MEMORY_LIMIT,
+        metavar="SIZE",
+        help=f"DuckDB's memory limit; past it, work spills to a temp folder "
+        f"(default {DEFAULT_MEMORY_LIMIT})",
+    )
     p.add_argument(
         "--audit-budgetmix",
         action="store_true",
@@ -114,7 +198,7 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
     )
     p.add_argument(
         "--budgetmix-alpha",
-        type=float,
+        type=_alpha,
         default=0.01,
         help="significance level of the uniformity test (default 0.01)",
     )
@@ -129,6 +213,7 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
         metavar="OUT",
         help="write OUT/episodes.parquet and OUT/turns.parquet",
     )
+    _one_line_errors(p)
     p.set_defaults(func=run)
 
 
@@ -156,6 +241,7 @@ def run(args: argparse.Namespace) -> int:
 
 def _run(args: argparse.Namespace) -> int:
     from budgetproxy.analysis import load
+    from budgetproxy.analysis.compare import format_differences
     from budgetproxy.analysis.progress import Progress
     from budgetproxy.analysis.table import Budget, compute_cells, format_cells
 
@@ -171,12 +257,13 @@ def _run(args: argparse.Namespace) -> int:
     out: dict[str, Any] = {}
     text: list[str] = []
     code = 0
-    with load.connect() as con:
+    with load.connect(getattr(args, "memory_limit", DEFAULT_MEMORY_LIMIT)) as con:
         if args.error_pattern is not None:
             _check_pattern(con, args.error_pattern, "--error-pattern")
         if args.audit_groups is not None:
             _check_pattern(con, args.audit_groups, "--audit-groups")
-        summary = load.load_episodes(con, inputs, progress)
+        fields = load.EPISODE_FIELDS if args.to_parquet is not None else load.TABLE_FIELDS
+        summary = load.load_episodes(con, inputs, progress, fields)
         _print_skipped(summary)
         if summary.episodes == 0:
             raise load.InputError(
@@ -197,11 +284,16 @@ def _run(args: argparse.Namespace) -> int:
             "tiers": [f"{b.label}" for b in budgets if b.kind == "tier"],
             "turns": args.turns or [],
             "by": args.by,
+            "compare": [f"{c.field}={c.a},{c.b}" for c in args.compare],
             "resamples": args.resamples,
             "seed": args.seed,
             "confidence": 0.95,
         }
         text += [_summary_text(summary, counts), format_cells(cells, args.resamples, args.seed)]
+        differences = _compare(con, args, budgets)
+        if args.compare:
+            out["compare"] = [d.as_json() for ds in differences for d in ds]
+            text += [format_differences(ds, args.resamples, args.seed) for ds in differences]
         extra: list[tuple[str, str]] = []
         if args.error_pattern is not None:
             from budgetproxy.analysis.recovery import compute_recovery, format_recovery
@@ -250,6 +342,32 @@ def _run(args: argparse.Namespace) -> int:
         if not auditing:  # the audit's verdict decides the exit status on its own
             code = 1
     return code
+
+
+def _compare(con: Any, args: argparse.Namespace, budgets: Sequence[Any]) -> list[list[Any]]:
+    """The --compare differences, one list per comparison; a value no episode has is said."""
+    from budgetproxy.analysis.compare import compute_differences
+    from budgetproxy.analysis.table import by_expression
+
+    out = []
+    for comparison in args.compare:
+        found = {
+            r[0]
+            for r in con.execute(
+                f"SELECT DISTINCT {by_expression(comparison.field)} FROM episodes"
+            ).fetchall()
+        }
+        for value in (comparison.a, comparison.b):
+            if value not in found:
+                print(f"budgetproxy analyze: --compare {comparison.field}={comparison.a},"
+                      f"{comparison.b}: no episode has {comparison.field} = {value!r}",
+                      file=sys.stderr)  # fmt: skip
+        out.append(
+            compute_differences(
+                con, comparison, args.k, budgets, args.by, args.resamples, args.seed
+            )
+        )
+    return out
 
 
 def _check_pattern(con: Any, pattern: str, flag: str) -> None:
@@ -350,7 +468,13 @@ def _write_report(
         "confidence intervals": f"95%, {args.resamples} bootstrap resamples over tasks, "
         f"seed {args.seed}",
     }
-    html = render_report(con, cells, by, facts, extra)
+    from budgetproxy.analysis.compare import compute_differences
+
+    differences = [
+        compute_differences(con, c, args.k, budgets, by, args.resamples, args.seed)
+        for c in args.compare
+    ]
+    html = render_report(con, cells, by, facts, extra, differences, args.resamples, args.seed)
     args.report.parent.mkdir(parents=True, exist_ok=True)
     args.report.write_text(html, encoding="utf-8")
     print(f"wrote {args.report}", file=sys.stderr)

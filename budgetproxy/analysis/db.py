@@ -18,8 +18,9 @@ class InputError(Exception):
 
 
 @contextmanager
-def connect() -> Iterator[Any]:
-    """An in-memory DuckDB connection that spills to a private temp dir, removed afterwards."""
+def connect(memory_limit: str = "1GB") -> Iterator[Any]:
+    """An in-memory DuckDB connection held to `memory_limit`: past it, DuckDB spills tables
+    and operators to a private temp dir, removed afterwards."""
     try:
         import duckdb
     except ImportError as exc:  # pragma: no cover - depends on the install
@@ -30,6 +31,7 @@ def connect() -> Iterator[Any]:
     con = duckdb.connect(":memory:")
     try:
         con.execute(f"SET temp_directory = {sql_str(spill)}")
+        con.execute(f"SET memory_limit = {sql_str(memory_limit)}")
         con.execute("SET TimeZone = 'UTC'")
         con.execute("SET preserve_insertion_order = false")
         con.execute("SET enable_progress_bar = true")  # feeds query_progress() ...

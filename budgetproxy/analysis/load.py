@@ -1,10 +1,13 @@
 """Reading trajectory logs (JSONL, .jsonl.gz, Parquet) into DuckDB, counting what is skipped.
 
-Episode records become the temp table `episodes`: validated, typed, one row per episode_id
-(of several records the last wins: latest ended_at, then later file); `turn_episodes` counts
-turn records per episode. Turn records themselves stay in the files: `create_turns_view`
-defines views that re-read them for the recovery view and the Parquet export, so they never
-become Python objects.
+Episode records become the temp table `episodes`: validated, typed, one row per episode_id.
+Of several records of one episode the last wins: the one in the later file (in the order the
+files were found), and within a file the later line. Only the episode fields the analysis
+reads are kept, never the line itself. `turn_episodes` counts turn records per episode. Turn
+records stay in the files: `create_turns_view` defines views that re-read them for the
+recovery view and the Parquet export, so they never become Python objects. A line that is
+not valid UTF-8 (torn inside a multi-byte character) is skipped and counted like any other
+bad line.
 """
 
 from __future__ import annotations
@@ -20,12 +23,16 @@ from budgetproxy.analysis.progress import Progress
 from budgetproxy.trajectories.records import SCHEMA_VERSION
 
 __all__ = [
-    "EPISODE_FIELDS", "TURN_COLUMNS", "InputError", "Inputs", "ScanSummary", "connect",
-    "create_turns_view", "discover", "load_episodes", "sql_list", "sql_str",
+    "EPISODE_FIELDS", "TABLE_FIELDS", "TURN_COLUMNS", "InputError", "Inputs", "ScanSummary",
+    "connect", "create_turns_view", "discover", "load_episodes", "sql_list", "sql_str",
 ]  # fmt: skip
 
 LOG_SUFFIXES = (".jsonl", ".jsonl.gz", ".parquet")
-MAX_LINE_BYTES = 1 << 30  # a turn record can carry a whole file in a tool result
+# The longest line read: twice the proxy's default request size cap (server.max_body_bytes,
+# 32 MiB), so a turn record carrying a whole request fits. Longer lines are skipped and
+# counted. DuckDB's readers hold buffers of a few times this size per thread, and those count
+# against the memory limit.
+MAX_LINE_BYTES = 64 << 20
 
 # Episode fields read from each record; all arrive as text and are validated in SQL.
 EPISODE_FIELDS = (
@@ -33,6 +40,11 @@ EPISODE_FIELDS = (
     "disclosure", "announced_budget", "turns_used", "outcome", "success_turn", "reward",
     "exhausted", "end_reason", "started_at", "ended_at",
 )  # fmt: skip
+# What the tables, the report, the audit and the recovery view read; the rest (timestamps,
+# reward, the exhausted flag) only the Parquet export needs, so it alone reads them.
+TABLE_FIELDS = tuple(
+    f for f in EPISODE_FIELDS if f not in ("reward", "exhausted", "started_at", "ended_at")
+)
 
 TURN_COLUMNS = {
     "episode_id": "VARCHAR", "turn": "BIGINT", "attempt": "BIGINT", "ts": "VARCHAR",
@@ -52,10 +64,17 @@ class Inputs:
     jsonl: list[str]
     parquet: list[str]
     total_bytes: int
+    # every file in the order found: later files win over earlier ones for the same episode
+    order: list[str] = field(default_factory=list)
 
     @property
     def files(self) -> int:
         return len(self.jsonl) + len(self.parquet)
+
+    def ranks(self) -> dict[str, int]:
+        """file → its position in the order found."""
+        ordered = self.order or [*self.jsonl, *self.parquet]
+        return {f: i for i, f in enumerate(ordered)}
 
 
 @dataclass
@@ -93,6 +112,7 @@ def discover(paths: Sequence[str]) -> Inputs:
     seen: set[Path] = set()
     jsonl: list[str] = []
     parquet: list[str] = []
+    order: list[str] = []
     total = 0
     for path in found:
         key = path.resolve()
@@ -101,32 +121,44 @@ def discover(paths: Sequence[str]) -> Inputs:
         seen.add(key)
         total += path.stat().st_size
         (parquet if path.name.endswith(".parquet") else jsonl).append(str(path))
-    return Inputs(jsonl=jsonl, parquet=parquet, total_bytes=total)
+        order.append(str(path))
+    return Inputs(jsonl=jsonl, parquet=parquet, total_bytes=total, order=order)
+
+
+REJECTS = "bp_rejects"  # DuckDB's table of lines its CSV reader could not read
+REJECT_SCANS = "bp_reject_scans"
 
 
 def _read_lines(files: Sequence[str]) -> str:
-    # Each line as one VARCHAR: \x01 never occurs unescaped in JSON text, and no quoting.
+    # Each line as one VARCHAR: \x01 never occurs unescaped in JSON text, and no quoting. A
+    # line that is not valid UTF-8 goes to the rejects table and is counted, instead of failing
+    # the file; one longer than the limit DuckDB drops unrecorded (see _count_long_lines). The
+    # ordinality numbers the lines in file order, then line order: the last record wins by it.
     return (
         f"read_csv({sql_list(files)}, columns = {{'line': 'VARCHAR'}}, header = false, "
         f"delim = '\x01', quote = '', escape = '', filename = true, auto_detect = false, "
-        f"max_line_size = {MAX_LINE_BYTES}, strict_mode = false, null_padding = true)"
+        f"max_line_size = {MAX_LINE_BYTES}, buffer_size = {MAX_LINE_BYTES}, "
+        f"strict_mode = false, null_padding = true, "
+        f"ignore_errors = true, store_rejects = true, rejects_table = '{REJECTS}', "
+        f"rejects_scan = '{REJECT_SCANS}') WITH ORDINALITY"
     )
 
 
-# One pass over every line, parsed once for its schema, type and episode_id. Episode lines are
-# kept for the next step; turn lines only counted, per file and episode; probe lines passed over
-# (they belong to no episode); anything else grouped by the reason it is skipped.
+# One pass over every line, parsed once for its schema, type and episode_id. Of an episode
+# line only the fields the analysis reads are kept (`v`), one row per line; turn lines are
+# only counted, per file and episode; probe lines passed over (they belong to no episode);
+# anything else is grouped by the reason it is skipped.
 SCAN_SQL = """
 CREATE TEMP TABLE scan AS
 WITH head AS (
-    SELECT filename AS file, line,
+    SELECT filename AS file, ordinality AS ord, line,
         CASE WHEN line IS NOT NULL
              THEN try(json_extract_string(line, ['$.schema', '$.type', '$.episode_id'])) END
             AS h
     FROM {lines}
 ), kinded AS (
     -- CASE evaluates a branch only for the rows that reach it: trim() runs on bad lines only
-    SELECT file, line, h,
+    SELECT file, ord, line, h,
         CASE WHEN line IS NULL THEN 'blank'
              WHEN h IS NULL THEN (CASE WHEN trim(line) = '' THEN 'blank' ELSE 'bad' END)
              WHEN h[2] = 'episode' THEN 'episode'
@@ -144,17 +176,30 @@ SELECT file, kind,
          WHEN h[2] IS NULL THEN 'no "type" field'
          WHEN h[2] = 'turn' THEN 'turn record without episode_id'
          ELSE 'unknown record type ' || h[2] END AS reason,
-    CASE WHEN kind = 'episode' THEN line END AS line,
+    CASE WHEN kind = 'episode' THEN ord END AS ord,
     CASE WHEN kind = 'turn' THEN h[3] END AS episode_id,
-    count(*) AS n, min(CASE WHEN kind = 'bad' THEN left(line, 100) END) AS sample
+    count(*) AS n, sum(coalesce(strlen(line), 0) + 1) AS bytes,
+    min(CASE WHEN kind = 'bad' THEN left(line, 100) END) AS sample,
+    any_value(CASE WHEN kind = 'episode' THEN try(json_extract_string(line, {paths})) END) AS v
 FROM kinded GROUP BY ALL
+"""
+
+# Lines the reader rejected, by reason, with the first as an example.
+REJECTED_SQL = f"""
+CREATE TEMP TABLE rejected AS
+SELECT s.file_path AS file,
+    CASE r.error_type WHEN 'INVALID ENCODING' THEN 'not valid UTF-8 (torn line?)'
+         WHEN 'LINE SIZE OVER MAXIMUM' THEN 'line longer than {MAX_LINE_BYTES:,} bytes'
+         ELSE 'unreadable line (' || lower(CAST(r.error_type AS VARCHAR)) || ')' END AS reason,
+    count(*) AS n, sum(strlen(coalesce(r.csv_line, '')) + 1) AS bytes,
+    min('line ' || r.line || ': ' || left(coalesce(r.csv_line, ''), 80)) AS sample
+FROM {REJECTS} r JOIN {REJECT_SCANS} s USING (scan_id, file_id)
+GROUP BY ALL
 """
 
 RAW_EPISODES_SQL = """
 CREATE TEMP TABLE raw_episodes AS
-SELECT file, n, left(line, 100) AS sample, v IS NULL AS unparsable, {columns}
-FROM (SELECT file, n, line, try(json_extract_string(line, {paths})) AS v
-      FROM scan WHERE kind = 'episode')
+SELECT file, ord, v IS NULL AS unparsable, {columns} FROM scan WHERE kind = 'episode'
 """
 
 INT_MACRO = """
@@ -166,8 +211,8 @@ CREATE OR REPLACE TEMP MACRO bp_int(s) AS
 
 # Validation in one CASE: the first problem found is the reason the record is skipped.
 CHECKED_SQL = """
-CREATE TEMP TABLE checked AS
-SELECT *,
+CREATE TEMP VIEW checked AS
+SELECT *, 'episode ' || coalesce(episode_id, '?') AS sample,
     CASE WHEN unparsable THEN 'not valid JSON (truncated line?)'
          WHEN schema IS NULL THEN 'no "schema" field'
          WHEN TRY_CAST(schema AS DOUBLE) IS DISTINCT FROM {schema}
@@ -195,40 +240,51 @@ SELECT *,
 FROM raw_episodes
 """
 
+# The last record of each episode wins: later file (in the order found), then later line.
 EPISODES_SQL = """
 CREATE TEMP TABLE episodes AS
 WITH typed AS (
-    SELECT file, episode_id, task_id, "group",
+    SELECT c.file, episode_id, task_id, "group",
         CASE WHEN json_valid(tags) AND json_type(tags) = 'OBJECT' THEN tags::JSON END AS tags,
         model, bp_int(budget) AS budget, bp_int(max_turns) AS max_turns, tier, disclosure,
         bp_int(announced_budget) AS announced_budget, bp_int(turns_used) AS turns_used,
         outcome, bp_int(success_turn) AS recorded_success_turn,
         TRY_CAST(reward AS DOUBLE) AS reward, TRY_CAST(exhausted AS BOOLEAN) AS exhausted,
         end_reason, TRY_CAST(started_at AS TIMESTAMPTZ) AS started_at,
-        TRY_CAST(ended_at AS TIMESTAMPTZ) AS ended_at, sample,
-        outcome = 'success' OR end_reason = 'success' AS success
-    FROM checked WHERE problem IS NULL
+        TRY_CAST(ended_at AS TIMESTAMPTZ) AS ended_at,
+        outcome = 'success' OR end_reason = 'success' AS success,
+        coalesce(f.rank, -1) AS file_rank, c.ord
+    FROM checked c LEFT JOIN file_ranks f ON f.file = c.file WHERE problem IS NULL
 )
-SELECT * EXCLUDE (sample, success),
+SELECT * EXCLUDE (success, file_rank, ord),
     coalesce(success, false) AS success,
     -- success_turn defaults to the turns used, as the outcome endpoint does
     CASE WHEN success THEN coalesce(recorded_success_turn, turns_used) END AS success_turn
 FROM typed
-QUALIFY row_number() OVER (
-    PARTITION BY episode_id ORDER BY ended_at DESC NULLS LAST, file DESC, sample DESC) = 1
+QUALIFY row_number() OVER (PARTITION BY episode_id ORDER BY file_rank DESC, ord DESC) = 1
 """
 
 
-def load_episodes(con: Any, inputs: Inputs, progress: Progress) -> ScanSummary:
-    """Read every log file once; leave the temp table `episodes`; return the counts."""
+def load_episodes(
+    con: Any, inputs: Inputs, progress: Progress, fields: Sequence[str] = EPISODE_FIELDS
+) -> ScanSummary:
+    """Read every log file once; leave the temp table `episodes`; return the counts. Of the
+    EPISODE_FIELDS only `fields` are read from JSONL lines; the others are NULL."""
     con.execute(INT_MACRO)
-    paths = sql_list(["$." + name for name in ("schema", "type", *EPISODE_FIELDS)])
+    names = ("schema", "type", *(f for f in EPISODE_FIELDS if f in fields))
+    paths = sql_list(["$." + name for name in names])
+    position = {name: i + 1 for i, name in enumerate(names)}
     columns = ", ".join(
-        f'v[{i + 1}] AS "{name}"' for i, name in enumerate(("schema", "type", *EPISODE_FIELDS))
+        f'v[{position[name]}] AS "{name}"' if name in position else f'NULL::VARCHAR AS "{name}"'
+        for name in ("schema", "type", *EPISODE_FIELDS)
     )
+    con.execute("CREATE TEMP TABLE file_ranks (file VARCHAR, rank INTEGER)")
+    ranks = inputs.ranks()
+    if ranks:
+        con.executemany("INSERT INTO file_ranks VALUES (?, ?)", list(ranks.items()))
     unreadable: list[tuple[str, str]] = []
-    jsonl = _scan_jsonl(con, list(inputs.jsonl), progress, unreadable)
-    con.execute(RAW_EPISODES_SQL.format(columns=columns, paths=paths))
+    jsonl = _scan_jsonl(con, list(inputs.jsonl), paths, progress, unreadable)
+    con.execute(RAW_EPISODES_SQL.format(columns=columns))
     con.execute(
         "CREATE TEMP TABLE turn_episodes AS SELECT episode_id, sum(n)::BIGINT AS turn_records "
         "FROM scan WHERE kind = 'turn' GROUP BY episode_id"
@@ -253,24 +309,36 @@ def load_episodes(con: Any, inputs: Inputs, progress: Progress) -> ScanSummary:
     con.execute(CHECKED_SQL.format(schema=SCHEMA_VERSION))
     con.execute(EPISODES_SQL)
     summary = _summarise(con, inputs)
+    # The episodes table holds what later steps need: free the lines' extracts.
+    con.execute("DROP VIEW checked")
+    con.execute("DROP TABLE raw_episodes")
+    con.execute("DROP TABLE scan")
     summary.unreadable = unreadable
     summary.readable = Inputs(
-        jsonl, parquet_files, sum(Path(p).stat().st_size for p in [*jsonl, *parquet_files])
+        jsonl,
+        parquet_files,
+        sum(Path(p).stat().st_size for p in [*jsonl, *parquet_files]),
+        [f for f in inputs.ranks() if f in set(jsonl) | set(parquet_files)],
     )
     summary.files, summary.bytes = summary.readable.files, summary.readable.total_bytes
     return summary
 
 
+def _drop_rejects(con: Any) -> None:
+    con.execute(f"DROP TABLE IF EXISTS {REJECTS}")
+    con.execute(f"DROP TABLE IF EXISTS {REJECT_SCANS}")
+
+
 def _scan_jsonl(
-    con: Any, files: list[str], progress: Progress, unreadable: list[tuple[str, str]]
+    con: Any, files: list[str], paths: str, progress: Progress, unreadable: list[tuple[str, str]]
 ) -> list[str]:
-    """Create the `scan` table; a file DuckDB cannot read (a truncated .gz) is dropped and noted,
-    and the others read again. Returns the files read."""
+    """Create the `scan` and `rejected` tables; a file DuckDB cannot read at all (a truncated
+    .gz) is dropped and noted, and the others read again. Returns the files read."""
     while files:
-        sql = SCAN_SQL.format(lines=_read_lines(files), schema=SCHEMA_VERSION)
+        sql = SCAN_SQL.format(lines=_read_lines(files), schema=SCHEMA_VERSION, paths=paths)
+        _drop_rejects(con)
         try:
             progress.execute(con, sql, "reading logs")
-            return files
         except Exception as exc:
             named = [f for f in files if f in str(exc)]
             if not named:
@@ -279,11 +347,49 @@ def _scan_jsonl(
             unreadable.append((culprit, str(exc).strip().splitlines()[0]))
             files.remove(culprit)
             con.execute("DROP TABLE IF EXISTS scan")
+            continue
+        con.execute(REJECTED_SQL)
+        _drop_rejects(con)
+        _count_long_lines(con, files)
+        return files
     con.execute(
-        "CREATE TEMP TABLE scan (file VARCHAR, kind VARCHAR, reason VARCHAR, "
-        "line VARCHAR, episode_id VARCHAR, n BIGINT, sample VARCHAR)"
+        "CREATE TEMP TABLE scan (file VARCHAR, kind VARCHAR, reason VARCHAR, ord BIGINT, "
+        "episode_id VARCHAR, n BIGINT, bytes BIGINT, sample VARCHAR, v VARCHAR[])"
+    )
+    con.execute(
+        "CREATE TEMP TABLE rejected (file VARCHAR, reason VARCHAR, n BIGINT, bytes BIGINT, "
+        "sample VARCHAR)"
     )
     return files
+
+
+def _count_long_lines(con: Any, files: Sequence[str]) -> None:
+    """Count the lines longer than MAX_LINE_BYTES in uncompressed files.
+
+    DuckDB's reader drops such a line without a word, so the bytes it read are compared with
+    the file's size: what is missing, beyond one carriage return per line in a CRLF file, was
+    in lines too long to read. Their number is unknown: a file with any counts once.
+    (Compressed files have no size to compare with.)"""
+    read = {
+        str(f): (int(b or 0), int(n or 0))
+        for f, b, n in con.execute(
+            "SELECT file, sum(bytes), sum(n) FROM (SELECT file, bytes, n FROM scan "
+            "UNION ALL SELECT file, bytes, n FROM rejected) GROUP BY file"
+        ).fetchall()
+    }
+    for path in files:
+        if path.endswith(".gz"):
+            continue
+        seen, lines = read.get(path, (0, 0))
+        with open(path, "rb") as f:
+            crlf = f.readline(1 << 20).endswith(b"\r\n")
+        missing = Path(path).stat().st_size - seen - (lines if crlf else 0)
+        if missing >= MAX_LINE_BYTES // 2:
+            con.execute(
+                "INSERT INTO rejected VALUES (?, ?, ?, ?, ?)",
+                [path, f"line longer than {MAX_LINE_BYTES:,} bytes", 1, missing,
+                 f"{missing:,} bytes in one or more lines too long to read"],
+            )  # fmt: skip
 
 
 def _summarise(con: Any, inputs: Inputs) -> ScanSummary:
@@ -292,7 +398,7 @@ def _summarise(con: Any, inputs: Inputs) -> ScanSummary:
         "SELECT coalesce(sum(turn_records), 0) FROM turn_episodes"
     ).fetchone()
     (episode_records,) = con.execute(
-        "SELECT coalesce(sum(n), 0) FROM checked WHERE problem IS NULL"
+        "SELECT count(*) FROM checked WHERE problem IS NULL"
     ).fetchone()
     summary.turn_records = int(turn_records)
     summary.episode_records = int(episode_records)
@@ -303,7 +409,9 @@ def _summarise(con: Any, inputs: Inputs) -> ScanSummary:
         SELECT reason, sum(n)::BIGINT AS n, min(file || ': ' || sample) AS example FROM (
             SELECT reason, n, file, sample FROM scan WHERE kind = 'bad'
             UNION ALL
-            SELECT problem, n, file, sample FROM checked WHERE problem IS NOT NULL)
+            SELECT reason, n, file, sample FROM rejected
+            UNION ALL
+            SELECT problem, 1, file, sample FROM checked WHERE problem IS NOT NULL)
         GROUP BY reason ORDER BY n DESC, reason
         """
     ).fetchall()

@@ -41,13 +41,14 @@ def _as_text(name: str, sql_type: str) -> str:
 
 
 def episodes_sql(path: str, cols: Columns, fields: Sequence[str]) -> str:
-    """Rows shaped like `raw_episodes`: file, n, sample, unparsable, schema, type, fields…"""
+    """Rows shaped like `raw_episodes`: file, ord (the row number), unparsable, schema, type,
+    fields…"""
     values = [_as_text(n, cols[n]) if n in cols else "NULL" for n in fields]
     schema = _as_text("schema", cols["schema"]) if "schema" in cols else f"'{SCHEMA_VERSION}'"
     where = "WHERE type = 'episode'" if "type" in cols else ""
     return (
-        f"SELECT {sql_str(path)}, 1, 'row ' || coalesce({values[0]}, '?'), false, {schema}, "
-        f"'episode', {', '.join(values)} FROM read_parquet({sql_str(path)}) {where}"
+        f"SELECT {sql_str(path)}, file_row_number, false, {schema}, 'episode', "
+        f"{', '.join(values)} FROM read_parquet({sql_str(path)}, file_row_number = true) {where}"
     )
 
 

@@ -1,10 +1,15 @@
-"""The Pass@(K,T) estimator and its budget arithmetic: pure functions, no I/O."""
+"""The Pass@(K,T) estimator and its budget arithmetic: pure functions, no I/O.
+
+`budgetmix_candidates` is the proxy's own (core.budget): the audit checks the grid it draws from.
+"""
 
 from __future__ import annotations
 
 import math
 from decimal import Decimal
 from fractions import Fraction
+
+from budgetproxy.core.budget import budgetmix_candidates
 
 Number = int | str | Decimal | Fraction
 
@@ -41,21 +46,6 @@ def tier_to_turns(percent: Number, max_turns: int) -> int:
     if max_turns < 1:
         raise ValueError(f"max_turns must be at least 1, got {max_turns}")
     return max(1, round_half_up(to_fraction(percent) / 100 * max_turns))
-
-
-def budgetmix_candidates(max_turns: int, step: Number = "0.1") -> list[int]:
-    """BudgetMix candidate i = 1..n as a list (index 0 is candidate 1); n = round(1/step).
-
-    Values can repeat for small max_turns (10% and 20% of 5 both give 1); the draw is uniform
-    over i, so a repeated value is proportionally more likely.
-    """
-    frac = to_fraction(step)
-    if not 0 < frac <= 1:
-        raise ValueError(f"step must be in (0, 1], got {step}")
-    if max_turns < 1:
-        raise ValueError(f"max_turns must be at least 1, got {max_turns}")
-    n = round_half_up(1 / frac)
-    return [max(1, round_half_up(i * frac * max_turns)) for i in range(1, n + 1)]
 
 
 def pass_at_k(n: int, c: int, k: int) -> float:

@@ -8,8 +8,18 @@ from datetime import UTC, datetime
 from html import escape
 from typing import Any
 
-from budgetproxy.analysis.svg import PALETTE, Series, bar_chart, ci_mark, line_chart
-from budgetproxy.analysis.table import Cell, by_expression, table_notes
+from budgetproxy.analysis.compare import Difference
+from budgetproxy.analysis.compare_chart import difference_charts
+from budgetproxy.analysis.passk import tier_to_turns
+from budgetproxy.analysis.stats import FEW_TASKS, ratio_ci
+from budgetproxy.analysis.svg import (
+    PALETTE,
+    Series,
+    bar_chart,
+    ci_mark,
+    line_chart,
+)
+from budgetproxy.analysis.table import Cell, by_expression, interval_text, table_notes
 
 STYLE = """
 body { font: 14px/1.45 system-ui, sans-serif; color: #222; margin: 24px auto; max-width: 1360px;
@@ -32,13 +42,15 @@ TIER_SQL = "5 * ((40 * budget + max_turns) // (2 * max_turns))"  # the proxy's t
 # Per slice and budget tier: finished episodes, successes, and those whose end reason is
 # `exhausted`. The `exhausted` flag is not used: it is also set on an episode that succeeded on
 # its last allowed turn, whose end reason is `success` (success > exhausted > failure).
+# Per task too (an episode without a task_id is its own cluster): the intervals resample tasks.
 TIERS_SQL = f"""
 SELECT {{slice}} AS slice,
     CASE WHEN max_turns IS NULL OR max_turns <= 0 OR budget IS NULL THEN NULL
          ELSE {TIER_SQL} END AS tier,
+    coalesce(task_id, '\x00' || episode_id) AS task,
     count(*), count(*) FILTER (WHERE success),
     count(*) FILTER (WHERE end_reason = 'exhausted' AND NOT success)
-FROM episodes WHERE end_reason <> 'abandoned' GROUP BY ALL
+FROM episodes WHERE end_reason <> 'abandoned' GROUP BY ALL ORDER BY ALL
 """
 
 BINS = 10  # turns used, in tenths of the episode's budget
@@ -58,11 +70,15 @@ WHERE end_reason <> 'abandoned' AND budget > 0 AND turns_used IS NOT NULL GROUP 
 
 @dataclass(frozen=True)
 class TierRates:
-    """Finished episodes of one slice at one budget tier, and how they ended."""
+    """Finished episodes of one slice at one budget tier, and how they ended, with 95%
+    bootstrap intervals over tasks for the two shares."""
 
     finished: int
     succeeded: int
     exhausted: int
+    tasks: int = 0
+    success_ci: tuple[float, float] | None = None
+    exhausted_ci: tuple[float, float] | None = None
 
 
 def slice_sql(by: Sequence[str]) -> str:
@@ -88,8 +104,11 @@ def _figure(svg: str, caption: str) -> str:
     return f"<figure>{svg}{text}</figure>"
 
 
-def pass_curves(cells: Sequence[Cell], colors: Mapping[str, str]) -> list[str]:
-    """One chart per K (and per kind of T): Pass@(K,T) over T, a line and CI per slice."""
+def pass_curves(
+    cells: Sequence[Cell], colors: Mapping[str, str], max_turns: int | None = None
+) -> list[str]:
+    """One chart per K (and per kind of T): Pass@(K,T) over T, a line and CI per slice. When
+    every task has the same `max_turns`, tier labels also say the turns they stand for."""
     charts = []
     for kind, x_title in (
         ("tier", "turn budget T (% of the task's max_turns)"),
@@ -116,16 +135,24 @@ def pass_curves(cells: Sequence[Cell], colors: Mapping[str, str]) -> list[str]:
                 if k > 1
                 else "no data (no eligible episodes)"
             )
+            labels, axis = [b.label for b in budgets], x_title
+            if kind == "tier" and max_turns is not None:
+                labels = [f"{b.label} ({tier_to_turns(b.value, max_turns)})" for b in budgets]
+                axis = f"turn budget T, % of max_turns = {max_turns} (in turns)"
             svg = line_chart(
                 f"Pass@({k},T)",
-                [b.label for b in budgets],
+                labels,
                 series,
-                x_title=x_title,
+                x_title=axis,
                 y_title=f"Pass@{k}",
                 y_max=1.0,
                 empty=empty,
             )
-            caption = f"{ci_mark(series).capitalize()}: 95% bootstrap CI over tasks."
+            counts = sorted({c.n_tasks for c in mine if c.k == k and c.value is not None})
+            caption = f"{ci_mark(series).capitalize()}: 95% bootstrap CI over tasks. "
+            caption += f"Tasks per point: {_span(counts)} (hover a point for its own)."
+            if counts and counts[0] < FEW_TASKS:
+                caption += f" Points on fewer than {FEW_TASKS} tasks rest on few draws."
             undrawn = [s.name for s in series if not s.has_data]
             if len(undrawn) == len(series):
                 caption = ""  # the empty chart says why
@@ -142,9 +169,10 @@ def _pass_td(cell: Cell | None) -> str:
     if cell is None or cell.value is None:
         return "<td>—</td>"
     fewer = f" ({cell.n_tasks})" if cell.n_tasks < cell.tasks_eligible else ""
+    few = " †" if cell.n_tasks < FEW_TASKS else ""
     return (
-        f"<td>{_pct(cell.value)} <span class=muted>[{_pct(cell.ci_low)}, "
-        f"{_pct(cell.ci_high)}]{fewer}</span></td>"
+        f"<td>{_pct(cell.value)} <span class=muted>{escape(interval_text(cell))}{fewer}{few}"
+        f"</span></td>"
     )
 
 
@@ -165,9 +193,11 @@ def pass_table(cells: Sequence[Cell]) -> str:
         )
     left_out = any(c.value is not None and c.n_tasks < c.tasks_eligible for c in cells)
     missing = any(c.value is None for c in cells)
+    few = any(c.value is not None and c.n_tasks < FEW_TASKS for c in cells)
+    zero = any(c.ci_note is not None for c in cells)
     notes = [
         "Pass@(K,T) in %, mean over tasks, [95% bootstrap CI over tasks].",
-        *table_notes(left_out, missing),
+        *table_notes(left_out, missing, few, zero),
     ]
     items = "".join(f"<li>{escape(n)}</li>" for n in notes)
     return (
@@ -176,18 +206,30 @@ def pass_table(cells: Sequence[Cell]) -> str:
     )
 
 
-def tier_rates(con: Any, by: Sequence[str]) -> dict[tuple[str, int | None], TierRates]:
+def tier_rates(
+    con: Any, by: Sequence[str], resamples: int = 1000, seed: int = 0
+) -> dict[tuple[str, int | None], TierRates]:
     """(slice, tier in %) → finished, succeeded and exhausted episodes; tier None: no
     max_turns."""
-    rows = con.execute(TIERS_SQL.format(slice=slice_sql(by))).fetchall()
-    return {
-        (str(r[0]), None if r[1] is None else int(r[1])): TierRates(int(r[2]), int(r[3]), int(r[4]))
-        for r in rows
-    }
+    per_task: dict[tuple[str, int | None], list[tuple[int, int, int]]] = {}
+    for r in con.execute(TIERS_SQL.format(slice=slice_sql(by))).fetchall():
+        key = (str(r[0]), None if r[1] is None else int(r[1]))
+        per_task.setdefault(key, []).append((int(r[3]), int(r[4]), int(r[5])))
+    out = {}
+    for key, tasks in per_task.items():
+        finished = [t[0] for t in tasks]
+        out[key] = TierRates(
+            sum(finished), sum(t[1] for t in tasks), sum(t[2] for t in tasks), len(tasks),
+            ratio_ci([t[1] for t in tasks], finished, resamples, seed),
+            ratio_ci([t[2] for t in tasks], finished, resamples, seed),
+        )  # fmt: skip
+    return out
 
 
-def tier_charts(con: Any, by: Sequence[str], colors: Mapping[str, str]) -> list[str]:
-    rates = tier_rates(con, by)
+def tier_charts(
+    con: Any, by: Sequence[str], colors: Mapping[str, str], resamples: int = 1000, seed: int = 0
+) -> list[str]:
+    rates = tier_rates(con, by, resamples, seed)
     slices = _in_page_order({s for s, _ in rates}, colors)
     tiers = sorted({t for _, t in rates if t is not None})
     no_tier = sum(r.finished for (_, t), r in rates.items() if t is None)
@@ -198,6 +240,11 @@ def tier_charts(con: Any, by: Sequence[str], colors: Mapping[str, str]) -> list[
         else ""
     )
     charts = []
+    tasks = sorted({r.tasks for r in rates.values()})
+    counted = (
+        f" Whiskers: 95% bootstrap intervals over tasks ({_span(tasks)} tasks per bar); the "
+        "number over a bar (where it fits, and on hover) is its episodes."
+    )
     kinds: list[tuple[str, str, Callable[[TierRates], int], str]] = [
         (
             "Success by budget tier",
@@ -216,21 +263,29 @@ def tier_charts(con: Any, by: Sequence[str], colors: Mapping[str, str]) -> list[
         ),
     ]
     for title, y_title, pick, caption in kinds:
-        series = [
-            Series(
-                s,
-                [
-                    pick(rates[s, t]) / rates[s, t].finished if (s, t) in rates else None
-                    for t in tiers
-                ],
-                color=colors.get(s),
-                tips=[
-                    f"{pick(rates[s, t])} of {rates[s, t].finished}" if (s, t) in rates else None
-                    for t in tiers
-                ],
+        series = []
+        for s in slices:
+            here = [rates.get((s, t)) for t in tiers]
+            cis = [
+                None if r is None else (r.success_ci if title.startswith("Success")
+                                        else r.exhausted_ci)
+                for r in here
+            ]  # fmt: skip
+            series.append(
+                Series(
+                    s,
+                    [None if r is None else pick(r) / r.finished for r in here],
+                    low=[None if ci is None else ci[0] for ci in cis],
+                    high=[None if ci is None else ci[1] for ci in cis],
+                    color=colors.get(s),
+                    tips=[
+                        None if r is None else f"{pick(r)} of {r.finished} episodes, "
+                        f"{r.tasks} tasks"
+                        for r in here
+                    ],
+                    counts=[None if r is None else str(r.finished) for r in here],
+                )
             )
-            for s in slices
-        ]
         svg = bar_chart(
             title,
             labels,
@@ -240,8 +295,14 @@ def tier_charts(con: Any, by: Sequence[str], colors: Mapping[str, str]) -> list[
             y_max=1.0,
             empty="no data (no finished episode has max_turns)",
         )
-        charts.append(_figure(svg, caption + aside))
+        charts.append(_figure(svg, caption + counted + aside))
     return charts
+
+
+def _span(values: Sequence[int]) -> str:
+    if not values:
+        return "0"
+    return str(values[0]) if values[0] == values[-1] else f"{values[0]}–{values[-1]}"
 
 
 def turns_chart(con: Any, by: Sequence[str], colors: Mapping[str, str]) -> str:
@@ -294,20 +355,37 @@ def render_report(
     by: Sequence[str],
     summary: dict[str, Any],
     extra_sections: Sequence[tuple[str, str]] = (),
+    differences: Sequence[Sequence[Difference]] = (),
+    resamples: int = 1000,
+    seed: int = 0,
 ) -> str:
-    """The whole page. `extra_sections` are (title, preformatted text) pairs."""
+    """The whole page. `extra_sections` are (title, preformatted text) pairs; `differences`
+    the --compare results, one list per comparison."""
     facts = "".join(
         f"<tr><td>{escape(str(k))}</td><td>{escape(str(v))}</td></tr>" for k, v in summary.items()
     )
     colors = slice_colors(cells, con, by)
+    shared = con.execute(
+        "SELECT DISTINCT max_turns FROM episodes WHERE max_turns IS NOT NULL LIMIT 2"
+    ).fetchall()
+    max_turns = int(shared[0][0]) if len(shared) == 1 else None
     sections = [
         "<h2>Pass@(K,T)</h2><p class=muted>Mean over tasks of the unbiased estimator, with 95% "
         "bootstrap CIs over tasks. Hidden episodes count at every T up to their budget; "
         "disclosed ones only at their own budget.</p>",
-        f"<div class=charts>{''.join(pass_curves(cells, colors))}</div>",
+        f"<div class=charts>{''.join(pass_curves(cells, colors, max_turns))}</div>",
         pass_table(cells),
+    ]
+    if differences:
+        sections += [
+            "<h2>Paired differences</h2><p class=muted>Per task, the difference of the two "
+            "values' Pass@(K,T) estimates; its mean over the tasks that have both, with a 95% "
+            "bootstrap interval that resamples tasks with their pair.</p>",
+            f"<div class=charts>{''.join(difference_charts(differences))}</div>",
+        ]
+    sections += [
         "<h2>Success and exhaustion by budget tier</h2>",
-        f"<div class=charts>{''.join(tier_charts(con, by, colors))}</div>",
+        f"<div class=charts>{''.join(tier_charts(con, by, colors, resamples, seed))}</div>",
         "<h2>Turns used</h2>",
         f"<div class=charts>{turns_chart(con, by, colors)}</div>",
     ]

@@ -5,23 +5,35 @@ from __future__ import annotations
 import math
 from collections.abc import Sequence
 
-__all__ = ["bootstrap_ci", "chi_square", "chi_square_sf"]
+__all__ = [
+    "FEW_TASKS", "bootstrap_ci", "chi_square", "chi_square_sf", "ratio_ci", "zero_width_note",
+]
 
 # Resample matrices are built in slices of at most this many cells to bound memory.
 _MAX_CELLS = 4_000_000
+
+# Below this many tasks a bootstrap interval over tasks rests on too few draws to trust.
+FEW_TASKS = 10
 
 
 def bootstrap_ci(
     values: Sequence[float], resamples: int = 1000, seed: int = 0, confidence: float = 0.95
 ) -> tuple[float, float]:
-    """Percentile bootstrap CI of the mean of `values` (one value per task, resampled)."""
+    """Percentile bootstrap CI of the mean of `values` (one value per task, resampled).
+
+    The draws pick positions, so the same values in the same order and the same seed give the
+    same interval: callers pass tasks in a fixed order (sorted by task_id)."""
     import numpy as np
 
+    if resamples < 1:
+        raise ValueError(f"resamples must be at least 1, got {resamples}")
+    if seed < 0:
+        raise ValueError(f"seed must be non-negative, got {seed}")
     data = np.asarray(values, dtype=np.float64)
     m = len(data)
     if m == 0:
         raise ValueError("no values to resample")
-    if m == 1 or resamples < 1 or float(data.min()) == float(data.max()):
+    if m == 1 or float(data.min()) == float(data.max()):
         return float(data[0]), float(data[0])
     rng = np.random.default_rng(seed)
     means = np.empty(resamples, dtype=np.float64)
@@ -33,6 +45,55 @@ def bootstrap_ci(
     alpha = (1.0 - confidence) / 2
     low, high = np.quantile(means, [alpha, 1.0 - alpha])
     return float(low), float(high)
+
+
+def ratio_ci(
+    numerators: Sequence[int], denominators: Sequence[int], resamples: int = 1000, seed: int = 0
+) -> tuple[float, float]:
+    """Percentile bootstrap CI of Σ numerators / Σ denominators, resampling clusters (tasks):
+    episodes of one task are not independent draws, so they are resampled together."""
+    import numpy as np
+
+    num = np.asarray(numerators, dtype=np.float64)
+    den = np.asarray(denominators, dtype=np.float64)
+    m = len(num)
+    if m == 0 or float(den.sum()) == 0:
+        raise ValueError("no episodes to resample")
+    if m == 1:
+        value = float(num[0] / den[0])
+        return value, value
+    rng = np.random.default_rng(seed)
+    shares = np.empty(resamples, dtype=np.float64)
+    rows = max(1, _MAX_CELLS // m)
+    for start in range(0, resamples, rows):
+        stop = min(resamples, start + rows)
+        idx = rng.integers(0, m, size=(stop - start, m))
+        totals = den[idx].sum(axis=1)
+        shares[start:stop] = np.divide(num[idx].sum(axis=1), totals, where=totals > 0,
+                                       out=np.zeros(stop - start))  # fmt: skip
+    low, high = np.quantile(shares, [0.025, 0.975])
+    return float(low), float(high)
+
+
+def zero_width_note(
+    values: Sequence[float], low: float, high: float, difference: bool = False
+) -> str | None:
+    """Why an interval has zero width, in words for a reader; None when it has width.
+    `difference`: the values are paired differences, not per-task estimates.
+
+    A zero-width interval is not certainty: with one task there is nothing to resample, and
+    when every task has the same value every resample has it too."""
+    if low < high:
+        return None
+    if len(values) == 1:
+        return "zero width: one task"
+    if difference:
+        return "zero width: no task differs" if values[0] == 0 else "zero width: all tasks equal"
+    if all(v == 1.0 for v in values):
+        return "zero width: all tasks at 1"
+    if all(v == 0.0 for v in values):
+        return "zero width: all tasks at 0"
+    return "zero width: all tasks equal"
 
 
 def chi_square(observed: Sequence[float], expected: Sequence[float]) -> float:

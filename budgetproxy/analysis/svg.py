@@ -29,6 +29,7 @@ class Series:
     high: Sequence[float | None] | None = None
     color: str | None = None
     tips: Sequence[str | None] | None = None  # more words for a point's hover text
+    counts: Sequence[str | None] | None = None  # bar charts: a short count over each bar
 
     def tip(self, i: int) -> str:
         extra = self.tips[i] if self.tips is not None else None
@@ -222,7 +223,9 @@ def line_chart(
     f.axes(x_title, y_title)
     bands = ci_mark(series) == "shaded bands"
     shown = sum(1 for s in series if s.has_data)
-    nudge = 0.0 if bands else min(5.0, f.slot * 0.5 / shown)
+    # Whiskers of curves that meet near 0 or 1 (large K) would stack into one line: spread
+    # the series over up to 60% of a slot so each interval stays apart.
+    nudge = 0.0 if bands else min(12.0, f.slot * 0.6 / shown)
     rank = 0
     for n, s in enumerate(series):
         if not s.has_data:
@@ -292,10 +295,99 @@ def bar_chart(
                 continue
             x = f.left + i * f.slot + f.slot * 0.1 + rank * bar
             y = min(f.y(v), f.top + f.ph - 1.5)  # a zero still shows, unlike a missing bar
-            label = f"{x_labels[i]}, {s.name}: {f.value(v)}{s.tip(i)}"
+            label = f"{x_labels[i]}, {s.name}: {f.value(v)}"
+            low = s.low[i] if s.low is not None else None
+            high = s.high[i] if s.high is not None else None
+            if low is not None and high is not None:
+                label += f" [{f.value(low)}, {f.value(high)}]"
+            label += s.tip(i)
             f.parts.append(
                 f'<rect x="{x:.1f}" y="{y:.1f}" width="{bar:.1f}" '
                 f'height="{f.top + f.ph - y:.1f}" fill="{color_of(s, n)}">'
                 f"<title>{escape(label)}</title></rect>"
             )
+            mid = x + bar / 2
+            if low is not None and high is not None:
+                cap = min(4.0, bar / 3)
+                f.parts.append(
+                    f'<path d="M{mid:.1f},{f.y(low):.1f}V{f.y(high):.1f}'
+                    f"M{mid - cap:.1f},{f.y(low):.1f}h{2 * cap:.1f}"
+                    f'M{mid - cap:.1f},{f.y(high):.1f}h{2 * cap:.1f}" stroke="#222" '
+                    f'stroke-width="1.2" fill="none"/>'
+                )
+            count = s.counts[i] if s.counts is not None else None
+            if count and text_width(count) * 0.8 <= bar + 2:
+                top_y = f.y(max(v, high if high is not None else v))
+                f.parts.append(f'<text x="{mid:.1f}" y="{top_y - 4:.1f}" text-anchor="middle" '
+                               f'font-size="9" fill="#444">{escape(count)}</text>')  # fmt: skip
     return f.done()
+
+
+@dataclass(frozen=True)
+class ForestRow:
+    """One interval of a forest chart; `value` None draws the label and a dash only."""
+
+    label: str
+    value: float | None
+    low: float | None = None
+    high: float | None = None
+    note: str = ""  # words after the numbers, e.g. "12 tasks" or "zero width: one task"
+    strong: bool = False  # the interval excludes 0: drawn dark, else grey
+
+
+def forest_chart(
+    title: str, rows: Sequence[ForestRow], *, x_title: str, width: int = WIDTH
+) -> str:
+    """Differences as points with interval whiskers, one row each, around a line at 0: the
+    x axis spans negative and positive values alike, in percentage points."""
+    if not any(r.value is not None for r in rows):
+        return empty_chart(title, "no data (no task has both values)", width)
+    spans = [abs(v) for r in rows for v in (r.value, r.low, r.high) if v is not None]
+    ticks = nice_ticks(max(max(spans), 0.01), 2)
+    top = ticks[-1]
+    left = 12 + round(max(text_width(r.label[:LEGEND_CHARS]) for r in rows))
+    texts = [_forest_text(r) for r in rows]
+    right = 12 + round(max(text_width(t) for t in texts))
+    pw = max(120, width - left - right - 12)
+    row_h, y0 = 18, TITLE_H
+    height = y0 + row_h * len(rows) + 46
+
+    def x(v: float) -> float:
+        return left + pw * (v + top) / (2 * top)
+
+    p = [
+        f'<svg xmlns="http://www.w3.org/2000/svg" viewBox="0 0 {width} {height}" '
+        f'width="{width}" height="{height}" role="img" aria-label="{escape(title)}" {FONT}>',
+        f'<text x="{left}" y="18" font-size="13" font-weight="600">{escape(title)}</text>',
+    ]
+    bottom = y0 + row_h * len(rows) + 4
+    for t in [-v for v in reversed(ticks[1:])] + ticks:
+        p.append(f'<line x1="{x(t):.1f}" x2="{x(t):.1f}" y1="{y0 - 6}" y2="{bottom}" '
+                 f'stroke="{"#333" if t == 0 else "#e4e4e4"}"/>')  # fmt: skip
+        p.append(f'<text x="{x(t):.1f}" y="{bottom + 14}" text-anchor="middle">'
+                 f"{100 * t:+.0f}</text>")  # fmt: skip
+    for i, (r, text) in enumerate(zip(rows, texts, strict=True)):
+        y = y0 + row_h * i + row_h / 2
+        color = "#0072B2" if r.strong else "#888888"
+        p.append(f'<text x="{left - 8}" y="{y + 4:.1f}" text-anchor="end">'
+                 f"{escape(r.label[:LEGEND_CHARS])}</text>")  # fmt: skip
+        if r.value is not None:
+            if r.low is not None and r.high is not None:
+                p.append(f'<line x1="{x(r.low):.1f}" x2="{x(r.high):.1f}" y1="{y:.1f}" '
+                         f'y2="{y:.1f}" stroke="{color}" stroke-width="2"/>')  # fmt: skip
+            p.append(f'<circle cx="{x(r.value):.1f}" cy="{y:.1f}" r="3.5" fill="{color}">'
+                     f"<title>{escape(r.label)}: {escape(text)}</title></circle>")  # fmt: skip
+        p.append(f'<text x="{left + pw + 10}" y="{y + 4:.1f}" fill="{color}">'
+                 f"{escape(text)}</text>")  # fmt: skip
+    p.append(f'<text x="{left + pw / 2:.1f}" y="{height - 8}" text-anchor="middle">'
+             f"{escape(x_title)}</text>")  # fmt: skip
+    return "\n".join([*p, "</svg>"])
+
+
+def _forest_text(r: ForestRow) -> str:
+    if r.value is None:
+        return "—" + (f"  {r.note}" if r.note else "")
+    text = f"{100 * r.value:+.1f}"
+    if r.low is not None and r.high is not None:
+        text += f" [{100 * r.low:+.1f}, {100 * r.high:+.1f}]"
+    return text + (f"  {r.note}" if r.note else "")

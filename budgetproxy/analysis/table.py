@@ -10,7 +10,7 @@ from typing import Any
 
 from budgetproxy.analysis.db import sql_str
 from budgetproxy.analysis.passk import pass_at_k, tier_to_turns
-from budgetproxy.analysis.stats import bootstrap_ci
+from budgetproxy.analysis.stats import FEW_TASKS, bootstrap_ci, zero_width_note
 
 # Episode columns `--by` can name; any other name is looked up in the episode's tags.
 EPISODE_COLUMNS = (
@@ -50,6 +50,8 @@ class Cell:
     # tasks with ≥ 1 eligible episode at T and their eligible episodes, whatever K
     tasks_eligible: int
     episodes_eligible: int
+    # why the interval has zero width (one task, every task at 1, ...), None when it has width
+    ci_note: str | None = None
 
     def as_json(self) -> dict[str, Any]:
         row: dict[str, Any] = {"k": self.k}
@@ -65,6 +67,8 @@ class Cell:
             n_tasks_left_out=self.n_tasks_left_out,
             n_episodes=self.n_episodes,
             by=dict(self.by),
+            ci_note=self.ci_note,
+            few_tasks=self.value is not None and self.n_tasks < FEW_TASKS,
         )
         return row
 
@@ -93,6 +97,32 @@ ELIGIBLE_SQL = (
     "AND e.budget = s.t AND coalesce(e.announced_budget, s.t) = s.t))"
 )
 
+SliceKey = tuple[str | None, ...]
+# (slice, budget index) → [(task_id, n, c)], sorted by task_id
+TaskCounts = dict[tuple[SliceKey, int], list[tuple[str, int, int]]]
+
+
+def slice_order(key: SliceKey) -> list[tuple[bool, str]]:
+    """Slices sort by their values, a missing value last."""
+    return [(v is None, v or "") for v in key]
+
+
+def task_counts(con: Any, budgets: Sequence[Budget], by: Sequence[str]) -> TaskCounts:
+    """Eligible episodes n and successes c per slice, T and task. Each slice's tasks come
+    sorted by task_id: the bootstrap resamples by position, so the order must not depend on
+    how DuckDB happened to group the rows."""
+    _create_budgets(con, budgets)
+    by_cols = ", ".join(f"{by_expression(f)} AS by{i}" for i, f in enumerate(by)) or "NULL"
+    rows = con.execute(COUNTS_SQL.format(by_cols=by_cols, eligible=ELIGIBLE_SQL)).fetchall()
+    nb = max(1, len(by))
+    groups: TaskCounts = defaultdict(list)
+    for row in rows:
+        key = tuple(row[:nb]) if by else ()
+        groups[(key, int(row[nb]))].append((str(row[nb + 1]), int(row[nb + 2]), int(row[nb + 3])))
+    for tasks in groups.values():
+        tasks.sort()
+    return dict(groups)
+
 
 def compute_cells(
     con: Any,
@@ -103,19 +133,12 @@ def compute_cells(
     seed: int = 0,
 ) -> list[Cell]:
     """Every (slice, T, K) cell, ordered by slice, then T as given, then K as given."""
-    _create_budgets(con, budgets)
-    by_cols = ", ".join(f"{by_expression(f)} AS by{i}" for i, f in enumerate(by)) or "NULL"
-    rows = con.execute(COUNTS_SQL.format(by_cols=by_cols, eligible=ELIGIBLE_SQL)).fetchall()
-    nb = max(1, len(by))
-    groups: dict[tuple[tuple[str | None, ...], int], list[tuple[int, int]]] = defaultdict(list)
-    for row in rows:
-        key = tuple(row[:nb]) if by else ()
-        groups[(key, int(row[nb]))].append((int(row[nb + 2]), int(row[nb + 3])))
-    slices = sorted({key for key, _ in groups}, key=lambda k: [(v is None, v or "") for v in k])
+    groups = task_counts(con, budgets, by)
+    slices = sorted({key for key, _ in groups}, key=slice_order)
     cells = []
     for key in slices:
         for idx, budget in enumerate(budgets):
-            tasks = groups.get((key, idx), [])
+            tasks = [(n, c) for _, n, c in groups.get((key, idx), [])]
             for k in ks:
                 cells.append(
                     _cell(k, budget, tuple(zip(by, key, strict=True)), tasks, resamples, seed)
@@ -134,9 +157,11 @@ def _cell(
     used = [(n, c) for n, c in tasks if n >= k]
     values = [pass_at_k(n, c, k) for n, c in used]
     value = ci_low = ci_high = None
+    note = None
     if values:
         value = sum(values) / len(values)
         ci_low, ci_high = bootstrap_ci(values, resamples=resamples, seed=seed)
+        note = zero_width_note(values, ci_low, ci_high)
     return Cell(
         k=k,
         budget=budget,
@@ -149,6 +174,7 @@ def _cell(
         n_episodes=sum(n for n, _ in used),
         tasks_eligible=sum(1 for n, _ in tasks if n > 0),
         episodes_eligible=sum(n for n, _ in tasks),
+        ci_note=note,
     )
 
 
@@ -183,7 +209,7 @@ def format_cells(cells: Sequence[Cell], resamples: int, seed: int) -> str:
     t_header = "T" if all(b.kind == "turns" for _, b in rows) else "tier/T"
     header = [*fields, t_header, "tasks", "episodes", *(f"K={k}" for k in ks)]
     body = []
-    left_out = missing = False
+    left_out = missing = few = zero = False
     for (by, budget), by_k in rows.items():
         first = next(iter(by_k.values()))
         line = [("-" if v is None else v) for _, v in by]
@@ -194,11 +220,14 @@ def format_cells(cells: Sequence[Cell], resamples: int, seed: int) -> str:
                 line.append("—")
                 missing = True
                 continue
-            text = f"{100 * found.value:.1f} [{100 * (found.ci_low or 0):.1f}, "
-            text += f"{100 * (found.ci_high or 0):.1f}]"
+            text = f"{100 * found.value:.1f} " + interval_text(found)
             if found.n_tasks < found.tasks_eligible:
                 text += f" ({found.n_tasks})"
                 left_out = True
+            if found.n_tasks < FEW_TASKS:
+                text += " †"
+                few = True
+            zero |= found.ci_note is not None
             line.append(text)
         body.append(line)
     left = len(fields) + 1
@@ -218,12 +247,19 @@ def format_cells(cells: Sequence[Cell], resamples: int, seed: int) -> str:
         fmt(header),
         *(fmt(r) for r in body),
         "",
-        *table_notes(left_out, missing),
+        *table_notes(left_out, missing, few, zero),
     ]
     return "\n".join(out) + "\n"
 
 
-def table_notes(left_out: bool, missing: bool) -> list[str]:
+def interval_text(cell: Cell) -> str:
+    """The interval as "[low, high]" in %, or the reason it has zero width."""
+    if cell.ci_note is not None:
+        return f"[{cell.ci_note}]"
+    return f"[{100 * (cell.ci_low or 0):.1f}, {100 * (cell.ci_high or 0):.1f}]"
+
+
+def table_notes(left_out: bool, missing: bool, few: bool = False, zero: bool = False) -> list[str]:
     """The legend under a Pass@(K,T) table: why a K cell can count fewer tasks than `tasks`."""
     notes = [
         "tasks, episodes: tasks with at least one eligible episode at T, and those episodes "
@@ -236,4 +272,10 @@ def table_notes(left_out: bool, missing: bool) -> list[str]:
     if missing:
         notes.append("—: none of the row's tasks has k eligible episodes at T, so the cell is "
                      "empty; the tasks column still counts them.")  # fmt: skip
+    if few:
+        notes.append(f"†: fewer than {FEW_TASKS} tasks in the cell; its interval over tasks "
+                     "rests on few draws.")  # fmt: skip
+    if zero:
+        notes.append("zero width: every resample of the tasks gives the same mean (one task, "
+                     "or all tasks alike); that is no evidence of certainty.")  # fmt: skip
     return notes

@@ -23,13 +23,20 @@ def tier_label(budget: int, max_turns: int | None) -> str:
     return f"{5 * round_half_up(pct / 5)}%"
 
 
-def budgetmix_candidates(max_turns: int, step: float) -> list[int]:
-    """Candidate budgets at step intervals of max_turns: i = 1..round(1/step).
+def budgetmix_candidates(max_turns: int, step: float | str | Fraction = "0.1") -> list[int]:
+    """Candidate budgets at step intervals of max_turns: candidate i = 1..round(1/step) is
+    min(max_turns, max(1, round_half_up(i × step × max_turns))), at index i - 1.
 
     Capped at max_turns: a step that does not divide 1 (0.15, 0.4) would otherwise draw a
-    budget the proxy itself refuses as outside 1..max_turns.
+    budget the proxy itself refuses as outside 1..max_turns. Values can repeat (10% and 20%
+    of 5 both give 1, 0.4 of 10 caps 12 to 10); the draw is uniform over i, so a repeated
+    value is proportionally more likely. The sampler and the analysis's audit share this.
     """
     step_q = Fraction(str(step))
+    if not 0 < step_q <= 1:
+        raise ValueError(f"step must be in (0, 1], got {step}")
+    if max_turns < 1:
+        raise ValueError(f"max_turns must be at least 1, got {max_turns}")
     n = max(1, round_half_up(1 / step_q))
     return [
         min(max_turns, max(1, round_half_up(i * step_q * max_turns))) for i in range(1, n + 1)

@@ -39,7 +39,7 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
     p.add_argument("--seed", type=int, default=0,
                    help="seeds the maps' ice, the policies' sampling and BudgetMix (default 0)")
     p.add_argument("--k", type=_positive, metavar="K",
-                   help="episodes per map, tier and arm (default 16; 8 with --quick)")
+                   help="episodes per map, tier and arm (default 8)")
     p.add_argument("--concurrency", type=_positive, default=16,
                    help="episodes played at once (default 16)")
     p.set_defaults(func=run)

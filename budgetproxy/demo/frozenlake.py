@@ -58,6 +58,20 @@ TASKS: tuple[Task, ...] = (
 )
 QUICK_TASKS: tuple[Task, ...] = (TASKS[0], TASKS[1])
 
+# More slippery 4x4 lakes, so the demo's claims rest on enough tasks for their intervals over
+# tasks to mean something. Drawn once (holes with probability 0.2, kept when the goal is
+# reachable and the lake has at least two holes) and written down, so every run meets the same.
+_LAKES = (
+    ("SHFF", "FFFF", "FFHF", "FFFG"), ("SFFF", "FFFH", "FFHF", "HFFG"),
+    ("SFFF", "FFHH", "FFFF", "FFFG"), ("SFFH", "FHFF", "HFHF", "FFFG"),
+    ("SHFF", "FFFF", "FFFH", "FFFG"), ("SHFF", "FFHF", "FFFF", "FHFG"),
+    ("SFFH", "FFHF", "FFFF", "FFFG"), ("SFFF", "FFFF", "HHFF", "FFHG"),
+    ("SFHF", "FFFF", "FFFF", "FHFG"), ("SFFH", "FFFF", "FFFF", "FFHG"),
+)  # fmt: skip
+LAKES: tuple[Task, ...] = tuple(
+    Task(f"lake-{i}", rows, slippery=True, max_turns=32) for i, rows in enumerate(_LAKES, 1)
+)
+
 
 def find(rows: Sequence[str], letter: str) -> Pos:
     for r, row in enumerate(rows):

@@ -23,7 +23,7 @@ from pathlib import Path
 from typing import Any, TextIO
 
 from budgetproxy.demo.agents import EpisodePlan, EpisodeResult
-from budgetproxy.demo.frozenlake import QUICK_TASKS, TASKS, Task
+from budgetproxy.demo.frozenlake import LAKES, QUICK_TASKS, TASKS, Task
 
 TIERS = (25, 50, 75, 100)
 ARMS: tuple[tuple[str, str], ...] = (
@@ -40,8 +40,8 @@ class DemoSettings:
 
     out: Path
     seed: int = 0
-    k: int = 16  # episodes per task, tier and arm
-    tasks: tuple[Task, ...] = TASKS
+    k: int = 8  # episodes per task, tier and arm
+    tasks: tuple[Task, ...] = TASKS + LAKES  # enough tasks for intervals over tasks
     arms: tuple[tuple[str, str], ...] = ARMS
     budgetmix_groups: int = 4  # per task, of k_budgetmix episodes each
     k_budgetmix: int = 8
@@ -56,6 +56,11 @@ class DemoSettings:
     def quick(cls, out: Path, seed: int = 0) -> DemoSettings:
         return cls(out=out, seed=seed, k=8, tasks=QUICK_TASKS, budgetmix_groups=2,
                    probe_states=32, probe_samples=4, probe_rollouts=1)
+
+    @property
+    def budgetmix_tasks(self) -> tuple[Task, ...]:
+        """BudgetMix groups run on the fixed maps only: they show the sampler, not an effect."""
+        return tuple(t for t in self.tasks if t in TASKS) or self.tasks
 
 
 @dataclass
@@ -93,7 +98,7 @@ def plan_episodes(s: DemoSettings) -> list[EpisodePlan]:
                     EpisodePlan(task, policy, budget, arm, seed, tier=tier)  # type: ignore[arg-type]
                     for policy, arm in s.arms
                 ]
-        for g in range(s.budgetmix_groups):
+        for g in range(s.budgetmix_groups if task in s.budgetmix_tasks else 0):
             for i in range(s.k_budgetmix):
                 seed = episode_seed(s.seed, task.task_id, "budgetmix", g, i)
                 plans.append(EpisodePlan(task, "budget-aware", None, "disclosed", seed,
@@ -214,7 +219,7 @@ def run_demo(s: DemoSettings, out: TextIO = sys.stdout, err: TextIO = sys.stderr
     from budgetproxy.client import BudgetClient
     from budgetproxy.demo.model_server import ModelServer
     from budgetproxy.demo.probe import add_to_report, claims, run_demo_probe
-    from budgetproxy.demo.summary import BY, what_this_shows
+    from budgetproxy.demo.summary import BY, COMPARE, what_this_shows
     from budgetproxy.serve.server import ProxyServer
 
     started = time.monotonic()
@@ -248,12 +253,16 @@ def run_demo(s: DemoSettings, out: TextIO = sys.stdout, err: TextIO = sys.stderr
     ks = ",".join(map(str, s.analysis_k))
     report = s.out / "report.html"
     common = [str(traj), "--k", ks, "--by", ",".join(BY), "--seed", str(s.seed)]
+    for pair in COMPARE:
+        common += ["--compare", pair]
     code, table = _analyze([*common, "--report", str(report)])
     if code not in (0, 1):
         raise RuntimeError(f"budgetproxy analyze failed (exit {code})")
+    table = table.split("Paired differences", 1)[0].rstrip() + "\n"  # the claims cite them
     code, as_json = _analyze([*common, "--json"])
-    outcome.pass_at = list(json.loads(as_json).get("pass_at", []))
-    outcome.summary = what_this_shows(outcome.pass_at, outcome.results)
+    analysis = json.loads(as_json)
+    outcome.pass_at = list(analysis.get("pass_at", []))
+    outcome.summary = what_this_shows(analysis.get("compare", []), outcome.results, s.analysis_k)
     add_summary_to_report(report, outcome.summary)
     add_to_report(report, outcome.probe)
     (s.out / "pass_at.json").write_text(as_json, encoding="utf-8")
@@ -270,10 +279,12 @@ def run_demo(s: DemoSettings, out: TextIO = sys.stdout, err: TextIO = sys.stderr
     for name, what in (("report.html", "the HTML report"),
                        ("trajectories/", "the proxy's JSONL trajectories"),
                        ("metrics.txt", "a /metrics snapshot (Prometheus text)"),
-                       ("pass_at.json", "the Pass@(K,T) cells (analyze --json)"),
+                       ("pass_at.json", "the Pass@(K,T) cells and paired differences "
+                                        "(analyze --json)"),
                        ("summary.txt", "what this shows"),
                        ("probe.json", "budgetproxy probe: careful vs recovering, same states"),
                        ("probe/", "the probe's calls and continuation episodes (JSONL)")):
         print(f"  {s.out / name}  {what}", file=out)
-    print(f"Re-run the analysis: budgetproxy analyze {traj} --by {','.join(BY)}", file=out)
+    print(f"Re-run the analysis: budgetproxy analyze {traj} --by {','.join(BY)} "
+          + " ".join(f"--compare {c}" for c in COMPARE), file=out)
     return outcome

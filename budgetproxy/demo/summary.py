@@ -1,8 +1,9 @@
-"""'What this shows': the demo's findings, computed from the Pass@(K,T) cells and the episodes.
+"""'What this shows': the demo's findings, read from the analysis and the episodes' results.
 
-Nothing here is asserted in advance: each sentence reads numbers from the analysis output
-(``budgetproxy analyze --json``) and the agents' results, and says what they show, including
-when an expected effect did not appear.
+Nothing here is asserted in advance. Each claim is a paired difference from ``budgetproxy
+analyze --json --compare`` (per task, bootstrap CI over tasks), printed with its interval, and
+an effect is named only where the interval excludes 0 and rests on at least FEW_TASKS tasks;
+otherwise the sentence says that this run does not show it.
 """
 
 from __future__ import annotations
@@ -14,64 +15,114 @@ from typing import Any
 from budgetproxy.demo.agents import EpisodeResult
 
 TIGHT, LOOSE = "25%", "100%"
+FEW_TASKS = 10  # as in the analysis: fewer paired tasks than this make a weak interval
 
-
-# The analysis splits the demo's episodes by these fields (the policy is an episode tag).
+# The analysis splits the demo's episodes by these fields (the policy is an episode tag) and
+# compares these pairs, A − B, per task.
 BY = ("policy", "disclosure")
+ORDERING = ("policy", "careful", "recovering")  # compared within the hidden arm
+DISCLOSURE = ("disclosure", "disclosed", "hidden")  # compared per policy
+COMPARE = tuple(f"{f}={a},{b}" for f, a, b in (ORDERING, DISCLOSURE))
 
-
-def cell_values(pass_at: Iterable[Mapping[str, Any]]) -> dict[tuple[str, str, str, int], float]:
-    """(policy, disclosure, tier, K) → Pass@(K,T) from ``analyze --json --by policy,disclosure``."""
-    out: dict[tuple[str, str, str, int], float] = {}
-    for row in pass_at:
-        by, tier, value = row.get("by") or {}, row.get("tier"), row.get("value")
-        if tier is None or value is None or any(by.get(f) is None for f in BY):
+def differences(rows: Iterable[Mapping[str, Any]]) -> dict[tuple[str, str, str, int], Any]:
+    """(compared field, other slice value, tier, K) → the ``compare`` row of analyze --json."""
+    out: dict[tuple[str, str, str, int], Any] = {}
+    for row in rows:
+        by, tier = row.get("by") or {}, row.get("tier")
+        if tier is None or len(by) != 1:
             continue
-        out[(str(by[BY[0]]), str(by[BY[1]]), str(tier), int(row["k"]))] = float(value)
+        (other,) = by.values()
+        out[(str(row["field"]), str(other), str(tier), int(row["k"]))] = row
     return out
 
 
-def _f(v: float) -> str:
-    return f"{v:.2f}"
+def _interval(row: Mapping[str, Any]) -> str:
+    """'+0.18 [+0.03, +0.36]', or the difference and why its interval has no width."""
+    if row.get("ci_note"):
+        return f"{row['diff']:+.2f} ({row['ci_note']})"
+    return f"{row['diff']:+.2f} [{row['ci_low']:+.2f}, {row['ci_high']:+.2f}]"
+
+
+def _tasks(rows: Sequence[Mapping[str, Any]]) -> str:
+    counts = sorted({int(r["n_tasks"]) for r in rows})
+    text = str(counts[0]) if len(counts) == 1 else f"{counts[0]}-{counts[-1]}"
+    few = ""
+    if counts[0] < FEW_TASKS:
+        few = f"; fewer than {FEW_TASKS}, so the intervals rest on few draws"
+    return f"paired over {text} tasks{few}"
+
+
+def _sign(row: Mapping[str, Any]) -> int:
+    """+1 / -1 when the interval lies above / below 0 and rests on enough tasks, else 0: an
+    interval over two or three tasks excludes 0 too easily to name an effect by."""
+    if not row.get("excludes_zero") or int(row["n_tasks"]) < FEW_TASKS:
+        return 0
+    return 1 if row["diff"] > 0 else -1
 
 
 def ordering_flip(
-    values: Mapping[tuple[str, str, str, int], float], a: str, b: str, k: int = 1
+    diffs: Mapping[tuple[str, str, str, int], Any], ks: Sequence[int]
 ) -> tuple[list[str], bool | None]:
-    """Lines comparing policies a and b (hidden arm) at the tight and loose tiers, and whether
-    the order flipped (None when a cell is missing)."""
-    got = {t: (values.get((a, "hidden", t, k)), values.get((b, "hidden", t, k)))
-           for t in (TIGHT, LOOSE)}
-    if any(x is None or y is None for x, y in got.values()):
-        return [f"{a} vs {b}: not enough episodes for Pass@{k} at {TIGHT} and {LOOSE}"], None
-    parts = []
-    for tier, (x, y) in got.items():
-        assert x is not None and y is not None
-        first, second = (a, b) if x >= y else (b, a)
-        hi, lo = max(x, y), min(x, y)
-        relation = ">" if hi > lo else "="
-        parts.append(f"at {tier}: {first} {_f(hi)} {relation} {second} {_f(lo)}")
-    (t_a, t_b), (l_a, l_b) = got[TIGHT], got[LOOSE]
-    assert t_a is not None and t_b is not None and l_a is not None and l_b is not None
-    flipped = (t_a - t_b) * (l_a - l_b) < 0
-    verdict = "the order flips" if flipped else "no flip in this run"
-    return [f"Pass@{k}, hidden arm, {'; '.join(parts)} — {verdict}."], flipped
+    """Careful − recovering in the hidden arm at the tight and the loose tier: lines, and
+    whether the order flips with both intervals excluding 0 (None when a cell is missing)."""
+    field, a, b = ORDERING
+    tight, loose = diffs.get((field, "hidden", TIGHT, 1)), diffs.get((field, "hidden", LOOSE, 1))
+    if tight is None or loose is None or tight["diff"] is None or loose["diff"] is None:
+        return [f"{a} vs {b}: not enough episodes for Pass@1 at {TIGHT} and {LOOSE}"], None
+    flipped = _sign(tight) * _sign(loose) == -1
+    lines = [
+        f"Pass@1, hidden arm, {a} − {b} ({_tasks([tight, loose])}): at {TIGHT} "
+        f"{_interval(tight)}, at {LOOSE} {_interval(loose)}."
+    ]
+    if flipped:
+        first, second = (a, b) if tight["diff"] > 0 else (b, a)
+        lines.append(
+            f"  Both intervals exclude 0 with opposite signs: {first} is ahead under the tight "
+            f"budget and {second} under the loose one. The order flips."
+        )
+    elif min(int(tight["n_tasks"]), int(loose["n_tasks"])) < FEW_TASKS:
+        lines.append(f"  No flip this run can support: fewer than {FEW_TASKS} tasks.")
+    else:
+        weak = [t for t, r in ((TIGHT, tight), (LOOSE, loose)) if not _sign(r)]
+        lines.append(
+            "  No flip this run can support: "
+            + (f"the interval at {' and '.join(weak)} includes 0." if weak
+               else "both intervals lie on the same side of 0.")  # fmt: skip
+        )
+    at_k = []
+    for k in ks:
+        t, lo = diffs.get((field, "hidden", TIGHT, k)), diffs.get((field, "hidden", LOOSE, k))
+        if k == 1 or t is None or lo is None or t["diff"] is None or lo["diff"] is None:
+            continue
+        verdict = "flips" if _sign(t) * _sign(lo) == -1 else "no supported flip"
+        at_k.append(f"K={k}: {_interval(t)} at {TIGHT}, {_interval(lo)} at {LOOSE}, {verdict}")
+    if at_k:
+        lines.append("  At larger K: " + "; ".join(at_k) + ".")
+    return lines, flipped
+
+
+def _rows(
+    diffs: Mapping[tuple[str, str, str, int], Any], policy: str, tiers: Sequence[str]
+) -> list[Mapping[str, Any]]:
+    rows = [diffs.get((DISCLOSURE[0], policy, t, 1)) for t in tiers]
+    return [r for r in rows if r is not None and r["diff"] is not None]
 
 
 def disclosure_effect(
-    values: Mapping[tuple[str, str, str, int], float], model: str, tiers: Sequence[str], k: int = 1
-) -> tuple[list[str], float | None]:
-    """Hidden vs disclosed for one policy per tier; returns the lines and the largest gap."""
-    parts, gaps = [], []
-    for tier in tiers:
-        h, d = values.get((model, "hidden", tier, k)), values.get((model, "disclosed", tier, k))
-        if h is None or d is None:
-            continue
-        gaps.append(d - h)
-        parts.append(f"{tier}: disclosed {_f(d)} vs hidden {_f(h)} ({d - h:+.2f})")
-    if not parts:
-        return [f"{model}: not enough episodes to compare the arms"], None
-    return [f"Pass@{k}, {model}, " + "; ".join(parts) + "."], max(gaps, key=abs)
+    diffs: Mapping[tuple[str, str, str, int], Any], policy: str, tiers: Sequence[str]
+) -> tuple[list[str], list[str]]:
+    """Disclosed − hidden for one policy per tier: lines, and the tiers where the interval
+    excludes 0."""
+    field, a, b = DISCLOSURE
+    rows = [(t, diffs.get((field, policy, t, 1))) for t in tiers]
+    found = [(t, r) for t, r in rows if r is not None and r["diff"] is not None]
+    if not found:
+        return [f"{policy}: not enough episodes to compare the arms"], []
+    parts = [f"{t}: {_interval(r)}{' *' if _sign(r) else ''}" for t, r in found]
+    shown = [t for t, r in found if _sign(r)]
+    lines = [f"Pass@1, {policy}, {a} − {b} ({_tasks([r for _, r in found])}): "
+             + "; ".join(parts) + "."]  # fmt: skip
+    return lines, shown
 
 
 def enforcement(results: Sequence[EpisodeResult]) -> list[str]:
@@ -117,33 +168,34 @@ def budgetmix_groups(results: Sequence[EpisodeResult]) -> list[str]:
 
 
 def what_this_shows(
-    pass_at: Iterable[Mapping[str, Any]], results: Sequence[EpisodeResult]
+    compare: Iterable[Mapping[str, Any]], results: Sequence[EpisodeResult], ks: Sequence[int] = (1,)
 ) -> list[str]:
-    """The whole summary, as lines of text."""
-    values = cell_values(pass_at)
-    tiers = sorted({t for _, _, t, _ in values}, key=lambda t: float(t.rstrip("%")))
-    ks = sorted({k for *_, k in values})
-    lines = ["What this shows (numbers from this run):"]
-    flip_lines, flipped = ordering_flip(values, "careful", "recovering", k=1)
-    lines += ["- Budget-dependent ordering. " + flip_lines[0]]
-    flips_at = [k for k in ks if ordering_flip(values, "careful", "recovering", k)[1]]
-    if flipped is not None:
-        lines.append(
-            f"  The order flips at K = {', '.join(map(str, flips_at))}." if flips_at else
-            "  At no K does the order flip in this run."
-        )
-    disc_lines, gap = disclosure_effect(values, "budget-aware", tiers, k=1)
+    """The whole summary, as lines of text, from the ``compare`` rows of analyze --json."""
+    diffs = differences(compare)
+    tiers = sorted({t for _, _, t, _ in diffs}, key=lambda t: float(t.rstrip("%")))
+    lines = [
+        "What this shows (numbers from this run; differences of Pass@1 per task, with 95% "
+        "paired bootstrap intervals over tasks; * marks an interval that excludes 0 on at least "
+        f"{FEW_TASKS} tasks):"
+    ]
+    flip_lines, _ = ordering_flip(diffs, ks)
+    lines += ["- Budget-dependent ordering. " + flip_lines[0], *flip_lines[1:]]
+    disc_lines, shown = disclosure_effect(diffs, "budget-aware", tiers)
     lines += ["- Disclosure changes behaviour. " + disc_lines[0]]
-    if gap is not None:
+    if disc_lines and "not enough" not in disc_lines[0]:
+        others = [t for t in tiers if t not in shown]
         lines.append(
-            f"  The largest hidden-vs-disclosed gap is {gap:+.2f}: the policy paces itself by "
-            "the budget line the proxy appends, so telling it changes what it does."
-            if gap >= 0.1 else
-            f"  The largest hidden-vs-disclosed gap is only {gap:+.2f}: no clear effect of "
-            "disclosure in this run."
+            f"  The interval excludes 0 at {', '.join(shown)}: the policy paces itself by the "
+            "budget line the proxy appends, so telling it its budget changes what it does"
+            + (f"; at {', '.join(others)} this run cannot tell the arms apart." if others
+               else ".")  # fmt: skip
+            if shown else
+            f"  Fewer than {FEW_TASKS} tasks: too few to name an effect of disclosure."
+            if min(int(r["n_tasks"]) for r in _rows(diffs, "budget-aware", tiers)) < FEW_TASKS
+            else "  No interval excludes 0: this run does not show an effect of disclosure."
         )
     for control in ("careful", "recovering"):
-        control_lines, _ = disclosure_effect(values, control, tiers, k=1)
+        control_lines, _ = disclosure_effect(diffs, control, tiers)
         if "not enough" not in control_lines[0]:
             lines.append("  Control (ignores the budget line): " + control_lines[0])
     lines += ["- Enforcement. " + enforcement(results)[0]]

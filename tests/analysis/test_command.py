@@ -64,7 +64,7 @@ def test_json_output_has_the_contract_shape(
     rows = out["pass_at"]
     assert len(rows) == 2 * 4 * 2  # arms × default tiers × K
     keys = {"k", "tier", "value", "ci_low", "ci_high", "n_tasks", "n_tasks_left_out",
-            "n_episodes", "by"}  # fmt: skip
+            "n_episodes", "by", "ci_note", "few_tasks"}  # the contract's, and two more
     assert all(set(r) == keys for r in rows)
     assert [r["tier"] for r in rows[:8:2]] == ["25%", "50%", "75%", "100%"]
     assert {json.dumps(r["by"]) for r in rows} == {'{"disclosure": "disclosed"}',
@@ -97,7 +97,7 @@ def test_terminal_table_is_aligned(tmp_path: Path, capsys: pytest.CaptureFixture
     # every K=2 column ends where its header ends
     end = header.index("K=2") + len("K=2")
     assert all(len(line) == end for line in body)
-    assert re.search(r"\d+\.\d \[\d+\.\d, \d+\.\d\]", body[0])
+    assert re.search(r"\d+\.\d \[(\d+\.\d, \d+\.\d|zero width: [a-z 01]+)\]", body[0])
 
 
 def test_report_is_self_contained_html_with_svg(
@@ -405,3 +405,81 @@ def test_report_carries_audit_and_recovery_sections(
     html = report.read_text()
     assert "BudgetMix audit" in html and "Recovery after tool errors" in html
     assert "rl" in html  # the --by slice names the series
+
+
+def test_json_is_byte_identical_across_runs_with_the_same_seed(tmp_path: Path) -> None:
+    import random
+
+    rnd = random.Random(3)
+    records = []
+    for t in range(40):
+        for e in range(6):
+            won = rnd.random() < 0.5
+            records.append(episode_record(
+                f"t{t}-e{e}", task_id=f"task{t}", budget=10, max_turns=10,
+                disclosure=rnd.choice(["hidden", "disclosed"]),
+                outcome="success" if won else "failure",
+                end_reason="success" if won else "failure",
+                success_turn=rnd.randint(1, 10) if won else None))  # fmt: skip
+    log = tmp_path / "log.jsonl"
+    log.write_text("".join(json.dumps(r) + "\n" for r in records))
+    outputs = set()
+    for _ in range(4):  # separate processes: DuckDB schedules its threads anew each time
+        done = subprocess.run(
+            [sys.executable, "-m", "budgetproxy", "analyze", str(log), "--json", "--by",
+             "disclosure", "--audit-budgetmix", "--compare", "disclosure=disclosed,hidden"],
+            capture_output=True, timeout=60,
+        )
+        assert done.returncode in (0, 1), done.stderr
+        outputs.add(done.stdout)
+    assert len(outputs) == 1
+
+
+@pytest.mark.parametrize(
+    ("step", "max_turns"), [("0.4", 10), ("0.15", 10), ("0.3", 7), ("0.1", 20)]
+)
+def test_audit_accepts_the_proxys_own_draws(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], step: str, max_turns: int
+) -> None:
+    # The budgets the proxy's sampler really draws, for steps that do not divide 1 too: the
+    # audit checks them against the same grid (capped at max_turns), so none is off-grid.
+    from budgetproxy.core.budget import draw_budgetmix
+
+    records = []
+    for t in range(4):
+        for g in range(250):
+            budget = draw_budgetmix(0, f"task{t}", f"g{g}", max_turns, float(step))
+            records += [
+                episode(f"t{t}-g{g}-e{e}", f"task{t}", f"g{g}", budget, max_turns=max_turns)
+                for e in range(2)
+            ]
+    log = tmp_path / "log.jsonl"
+    log.write_text("".join(json.dumps(r) + "\n" for r in records))
+    code = analyze(str(log), "--json", "--audit-budgetmix", "--budgetmix-step", step)
+    audit = json.loads(capsys.readouterr().out)["audit"]
+    assert audit["problems"] == [] and code == 0
+    assert audit["p_value"] is not None and audit["p_value"] > 0.01
+
+
+@pytest.mark.parametrize(
+    ("flag", "value"),
+    [
+        ("--resamples", "0"), ("--resamples", "-5"), ("--seed", "-1"), ("--seed", "x"),
+        ("--budgetmix-alpha", "2"), ("--budgetmix-alpha", "-1"), ("--budgetmix-alpha", "0"),
+        ("--tiers", "1e400"), ("--tiers", "150"), ("--tiers", "0"), ("--tiers", "nan"),
+        ("--k", "0"), ("--k", "1,x"), ("--turns", "0"), ("--turns", "99999999999"),
+        ("--budgetmix-step", "0"), ("--budgetmix-step", "1.5"), ("--budgetmix-step", "1e-400"),
+        ("--memory-limit", "lots"), ("--compare", "disclosure"), ("--resamples", "1e9"),
+    ],
+)  # fmt: skip
+def test_bad_arguments_exit_2_with_one_line_naming_the_flag(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], flag: str, value: str
+) -> None:
+    log = tmp_path / "log.jsonl"
+    log.write_text(json.dumps(episode_record("e1")) + "\n")
+    with pytest.raises(SystemExit) as exit_:
+        analyze(str(log), f"{flag}={value}")
+    assert exit_.value.code == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and err.startswith("budgetproxy analyze: "), err
+    assert flag in err, err

@@ -196,3 +196,71 @@ def test_an_unreadable_file_is_skipped_and_named(tmp_path: Path, con: Any) -> No
     assert sorted(Path(f).name for f, _ in summary.unreadable) == ["broken.parquet",
                                                                    "cut.jsonl.gz"]  # fmt: skip
     assert summary.readable.jsonl == [str(tmp_path / "good.jsonl")]
+
+
+def test_lines_that_are_not_utf8_are_skipped_and_counted(tmp_path: Path, con: Any) -> None:
+    # The proxy writes raw UTF-8: a crash mid-write can tear a line inside a multi-byte
+    # character. That line, and one with a stray invalid byte, are skipped; the file is read.
+    good = lines([turn("a", 1, response={"content": "déjà vu ✓"}), episode("a"),
+                  episode("b", task="t2", tags={"note": "naïve"})]).encode()  # fmt: skip
+    torn = json.dumps(episode("c"), ensure_ascii=False).encode()[:-3] + "é".encode()[:1]
+    stray = json.dumps(episode("d")).encode().replace(b'"t1"', b'"t\xff1"')
+    path = tmp_path / "log.jsonl"
+    path.write_bytes(good + torn + b"\n" + stray + b"\n" + lines([episode("e")]).encode())
+    with gzip.open(tmp_path / "more.jsonl.gz", "wb") as f:
+        f.write(lines([episode("f")]).encode() + b'{"schema": 1, "type": "turn", "x": "\xe2\x82')
+    summary = read(con, path, tmp_path / "more.jsonl.gz")
+    assert summary.unreadable == []
+    assert (summary.turn_records, summary.episodes) == (1, 4)  # a, b, e, f
+    reasons = {reason: n for reason, n, _ in summary.reasons}
+    assert reasons == {"not valid UTF-8 (torn line?)": 3}
+    example = next(ex for _, _, ex in summary.reasons)
+    assert example.startswith(str(path)) and "line 4" in example
+
+
+def test_a_line_past_the_limit_is_skipped_and_counted(
+    tmp_path: Path, con: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(load, "MAX_LINE_BYTES", 1 << 20)
+    huge = turn("a", 1, request_messages=[{"role": "tool", "content": "x" * (3 << 20)}])
+    path = tmp_path / "log.jsonl"
+    path.write_text(lines([turn("a", 1), huge, episode("a"), episode("b")]))
+    summary = read(con, path)
+    assert (summary.turn_records, summary.episodes, summary.skipped) == (1, 2, 1)
+    assert summary.reasons[0][0].startswith("line longer than")
+    crlf = tmp_path / "crlf.jsonl"
+    crlf.write_bytes(lines([turn("a", 1), episode("a")]).replace("\n", "\r\n").encode())
+    with load.connect() as other:
+        assert read(other, crlf).skipped == 0  # carriage returns are not missing bytes
+
+
+def test_the_connection_is_held_to_a_memory_limit_and_spills(tmp_path: Path) -> None:
+    path = tmp_path / "log.jsonl"
+    path.write_text(lines([episode(f"e{i}", task=f"t{i % 50}") for i in range(20_000)]))
+    with load.connect("64MB") as con:
+        (limit,) = con.execute("SELECT current_setting('memory_limit')").fetchone()
+        (spill,) = con.execute("SELECT current_setting('temp_directory')").fetchone()
+        assert limit.endswith("MiB") and float(limit.split()[0]) < 64
+        assert Path(spill).is_dir()
+        summary = read(con, path)
+    assert summary.episodes == 20_000
+
+
+def test_last_record_wins_across_parquet_and_jsonl_in_the_order_given(tmp_path: Path) -> None:
+    won = lines([episode("a"), episode("b")])
+    lost = lines([episode("a", outcome="failure", end_reason="failure", success_turn=None),
+                  episode("b", outcome="failure", end_reason="failure", success_turn=None)])
+    (tmp_path / "won.jsonl").write_text(won)
+    with load.connect() as con:
+        read(con, tmp_path / "won.jsonl")
+        load.create_turns_view(con, load.discover([str(tmp_path / "won.jsonl")]))
+        episodes_file, _ = export_parquet(con, tmp_path / "pq", Progress(0))
+    (tmp_path / "lost.jsonl").write_text(lost)
+
+    def successes(*paths: Path) -> int:
+        with load.connect() as con:
+            read(con, *paths)
+            return int(con.execute("SELECT count(*) FROM episodes WHERE success").fetchone()[0])
+
+    assert successes(tmp_path / "lost.jsonl", episodes_file) == 2  # the Parquet file is later
+    assert successes(episodes_file, tmp_path / "lost.jsonl") == 0

@@ -55,10 +55,13 @@ def test_exhaustion_counts_the_end_reason_not_the_flag(tmp_path: Path, con: Any)
         episode("d", turns_used=5, exhausted=True, end_reason="abandoned", outcome=None),
     ])  # fmt: skip
     rates = report.tier_rates(con, ["disclosure"])
-    assert rates == {("hidden", 50): report.TierRates(finished=3, succeeded=1, exhausted=1)}
+    third = (1 / 3, 1 / 3)  # one task: nothing to resample
+    assert rates == {("hidden", 50): report.TierRates(finished=3, succeeded=1, exhausted=1,
+                                                      tasks=1, success_ci=third,
+                                                      exhausted_ci=third)}  # fmt: skip
     success, exhaustion = report.tier_charts(con, ["disclosure"], {})
-    assert tips(success) == ["50%, hidden: 33.3% (1 of 3)"]
-    assert tips(exhaustion) == ["50%, hidden: 33.3% (1 of 3)"]  # the flag would say 2 of 3
+    assert tips(success) == ["50%, hidden: 33.3% [33.3%, 33.3%] (1 of 3 episodes, 1 tasks)"]
+    assert tips(exhaustion) == ["50%, hidden: 33.3% [33.3%, 33.3%] (1 of 3 episodes, 1 tasks)"]
     assert "end reason is <i>exhausted</i>" in exhaustion  # the chart says what it counts
     # success, exhausted and failure shares are disjoint and add up
     (r,) = rates.values()
@@ -189,3 +192,48 @@ def test_a_series_without_data_has_no_legend_entry() -> None:
     empty = svg.bar_chart("t", ["a"], [svg.Series("gone", [None])], x_title="x", y_title="y",
                           empty="nothing here")  # fmt: skip
     assert "nothing here" in empty and "gone" not in empty
+
+
+def test_bars_carry_intervals_over_tasks_and_counts(tmp_path: Path, con: Any) -> None:
+    won: dict[str, Any] = {"outcome": "success", "end_reason": "success", "success_turn": 2}
+    records = [episode(f"e{t}-{i}", task=f"t{t}", **(won if i < t % 4 else {}))
+               for t in range(12) for i in range(4)]  # fmt: skip
+    loaded(con, tmp_path / "log.jsonl", records)
+    (rates,) = report.tier_rates(con, ["disclosure"]).values()
+    assert (rates.finished, rates.tasks) == (48, 12)
+    assert rates.success_ci is not None
+    low, high = rates.success_ci
+    assert low < rates.succeeded / rates.finished < high  # tasks differ: the interval has width
+    success, _ = report.tier_charts(con, ["disclosure"], {})
+    assert success.count("<path d=") == 1  # the whisker
+    assert ">48</text>" in success  # the count over the bar
+    assert "12 tasks per bar" in success
+
+
+def test_report_has_paired_difference_charts_and_task_counts(tmp_path: Path, con: Any) -> None:
+    from budgetproxy.analysis.compare import compute_differences, parse_comparison
+
+    won: dict[str, Any] = {"outcome": "success", "end_reason": "success", "success_turn": 2}
+    records = [
+        episode(f"{arm}{t}-{i}", task=f"t{t}", disclosure=arm, budget=5, max_turns=5,
+                **(won if i < (t % 3) + (arm == "disclosed") else {}))
+        for t in range(12) for arm in ("hidden", "disclosed") for i in range(4)
+    ]  # fmt: skip
+    loaded(con, tmp_path / "log.jsonl", records)
+    budgets = [Budget("tier", Fraction(100))]
+    cells = compute_cells(con, [1], budgets, ["disclosure"], 200, 0)
+    diffs = compute_differences(con, parse_comparison("disclosure=disclosed,hidden"), [1],
+                                budgets, ["disclosure"], 200, 0)  # fmt: skip
+    page = report.render_report(con, cells, ["disclosure"], {}, (), [diffs], 200, 0)
+    assert "<h2>Paired differences</h2>" in page
+    assert "Pass@(1,T): disclosed − hidden" in page
+    assert "+25.0 [zero width: all tasks equal]" not in page  # the note is words, not a range
+    assert "12 tasks, zero width: all tasks equal" in page
+    assert "Tasks per point: 12" in page
+
+
+def test_tier_axis_says_turns_when_every_task_shares_max_turns(tmp_path: Path, con: Any) -> None:
+    loaded(con, tmp_path / "log.jsonl", [episode("a", budget=10, max_turns=10)])
+    cells = compute_cells(con, [1], [Budget("tier", Fraction(p)) for p in (25, 100)], [], 50, 0)
+    page = report.render_report(con, cells, ["disclosure"], {})
+    assert "25% (3)" in page and "100% (10)" in page and "max_turns = 10" in page

@@ -141,6 +141,7 @@ def test_tasks_with_fewer_than_k_episodes_are_left_out_and_counted(
     assert k2.as_json() == {
         "k": 2, "tier": "100%", "value": k2.value, "ci_low": k2.ci_low, "ci_high": k2.ci_high,
         "n_tasks": 1, "n_tasks_left_out": 1, "n_episodes": 3, "by": {},
+        "ci_note": "zero width: one task", "few_tasks": True,
     }  # fmt: skip
     text = format_cells(cells, resamples=200, seed=0)
     assert "K=1" in text and "K=2" in text and "(1)" in text
@@ -168,17 +169,42 @@ def test_by_tag_and_by_two_fields(tmp_path: Path, con: Any) -> None:
     ]
 
 
-def test_duplicate_episode_records_keep_the_last(tmp_path: Path, con: Any) -> None:
+def test_duplicate_episode_records_keep_the_last_line(tmp_path: Path, con: Any) -> None:
+    # The last record wins by position, not by ended_at: a later line of the same file.
     log = write(tmp_path / "log.jsonl", [
         episode("a", ended_at="2026-11-30T10:05:00.000Z"),
-        win("a", 2, ended_at="2026-11-30T10:09:00.000Z"),
-        episode("a", ended_at="2026-11-30T10:07:00.000Z"),
+        episode("a", ended_at="2026-11-30T10:09:00.000Z"),
+        win("a", 2, ended_at="2026-11-30T10:07:00.000Z"),
         win("b", 2), win("b", 2),
     ])  # fmt: skip
     summary = load.load_episodes(con, load.discover([str(log)]), Progress(0))
     assert (summary.episode_records, summary.episodes, summary.duplicates) == (5, 2, 3)
     cells = compute_cells(con, [1], [Budget(TIER, Fraction(100))], ["task_id"], 100, 0)
     assert cells[0].value == 1.0
+
+
+def test_the_last_record_wins_on_ties_file_order_then_line_order(tmp_path: Path) -> None:
+    # 200 failure-then-success pairs with equal ended_at: every episode ends a success.
+    pairs = [r for i in range(200) for r in (episode(f"e{i}", task=f"t{i % 20}"),
+                                             win(f"e{i}", 3, task=f"t{i % 20}"))]  # fmt: skip
+    log = write(tmp_path / "pairs.jsonl", pairs)
+    for _ in range(3):
+        with load.connect() as con:
+            cells = cells_for(con, log, [1], [Budget(TIER, Fraction(100))])
+        assert (cells[0].value, cells[0].n_episodes) == (1.0, 200)
+    # Across files the later file wins, whatever the lines say: b.jsonl after a.jsonl.
+    (tmp_path / "two").mkdir()
+    write(tmp_path / "two" / "a.jsonl", [win(f"e{i}", 3) for i in range(50)])
+    write(tmp_path / "two" / "b.jsonl", [episode(f"e{i}", ended_at="2026-11-30T09:00:00.000Z")
+                                         for i in range(50)])  # fmt: skip
+    with load.connect() as con:
+        cells = cells_for(con, tmp_path / "two", [1], [Budget(TIER, Fraction(100))])
+    assert (cells[0].value, cells[0].n_episodes) == (0.0, 50)
+    # Files named on the command line keep the order given.
+    with load.connect() as con:
+        load.load_episodes(con, load.discover([str(tmp_path / "two" / "b.jsonl"),
+                                               str(tmp_path / "two" / "a.jsonl")]), Progress(0))
+        assert compute_cells(con, [1], [Budget(TIER, Fraction(100))])[0].value == 1.0
 
 
 # --- the pipeline against a plain-Python reference -------------------------------------------
@@ -268,3 +294,54 @@ def test_pipeline_matches_reference(tmp_path: Path, specs: list[dict[str, Any]])
         assert (g[0] is None) == (value is None), key
         if value is not None:
             assert g[0] == pytest.approx(value, abs=1e-12), key
+
+
+def _many_tasks(tasks: int = 40, per_task: int = 6, seed: int = 1) -> list[dict[str, Any]]:
+    import random
+
+    rnd = random.Random(seed)
+    records = []
+    for t in range(tasks):
+        for i in range(per_task):
+            if rnd.random() < 0.5:
+                records.append(win(f"e{t}-{i}", rnd.randint(1, 10), task=f"task-{t}"))
+            else:
+                records.append(episode(f"e{t}-{i}", task=f"task-{t}"))
+    return records
+
+
+def test_intervals_do_not_depend_on_the_order_of_the_log(tmp_path: Path) -> None:
+    # The bootstrap resamples tasks by position: tasks must come in a fixed order (task_id),
+    # not in whatever order DuckDB grouped them, or the same seed gives other intervals.
+    import random
+
+    records = _many_tasks()
+    budgets = [Budget(TIER, Fraction(p)) for p in (30, 100)]
+    seen = set()
+    for shuffle in range(4):
+        random.Random(shuffle).shuffle(records)
+        log = write(tmp_path / f"log{shuffle}.jsonl", records)
+        with load.connect() as con:
+            cells = cells_for(con, log, [1, 2], budgets)
+        seen.add(tuple((c.value, c.ci_low, c.ci_high) for c in cells))
+    assert len(seen) == 1, seen
+
+
+def test_zero_width_intervals_say_why(tmp_path: Path) -> None:
+    def cells(name: str, records: list[dict[str, Any]], by: list[str] | None = None) -> list[Cell]:
+        with load.connect() as con:
+            return cells_for(con, write(tmp_path / name, records), [1, 2],
+                             [Budget(TIER, Fraction(100))], by)  # fmt: skip
+
+    half = [win("b1", 2, task="b"), episode("b2", task="b"),
+            win("c1", 2, task="c"), episode("c2", task="c")]  # fmt: skip
+    split = cells("split.jsonl", [win("a1", 2, task="a"), *half], by=["task_id"])
+    assert one(split, by={"task_id": "a"}, k=1).ci_note == "zero width: one task"
+    pooled = cells("pooled.jsonl", half)  # two tasks, both at 1/2 for K=1 and 1 for K=2
+    assert one(pooled, k=1).ci_note == "zero width: all tasks equal"
+    assert one(pooled, k=2).ci_note == "zero width: all tasks at 1"
+    spread = one(cells("spread.jsonl", [*half[:2], episode("c1", task="c")]), k=1)
+    assert spread.ci_note is None and spread.ci_low is not None and spread.ci_high is not None
+    assert spread.ci_low < spread.ci_high
+    text = format_cells(split, 200, 0)
+    assert "[zero width: one task]" in text and "†" in text

@@ -111,8 +111,16 @@ def test_plan_covers_every_arm_tier_and_budgetmix_group(tmp_path: Path) -> None:
     assert plan_episodes(s) == plans
 
 
-def _row(policy: str, arm: str, tier: str, k: int, value: float | None) -> dict[str, Any]:
-    return {"k": k, "tier": tier, "value": value, "by": {"policy": policy, "disclosure": arm}}
+def _diff(
+    field: str, other: str, tier: str, k: int, diff: float | None, low: float, high: float,
+    tasks: int = 14, note: str | None = None,
+) -> dict[str, Any]:
+    a, b = ("careful", "recovering") if field == "policy" else ("disclosed", "hidden")
+    excludes = diff is not None and note is None and (low > 0 or high < 0)
+    return {"field": field, "a": a, "b": b, "k": k, "tier": tier, "diff": diff, "ci_low": low,
+            "ci_high": high, "n_tasks": tasks, "by": {"disclosure" if field == "policy"
+                                                      else "policy": other},
+            "ci_note": note, "excludes_zero": excludes}  # fmt: skip
 
 
 def _result(policy: str, arm: str, exhausted: bool) -> EpisodeResult:
@@ -121,22 +129,37 @@ def _result(policy: str, arm: str, exhausted: bool) -> EpisodeResult:
                          exhausted=exhausted)
 
 
-def test_summary_reads_the_numbers_and_says_when_an_effect_is_missing() -> None:
+def test_summary_claims_only_what_the_intervals_support() -> None:
     rows = [
-        _row("careful", "hidden", "25%", 1, 0.6), _row("recovering", "hidden", "25%", 1, 0.2),
-        _row("careful", "hidden", "100%", 1, 0.7), _row("recovering", "hidden", "100%", 1, 0.9),
-        _row("budget-aware", "hidden", "25%", 1, 0.1),
-        _row("budget-aware", "disclosed", "25%", 1, 0.5),
-        _row("budget-aware", "hidden", "100%", 1, 0.8),
-        _row("budget-aware", "disclosed", "100%", 1, None),
+        _diff("policy", "hidden", "25%", 1, 0.18, 0.04, 0.35),
+        _diff("policy", "hidden", "100%", 1, -0.14, -0.24, -0.05),
+        _diff("policy", "hidden", "25%", 8, 0.05, -0.06, 0.16),
+        _diff("policy", "hidden", "100%", 8, 0.0, 0.0, 0.0, note="zero width: no task differs"),
+        _diff("disclosure", "budget-aware", "25%", 1, 0.39, 0.23, 0.57),
+        _diff("disclosure", "budget-aware", "100%", 1, 0.05, -0.01, 0.13),
     ]
     results = [_result("careful", "hidden", True), _result("careful", "hidden", False)]
-    text = "\n".join(what_this_shows(rows, results))
-    assert "at 25%: careful 0.60 > recovering 0.20" in text
-    assert "at 100%: recovering 0.90 > careful 0.70" in text
-    assert "the order flips" in text
-    assert "25%: disclosed 0.50 vs hidden 0.10 (+0.40)" in text
+    text = "\n".join(what_this_shows(rows, results, ks=(1, 8)))
+    assert "careful − recovering (paired over 14 tasks): at 25% +0.18 [+0.04, +0.35], " \
+           "at 100% -0.14 [-0.24, -0.05]" in text  # fmt: skip
+    assert "The order flips." in text
+    assert "K=8: +0.05 [-0.06, +0.16] at 25%, +0.00 (zero width: no task differs) at 100%, " \
+           "no supported flip" in text  # fmt: skip
+    assert "25%: +0.39 [+0.23, +0.57] *; 100%: +0.05 [-0.01, +0.13]." in text
+    assert "excludes 0 at 25%" in text and "at 100% this run cannot tell the arms apart" in text
     assert "careful hidden 1/2" in text
-    rows[3] = _row("recovering", "hidden", "100%", 1, 0.5)
-    assert "no flip in this run" in "\n".join(what_this_shows(rows, results))
-    assert "not enough episodes" in "\n".join(what_this_shows(rows[:1], results))
+    # An interval that includes 0 is no flip, whatever the point estimates say.
+    rows[1] = _diff("policy", "hidden", "100%", 1, -0.09, -0.33, 0.05)
+    text = "\n".join(what_this_shows(rows, results))
+    assert "The order flips" not in text
+    assert "No flip this run can support: the interval at 100% includes 0." in text
+    # Intervals over a handful of tasks exclude 0 too easily: no effect is named on them.
+    few = [dict(r, n_tasks=2) for r in rows]
+    text = "\n".join(what_this_shows(few, results))
+    assert "fewer than 10, so the intervals rest on few draws" in text
+    assert "No flip this run can support: fewer than 10 tasks." in text
+    assert "+0.39 [+0.23, +0.57];" in text and "Fewer than 10 tasks: too few to name" in text
+    rows[4] = _diff("disclosure", "budget-aware", "25%", 1, 0.1, -0.1, 0.3)
+    assert "this run does not show an effect of disclosure" in "\n".join(
+        what_this_shows(rows, results))  # fmt: skip
+    assert "not enough episodes" in "\n".join(what_this_shows(rows[4:5], results))

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import re
 import subprocess
 import sys
 from collections import Counter
@@ -33,9 +34,11 @@ def test_demo_prints_the_table_and_what_it_shows(
     for policy in ("careful", "recovering", "budget-aware"):
         assert policy in done.stdout
     assert "What this shows" in done.stdout
-    # The effects the demo exists to show, measured on this run (seed 0 is reproducible).
-    assert "the order flips" in done.stdout, done.stdout
-    assert "Disclosure changes behaviour. Pass@1, budget-aware, 25%: disclosed" in done.stdout
+    # Every claim carries its interval; two maps are too few to claim much, and it says so.
+    assert "careful − recovering (paired over 2 tasks; fewer than 10" in done.stdout
+    assert "Disclosure changes behaviour. Pass@1, budget-aware, disclosed − hidden" in done.stdout
+    assert re.search(r"at 25% [+-]\d\.\d\d (\[[+-]\d\.\d\d, [+-]\d\.\d\d\]|\(zero width)",
+                     done.stdout), done.stdout  # fmt: skip
     assert str(out / "report.html") in done.stdout
     assert "episodes" in done.stderr  # the progress bar
 
@@ -50,8 +53,11 @@ def test_demo_leaves_report_metrics_and_trajectories(
     metrics = (out / "metrics.txt").read_text(encoding="utf-8")
     assert "budgetproxy_turns_total" in metrics
     assert 'budgetproxy_episodes_finished_total{disclosure="disclosed"' in metrics
-    cells = json.loads((out / "pass_at.json").read_text(encoding="utf-8"))["pass_at"]
+    analysis = json.loads((out / "pass_at.json").read_text(encoding="utf-8"))
+    cells = analysis["pass_at"]
     assert {c["by"]["policy"] for c in cells} == {"careful", "recovering", "budget-aware"}
+    assert {(d["field"], d["a"], d["b"]) for d in analysis["compare"]} == {
+        ("policy", "careful", "recovering"), ("disclosure", "disclosed", "hidden")}
     assert (out / "summary.txt").read_text(encoding="utf-8").startswith("What this shows")
 
 
