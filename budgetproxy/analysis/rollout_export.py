@@ -161,6 +161,7 @@ def read_logs(con: Any, paths: Sequence[str]) -> tuple[list[dict[str, Any]],
 def write(con: Any, rows: list[dict[str, Any]], out: Path, fmt: str) -> Path:
     """OUT/episodes.parquet (typed columns, zstd) or OUT/episodes.jsonl."""
     from budgetproxy.analysis.db import sql_str
+    from budgetproxy.analysis.load import MAX_LINE_BYTES
 
     out.mkdir(parents=True, exist_ok=True)
     with tempfile.NamedTemporaryFile("w", suffix=".jsonl", dir=out, delete=False,
@@ -179,7 +180,7 @@ def write(con: Any, rows: list[dict[str, Any]], out: Path, fmt: str) -> Path:
         con.execute(
             f"COPY (SELECT {names} FROM read_json({sql_str(str(staged))}, "
             f"format = 'newline_delimited', columns = {{{spec}}}, "
-            f"maximum_object_size = {1 << 30})) TO {sql_str(str(target))} "
+            f"maximum_object_size = {MAX_LINE_BYTES})) TO {sql_str(str(target))} "
             f"(FORMAT parquet, COMPRESSION zstd)")
     finally:
         staged.unlink(missing_ok=True)
