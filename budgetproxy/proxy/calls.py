@@ -45,7 +45,7 @@ class ModelCall:
         "t0", "route", "dialect", "kind", "model", "stream", "episode_id", "state", "grant",
         "upstream", "t_upstream", "started", "sent_body", "status", "disclosure_text",
         "result", "http_status", "ttft", "error_class", "conversation", "data", "events",
-        "settled", "span", "prints", "previous_response", "exact", "ended", "probe",
+        "settled", "span", "prints", "previous_response", "exact", "ended", "probe", "query",
         "capture", "tokens", "sent",
     )
 
@@ -80,6 +80,7 @@ class ModelCall:
         self.exact = False  # the payload was read again to keep integers past 64 bits
         self.ended: EpisodeState | None = None  # its episode, when settling this call ended it
         self.probe: str | None = None  # the probe run that sent it (PROBE_HEADER)
+        self.query = ""  # the query string forwarded upstream with it (core.paths.wire_query)
         self.capture: Capture | None = None  # token capture asked of the upstream
         self.tokens: Tokens | None = None  # what it sampled, read back
         self.sent: list[Any] | None = None  # the conversation as the upstream got it
