@@ -9,6 +9,7 @@ from typing import Any
 import orjson
 
 from budgetproxy.core.episode import EpisodeState
+from budgetproxy.core.tenants import tenant_of
 from budgetproxy.errors import invalid_request
 from budgetproxy.store.base import StoreUnavailable
 from budgetproxy.store.groups import GroupKey, GroupStore
@@ -22,11 +23,17 @@ log = logging.getLogger("budgetproxy")
 GROUP_SIZE_MAX = 10_000
 
 
+def tenant_group(tenant: str | None, task_id: str, group: str) -> GroupKey:
+    """A group's key in its tenant's namespace (the default one keeps the plain task id; a
+    NUL, which no header can carry, parts a tenant from the task)."""
+    return (task_id if tenant is None else f"{tenant}\0{task_id}"), group
+
+
 def group_key(st: EpisodeState) -> GroupKey | None:
-    """An episode's group: (task_id, group), when it names both."""
+    """An episode's group: (task_id, group) in its tenant's namespace, when it names both."""
     if st.task_id is None or st.group is None:
         return None
-    return st.task_id, st.group
+    return tenant_group(tenant_of(st.episode_id), st.task_id, st.group)
 
 
 def group_size(headers: dict[bytes, bytes]) -> int | None:

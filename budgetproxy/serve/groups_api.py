@@ -6,15 +6,17 @@ import asyncio
 from typing import Any
 
 import orjson
-from fastapi import Body, FastAPI
+from fastapi import Body, FastAPI, Request
 from fastapi.responses import Response
 from pydantic import BaseModel, ConfigDict, Field
 
 from budgetproxy.config import Config
 from budgetproxy.core.episode import EpisodeState
+from budgetproxy.core.keys import OPEN
 from budgetproxy.core.rewards import advantages, final_reward
+from budgetproxy.core.tenants import local_id, tenant_for
 from budgetproxy.errors import ProxyError
-from budgetproxy.proxy.grouping import GROUP_SIZE_MAX
+from budgetproxy.proxy.grouping import GROUP_SIZE_MAX, tenant_group
 from budgetproxy.store.base import EpisodeStore
 from budgetproxy.store.groups import GroupKey, GroupStore
 
@@ -24,8 +26,8 @@ RECHECK_S = 1.0  # a long poll looks again at least this often (an end it could 
 
 class GroupCreate(BaseModel):
     model_config = ConfigDict(extra="forbid")
-    task_id: str = Field(min_length=1, max_length=512)
-    group: str = Field(min_length=1, max_length=512)
+    task_id: str = Field(min_length=1, max_length=256, pattern=r"^[^\x00]*$")
+    group: str = Field(min_length=1, max_length=256)
     size: int = Field(ge=1, le=GROUP_SIZE_MAX, strict=True)
 
 
@@ -33,13 +35,23 @@ def _json(data: Any, status: int = 200) -> Response:
     return Response(orjson.dumps(data), status_code=status, media_type="application/json")
 
 
+def request_tenant(request: Request) -> str | None:
+    """The tenant namespace of the request's key (an admin key: the one it names)."""
+    who = getattr(request.state, "principal", OPEN)
+    try:
+        return tenant_for(who, request.headers.get("x-episode-tenant", "").encode() or None)
+    except ValueError as e:
+        raise ProxyError(400, "invalid_request", str(e), param="tenant") from None
+
+
 def member_view(episode_id: str, st: EpisodeState | None, config: Config) -> dict[str, Any]:
+    episode_id = local_id(episode_id)  # the id its tenant's clients know
     if st is None:  # past retention: only its id is left
         return {"episode_id": episode_id, "budget": None, "disclosure": None,
                 "status": "finished", "end_reason": None, "reward": None, "advantage": None}
     ended = st.status == "finished" and not st.end_pending
     return {
-        "episode_id": st.episode_id,
+        "episode_id": episode_id,
         "budget": st.budget,
         "disclosure": st.disclosure,
         "status": "finished" if ended else "active",
@@ -67,15 +79,16 @@ async def group_view(key: GroupKey, groups: GroupStore, store: EpisodeStore,
                                                scale_by_std=config.reward.scale_by_std),
                           strict=True):
             e["advantage"] = adv
-    return {"task_id": key[0], "group": key[1], "size": size, "done": done,
-            "finished": finished, "episodes": episodes}
+    return {"task_id": key[0].rpartition("\0")[2], "group": key[1], "size": size,
+            "done": done, "finished": finished, "episodes": episodes}
 
 
 def add_group_routes(app: FastAPI, config: Config, store: EpisodeStore,
                      groups: GroupStore) -> None:
     @app.post("/v1/groups", status_code=201)
-    async def create_group(body: GroupCreate = Body()) -> Response:  # noqa: B008
-        key = (body.task_id, body.group)
+    async def create_group(request: Request,
+                           body: GroupCreate = Body()) -> Response:  # noqa: B008
+        key = tenant_group(request_tenant(request), body.task_id, body.group)
         before, _ = await groups.members(key)
         size = await groups.declare(key, body.size)
         if size != body.size:
@@ -86,13 +99,13 @@ def add_group_routes(app: FastAPI, config: Config, store: EpisodeStore,
         return _json(view, 201 if before is None else 200)
 
     @app.get("/v1/groups/{task_id}/{group}")
-    async def get_group(task_id: str, group: str, wait: bool = False,
+    async def get_group(request: Request, task_id: str, group: str, wait: bool = False,
                         timeout_s: float = 30.0) -> Response:
         if not 0 <= timeout_s <= WAIT_MAX_S:
             raise ProxyError(400, "invalid_request",
                              f"timeout_s must be between 0 and {WAIT_MAX_S:g}",
                              param="timeout_s")
-        key = (task_id, group)
+        key = tenant_group(request_tenant(request), task_id, group)
         loop = asyncio.get_running_loop()
         deadline = loop.time() + timeout_s
         while True:

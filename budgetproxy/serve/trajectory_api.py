@@ -5,13 +5,15 @@ from __future__ import annotations
 from typing import Any
 
 import orjson
-from fastapi import FastAPI
+from fastapi import FastAPI, Request
 from fastapi.responses import Response
 
 from budgetproxy.config import Config
 from budgetproxy.core.rewards import final_reward
+from budgetproxy.core.tenants import local_id
 from budgetproxy.core.tokens import sequence
-from budgetproxy.errors import ProxyError, checked_episode_id
+from budgetproxy.errors import ProxyError
+from budgetproxy.serve.episode_api import stored_id
 from budgetproxy.store.base import EpisodeStore
 from budgetproxy.store.turn_log import TurnLog
 
@@ -27,18 +29,20 @@ def last_attempts(entries: list[dict[str, Any]]) -> list[dict[str, Any]]:
 def add_trajectory_route(app: FastAPI, config: Config, store: EpisodeStore,
                          turns: TurnLog | None) -> None:
     @app.get("/v1/episodes/{episode_id}/trajectory")
-    async def trajectory(episode_id: str) -> Response:
-        st = await store.get(checked_episode_id(episode_id))
+    async def trajectory(request: Request, episode_id: str) -> Response:
+        named = episode_id
+        episode_id = stored_id(request, episode_id)  # in the key's tenant namespace
+        st = await store.get(episode_id)
         if st is None:
             if await store.is_known(episode_id):
                 raise ProxyError(404, "trajectory_not_found",
-                                 f"Episode {episode_id!r} is past retention; its turns are "
+                                 f"Episode {named!r} is past retention; its turns are "
                                  "only in the trajectory log", param="episode_id")
-            raise ProxyError(404, "episode_not_found", f"No episode with id {episode_id!r}",
+            raise ProxyError(404, "episode_not_found", f"No episode with id {named!r}",
                              param="episode_id")
         if st.status != "finished" or st.end_pending:
             raise ProxyError(409, "episode_active",
-                             f"Episode {episode_id!r} has not ended; its trajectory is served "
+                             f"Episode {named!r} has not ended; its trajectory is served "
                              "once it has (report its outcome or end it)", param="episode_id")
         if turns is None:
             raise ProxyError(404, "trajectory_not_found",
@@ -48,7 +52,7 @@ def add_trajectory_route(app: FastAPI, config: Config, store: EpisodeStore,
         kept = last_attempts([orjson.loads(b) for b in raw])
         seq = sequence(kept)
         body: dict[str, Any] = {
-            "episode_id": st.episode_id,
+            "episode_id": local_id(st.episode_id),
             "task_id": st.task_id,
             "group": st.group,
             "budget": st.budget,

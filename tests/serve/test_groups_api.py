@@ -132,3 +132,24 @@ def test_long_poll_times_out(default_proxy: Proxy) -> None:
     assert r.status_code == 200 and r.json()["done"] is False
     assert 0.3 <= time.monotonic() - t0 < 2
     assert_openai_error(group(p, task, "g", wait="true", timeout_s=-1), 400, "invalid_request")
+
+
+def test_groups_and_trajectories_stay_in_their_tenant(proxy: ProxyFactory) -> None:
+    p = proxy({"auth": {"keys": [{"key": "sk-tenant-a-0000000", "tenant": "a"},
+                                 {"key": "sk-tenant-b-0000000", "tenant": "b"}]}})
+    a = {"authorization": "Bearer sk-tenant-a-0000000"}
+    b = {"authorization": "Bearer sk-tenant-b-0000000"}
+    task, eid = new_id("task"), new_id()
+    r = p.http().post("/v1/chat/completions", json=chat_body(),
+                      headers={**a, "X-Episode-Id": eid, "X-Episode-Task": task,
+                               "X-Episode-Group": "g", "X-Episode-Group-Size": "1"})
+    assert r.status_code == 200, r.text
+    assert p.http().post(f"/v1/episodes/{eid}/end", headers=a).status_code == 200
+    view = p.http().get(f"/v1/groups/{task}/g", headers=a).json()
+    assert view["task_id"] == task and view["done"] is True
+    assert [e["episode_id"] for e in view["episodes"]] == [eid]
+    assert_openai_error(p.http().get(f"/v1/groups/{task}/g", headers=b), 404, "group_not_found",
+                        "group")
+    assert p.http().get(f"/v1/episodes/{eid}/trajectory", headers=a).json()["episode_id"] == eid
+    assert_openai_error(p.http().get(f"/v1/episodes/{eid}/trajectory", headers=b), 404,
+                        "episode_not_found")

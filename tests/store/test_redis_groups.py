@@ -38,7 +38,8 @@ def replicas(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[str, st
                                store={"kind": "redis", "url": REDIS_URL, "key_prefix": prefix},
                                trajectories={"dir": str(Path(d) / f"traj-{name}")},
                                upstreams=[{"name": "fake", "base_url": up.base_url,
-                                           "capture_tokens": True}])
+                                           "capture_tokens": True}],
+                               server={"forward_headers": ["x-fake-*"]})
             procs.append(ProxyProcess(cfg, Path(d) / f"{name}.log").start())
         yield procs[0].url, procs[1].url
     finally:
