@@ -230,6 +230,9 @@ class RolloutsConfig(_Strict):
     # captured) for GET /v1/episodes/{id}/trajectory, for episodes.retention_s.
     keep_turns: bool = True
     max_bytes: int = Field(256 * 1024 * 1024, gt=0)  # memory store: all episodes' turns
+    # Signs the per-episode keys POST /v1/episodes mints (api_key). Replicas need the same
+    # one; none: each process draws its own at start.
+    key_secret: str | None = Field(None, min_length=16)
 
 
 class AuthConfig(_Strict):

@@ -47,7 +47,8 @@ def key_episode(secret: bytes, key: str) -> str | None:
     if not key.startswith(KEY_PREFIX):
         return None
     eid, dot, sig = key[len(KEY_PREFIX):].rpartition(".")
-    if not dot or not is_valid_episode_id(eid):
+    parts = eid.split("/")  # a tenant's episode: tenant/id, as the store knows it
+    if not dot or len(parts) > 2 or not all(is_valid_episode_id(p) for p in parts):
         return None
     if not hmac.compare_digest(sig, _signature(secret, eid)):
         return None

@@ -18,10 +18,10 @@ from budgetproxy.core.budget import tier_label
 from budgetproxy.core.episode import EpisodeState, Grant, GrantKind, SettleResult
 from budgetproxy.core.fingerprint import Fingerprint
 from budgetproxy.core.forwarded_headers import HeaderPolicy
-from budgetproxy.core.keys import KeyRing
+from budgetproxy.core.keys import KeyRing, Principal
 from budgetproxy.core.paths import wire_query
 from budgetproxy.core.spec import SpecError, new_episode
-from budgetproxy.core.tenants import TENANT_HEADER, local_id, qualified, tenant_for
+from budgetproxy.core.tenants import TENANT_HEADER, local_id, qualified, tenant_for, tenant_of
 from budgetproxy.core.usage import token_counts
 from budgetproxy.errors import (
     ProxyError,
@@ -52,6 +52,7 @@ from budgetproxy.proxy.calls import (
 )
 from budgetproxy.proxy.dialects import DIALECTS, Reply
 from budgetproxy.proxy.dialects.base import lone_text
+from budgetproxy.proxy.episode_keys import EpisodeKeys
 from budgetproxy.proxy.grouping import group_key, group_size
 from budgetproxy.proxy.refusal import refusal_status
 from budgetproxy.proxy.upstream import UpstreamPool
@@ -87,6 +88,7 @@ class ModelCalls:
         litellm_call: Callable[..., Any] | None = None,
         *,
         groups: GroupStore | None = None,
+        episode_keys: EpisodeKeys | None = None,
     ) -> None:
         self.cfg = config
         self.pool = pool
@@ -95,6 +97,7 @@ class ModelCalls:
         self.metrics = metrics
         self.tracing = tracing
         self.groups = groups
+        self.episode_keys = episode_keys
         names = ["x-episode-id", *(h.lower() for h in config.episodes.all_id_headers())]
         self.id_headers = tuple(dict.fromkeys(n.encode() for n in names))
         self.alias_headers = self.id_headers[1:]
@@ -185,10 +188,22 @@ class ModelCalls:
         self, call: ModelCall, scope: Scope, receive: Receive, send: Send, path_episode: str | None
     ) -> None:
         headers: dict[bytes, bytes] = dict(scope["headers"])
-        who = self.keys.principal(headers.get(b"authorization"),
-                                  headers.get(b"x-api-key"))  # (x-api-key: Anthropic's)
-        if who is None:
-            raise invalid_api_key()
+        # A per-episode key names its episode (in its tenant's namespace) and stands for the
+        # key it was minted behind.
+        keyed = None if self.episode_keys is None else self.episode_keys.episode_of(
+            headers.get(b"authorization"))
+        if keyed is not None:
+            who = Principal(tenant=tenant_of(keyed))
+            if path_episode is not None and path_episode != local_id(keyed):
+                raise invalid_episode_id(f"The episode key names episode {local_id(keyed)!r}, "
+                                         f"the path {path_episode!r}")
+            path_episode = local_id(keyed)
+        else:
+            found = self.keys.principal(headers.get(b"authorization"),
+                                        headers.get(b"x-api-key"))  # (x-api-key: Anthropic's)
+            if found is None:
+                raise invalid_api_key()
+            who = found
         if len(headers) < len(scope["headers"]):  # a header sent twice: the dict kept the last
             self._one_id_each(scope["headers"])
         eid = self._episode_id(headers, path_episode)

@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import logging
+from collections.abc import MutableMapping
 from typing import Any
 
 import orjson
@@ -62,6 +63,18 @@ def turn_entry(record: dict[str, Any], sent: list[Any] | None) -> dict[str, Any]
         if k in record:
             entry[k] = record[k]
     return entry
+
+
+def with_rollout_group(scope: MutableMapping[str, Any], rollout_id: str) -> dict[str, Any]:
+    """The scope of a call under /rollout/{rid}/attempt/{aid}/v1: its episode's task and group
+    are the rollout's, unless its headers name others (read on the episode's first call)."""
+    headers = list(scope["headers"])
+    names = {k for k, _ in headers}
+    value = rollout_id.encode("latin-1")
+    for name in (b"x-episode-task", b"x-episode-group"):
+        if name not in names:
+            headers.append((name, value))
+    return {**scope, "headers": headers}
 
 
 class RolloutRecorder(Recorder):

@@ -140,7 +140,7 @@ class UpstreamCall:
             out[name] = value
         elif not self.own_keys:
             auth = headers.get(b"authorization")
-            if auth:
+            if auth and not auth.startswith(b"Bearer bpk."):  # an episode key stays here
                 out["authorization"] = auth.decode("latin-1")
             key = headers.get(b"x-api-key")
             if key:

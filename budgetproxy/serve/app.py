@@ -19,6 +19,7 @@ from budgetproxy.config import ENV_MULTIPROC_DIR, Config
 from budgetproxy.core.ids import is_valid_episode_id, split_episode_prefix
 from budgetproxy.core.keys import KeyRing
 from budgetproxy.core.paths import PathRefused, wire_path
+from budgetproxy.core.rollout_ids import ROLLOUT_PREFIX, attempt_episode_id, split_rollout_prefix
 from budgetproxy.errors import (
     ProxyError,
     invalid_api_key,
@@ -26,8 +27,9 @@ from budgetproxy.errors import (
     request_too_large,
 )
 from budgetproxy.proxy.asgi import Receive, Scope, Send, send_error
+from budgetproxy.proxy.episode_keys import EpisodeKeys
 from budgetproxy.proxy.forward import ModelCalls
-from budgetproxy.proxy.grouping import RolloutRecorder
+from budgetproxy.proxy.grouping import RolloutRecorder, with_rollout_group
 from budgetproxy.proxy.upstream import UpstreamPool
 from budgetproxy.proxy.wire import MODEL_ROUTES
 from budgetproxy.serve.episode_api import build_api
@@ -147,10 +149,14 @@ class BudgetProxy:
             from budgetproxy.proxy.litellm_adapter import call_litellm
 
             litellm_call = call_litellm
+        secret = config.rollouts.key_secret
+        self.episode_keys = EpisodeKeys(secret.encode() if secret else os.urandom(32))
         self.calls = ModelCalls(config, self.pool, self.store, self.recorder, self.metrics,
-                                self.tracing, litellm_call, groups=self.groups)
+                                self.tracing, litellm_call, groups=self.groups,
+                                episode_keys=self.episode_keys)
         self.api = build_api(config, self.store, self.recorder, self.pool, self.registry,
-                             self.metrics, extra_routes=self._extra_routes)
+                             self.metrics, extra_routes=self._extra_routes,
+                             mint_key=self.episode_keys.mint)
         self._keys = KeyRing.of(config.auth)
         self._sweeper: asyncio.Task[None] | None = None
         self._flusher: asyncio.Task[None] | None = None
@@ -187,6 +193,17 @@ class BudgetProxy:
             if route is not None and scope["method"] == "POST":
                 await self.calls.handle(scope, receive, send, route, None)
                 return
+            if path.startswith(ROLLOUT_PREFIX):
+                rollout = split_rollout_prefix(path)
+                if rollout is not None:  # one episode per attempt, the rollout its group
+                    rid, aid, tail = rollout
+                    route = model_route(tail)
+                    if route is not None and scope["method"] == "POST":
+                        await self.calls.handle(with_rollout_group(scope, rid), receive, send,
+                                                route, attempt_episode_id(rid, aid))
+                        return
+                    scope = dict(scope)
+                    scope["path"], scope["raw_path"] = tail, wire_path(tail).encode()
             if path.startswith("/episodes/"):
                 split = split_episode_prefix(path)
                 if split is not None:
