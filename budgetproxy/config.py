@@ -439,7 +439,7 @@ def load_config(
         raise ConfigError(_format_error(e) + hint) from None
 
 
-_SECRET_KEYS = frozenset({"api_key", "keys", "admin_keys", "key"})
+_SECRET_KEYS = frozenset({"api_key", "keys", "admin_keys", "key", "key_secret"})
 _URL_PASSWORD = re.compile(r"(://[^:/@]*:)[^@]*@")
 
 
