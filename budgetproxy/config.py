@@ -93,6 +93,10 @@ class UpstreamConfig(_Strict):
 class BudgetMixConfig(_Strict):
     max_turns: int = Field(20, ge=1)
     step: float = Field(0.1, gt=0, le=1)
+    # Full budgets of other axes to draw over too (candidates at `step` of each), per group.
+    max_tokens: int | None = Field(None, ge=1)
+    max_cost_usd: float | None = Field(None, gt=0)
+    max_time_s: float | None = Field(None, gt=0)
 
 
 class BudgetConfig(_Strict):
@@ -104,6 +108,13 @@ class BudgetConfig(_Strict):
     sampler: Literal["none", "budgetmix"] = "none"
     budgetmix: BudgetMixConfig = BudgetMixConfig()
     seed: int = 0
+    # Budgets on the other axes of an episode that names none (None: no cap on that axis).
+    default_tokens: int | None = Field(None, ge=1)
+    default_cost_usd: float | None = Field(None, gt=0)
+    default_time_s: float | None = Field(None, gt=0)
+    # Output tokens held for a call that sets no output cap while more is left (no cap is
+    # added then: APIs refuse caps past a model's own maximum). Set to the model's maximum.
+    output_hold_tokens: int = Field(16384, ge=1)
 
 
 class DisclosureConfig(_Strict):
@@ -116,10 +127,15 @@ class DisclosureConfig(_Strict):
     @field_validator("template")
     @classmethod
     def _template_renders(cls, v: str) -> str:
+        axis_fields = {f"{a}_{p}": 1 for a in ("tokens", "cost", "seconds")
+                       for p in ("remaining", "total", "used")}
         try:
-            v.format(turn=1, total=2, remaining=1, used=0, turns_remain="1 turn remains")
+            v.format(turn=1, total=2, remaining=1, used=0, turns_remain="1 turn remains",
+                     **axis_fields)
         except (KeyError, IndexError, ValueError) as e:
-            allowed = "{turn} {total} {remaining} {used} {turns_remain}"
+            allowed = "{turn} {total} {remaining} {used} {turns_remain} {tokens_remaining} "\
+                "{tokens_total} {tokens_used} {cost_remaining} {cost_total} {cost_used} "\
+                "{seconds_remaining} {seconds_total} {seconds_used}"
             raise ValueError(f"cannot render ({e!r}); allowed fields are {allowed}") from None
         return v
 
@@ -304,6 +320,11 @@ def _keys_from_file(path: str) -> list[ClientKey]:
     return out
 
 
+class PriceConfig(_Strict):
+    input_per_mtok: float = Field(0.0, ge=0)
+    output_per_mtok: float = Field(0.0, ge=0)
+
+
 class Config(_Strict):
     server: ServerConfig = ServerConfig()
     upstreams: list[UpstreamConfig] = Field(default_factory=list)
@@ -315,6 +336,8 @@ class Config(_Strict):
     tracing: TracingConfig = TracingConfig()
     store: StoreConfig = StoreConfig()
     auth: AuthConfig = AuthConfig()
+    # USD per million tokens by model glob, over the price library's (first match wins).
+    prices: dict[str, PriceConfig] = Field(default_factory=dict)
     reward: RewardConfig = RewardConfig()
     rollouts: RolloutsConfig = RolloutsConfig()
 

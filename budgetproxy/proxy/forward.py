@@ -13,13 +13,14 @@ from typing import Any
 import orjson
 
 from budgetproxy.config import Config, UpstreamConfig
-from budgetproxy.core import disclosure
+from budgetproxy.core import axes, disclosure
 from budgetproxy.core.budget import tier_label
 from budgetproxy.core.episode import EpisodeState, Grant, GrantKind, SettleResult
 from budgetproxy.core.fingerprint import Fingerprint
 from budgetproxy.core.forwarded_headers import HeaderPolicy
 from budgetproxy.core.keys import KeyRing, Principal
 from budgetproxy.core.paths import wire_query
+from budgetproxy.core.prices import PriceTable
 from budgetproxy.core.spec import SpecError, new_episode
 from budgetproxy.core.tenants import TENANT_HEADER, local_id, qualified, tenant_for, tenant_of
 from budgetproxy.core.usage import token_counts
@@ -32,7 +33,7 @@ from budgetproxy.errors import (
     invalid_episode_id,
     invalid_request,
 )
-from budgetproxy.proxy import capture
+from budgetproxy.proxy import axis_calls, capture
 from budgetproxy.proxy.asgi import (
     ClientGone,
     Receive,
@@ -109,6 +110,7 @@ class ModelCalls:
         self.disc_cfg = config.disclosure
         self.max_body = config.server.max_body_bytes
         self.fail_open = config.store.on_unavailable == "fail_open"
+        self.prices = PriceTable({g: p.model_dump() for g, p in config.prices.items()})
         self.upstream = UpstreamCall(
             pool, metrics, tracing, litellm_call,
             header_policy=HeaderPolicy(config.server.forward_headers,
@@ -223,6 +225,7 @@ class ModelCalls:
         dialect = call.dialect
         payload = parse_payload(body)
         dialect.validate(payload)
+        call.payload = payload
         call.model = model = payload["model"]
         call.stream = payload.get("stream") is True
         upstream = self.pool.route(model)
@@ -266,12 +269,19 @@ class ModelCalls:
             return
         if grant.kind is GrantKind.FINISHED:
             raise episode_finished(local_id(eid), refusal_status(headers))
+        if grant.kind is GrantKind.HELD:
+            raise axis_calls.held(st)
         if grant.kind is GrantKind.EXHAUSTED:
             await self._exhausted(call, st, send, payload, conversation,
                                   refusal_status(headers))
             return
+        if grant.hold is not None and grant.hold.cap is not None:
+            payload = axis_calls.clamped(call, self._exact(call, body, payload) or payload,
+                                         grant.hold.cap)
+            conversation = dialect.conversation(payload)
+            body = b""  # re-encode below
         if st.disclosure == "disclosed" and dialect.discloses:
-            exact = self._exact(call, body, payload)
+            exact = self._exact(call, body, payload) if body else None
             if exact is not None:
                 payload, conversation = exact, dialect.conversation(exact)
             # Earlier texts go back only where this conversation still extends the one they
@@ -280,9 +290,12 @@ class ModelCalls:
             # texts are in what the upstream stored.
             cfg = self.disc_cfg
             keep = cfg.history == "keep" and call.previous_response is None
+            fields = axis_calls.template_fields(st, time.time()) if grant.hold else None
             text, again = disclosure.texts(
                 cfg.template, grant.turn, st.budget, st.announced_budget, grant.disclosed_at,
-                call.prints if keep else None)
+                call.prints if keep else None, fields=fields, told=st.told)
+            if fields is not None and keep and disclosure.uses_axes(cfg.template):
+                await axis_calls.keep_told(self.store, eid, grant.turn, text)
             call.disclosure_text = text
             payload = dialect.place(payload, conversation, cfg.placement, text, again)
             body = b""  # re-encode below
@@ -318,13 +331,28 @@ class ModelCalls:
         if self.recorder.keeps_turns or keep:
             call.prints = Fingerprint(conversation)
         fingerprint = call.prints.digest() if call.prints is not None else None
+        model = call.model or ""
+        cap = axis_calls.client_cap(call)
         try:
             opened = await self.store.open_turn(
                 eid, fresh, turn_hash(call.route, body), now,
                 free_retries=self.budget_cfg.free_retries_per_turn,
                 message_count=count, disclosure_index=index, model=call.model,
-                fingerprint=fingerprint,
+                fingerprint=fingerprint, client_cap=cap,
+                output_hold=self.budget_cfg.output_hold_tokens,
+                out_rate=self.prices.cached_output_rate(model),
             )
+            if opened.grant.kind is GrantKind.NEED_PRICE:  # a cost budget: once per model
+                created = opened.created
+                rate = await axis_calls.output_rate(self.prices, model)
+                opened = await self.store.open_turn(
+                    eid, fresh, turn_hash(call.route, body), now,
+                    free_retries=self.budget_cfg.free_retries_per_turn,
+                    message_count=count, disclosure_index=index, model=call.model,
+                    fingerprint=fingerprint, client_cap=cap,
+                    output_hold=self.budget_cfg.output_hold_tokens, out_rate=rate,
+                )
+                opened = axis_calls.reopened(opened, created)
         except StoreUnavailable:
             policy = "fail_open" if self.fail_open else "fail_closed"
             if self.metrics is not None:
@@ -358,10 +386,14 @@ class ModelCalls:
             self.metrics.budget_exhausted.labels(tier_label(st.budget, st.max_turns),
                                                  st.disclosure).inc()
         call.status = "rejected"
+        if axes.has_axes(st):
+            call.cumulative = axes.cumulative(st, time.time())
         finish_mode = self.budget_cfg.on_exhausted == "finish"
         call.http_status = 200 if finish_mode else refused
         await self._record_turn(call, conversation, None, charged=False)
         if not finish_mode:
+            if st.exhausted_by is not None:
+                raise axis_calls.axis_exhausted(st, refused)
             raise budget_exhausted(local_id(st.episode_id), st.budget, refused)
         ctype, data = call.dialect.synthetic(call.model or "", self.budget_cfg.finish_reason,
                                              call.stream, payload)
@@ -403,6 +435,8 @@ class ModelCalls:
                 remaining = min(st.budget, remaining + 1)
             out.append((b"x-episode-budget", b"%d" % st.budget))
             out.append((b"x-episode-remaining", b"%d" % remaining))
+            if axes.has_axes(st):
+                out.extend(axis_calls.remaining_headers(st, time.time()))
         return out
 
     async def _forward(
@@ -439,11 +473,18 @@ class ModelCalls:
         try:
             if not body:
                 body = self._encode(call, payload)
-            if upstream.kind == "litellm":
-                await self.upstream.litellm(call, upstream, payload, send)
+            grant = call.grant
+            if grant is not None and grant.hold is not None and grant.hold.deadline:
+                sent = body
+                await axis_calls.within_deadline(
+                    call, grant.hold.deadline, lambda out: self._upstream_leg(
+                        call, upstream, headers, sent, payload, receive, out, drop_usage),
+                    send, lambda c, out: axis_calls.time_up(
+                        c, out, self.budget_cfg, self.metrics, self._episode_headers,
+                        refusal_status(headers)))
             else:
-                await self.upstream.http(call, upstream, headers, body, receive, send,
-                                         drop_usage)
+                await self._upstream_leg(call, upstream, headers, body, payload, receive,
+                                         send, drop_usage)
         except asyncio.CancelledError:
             # The server cancels calls still running at its shutdown deadline; one whose answer
             # had not begun gets a 503 (app.py) and, like an upstream failure, its turn back.
@@ -451,8 +492,10 @@ class ModelCalls:
                 call.refuse(503)
             raise
         finally:
-            await self._settle(call)
-            reply = await self._after(call)
+            early = axis_calls.read_reply(call) if (
+                call.grant is not None and call.grant.hold is not None) else None
+            await self._settle(call, early)
+            reply = await self._after(call, early)
             if call.probe is not None and self.recorder.keeps_turns:
                 await self.recorder.probe(probe_record(call, reply))
             if call.ended is not None:  # after its last turn's record
@@ -482,6 +525,15 @@ class ModelCalls:
                 payload = exact
         return capture.add_fields(body, payload, add), payload
 
+    async def _upstream_leg(
+        self, call: ModelCall, upstream: UpstreamConfig, headers: dict[bytes, bytes],
+        body: bytes, payload: dict[str, Any], receive: Receive, send: Send, drop_usage: bool,
+    ) -> None:
+        if upstream.kind == "litellm":
+            await self.upstream.litellm(call, upstream, payload, send)
+        else:
+            await self.upstream.http(call, upstream, headers, body, receive, send, drop_usage)
+
     @staticmethod
     def _exact(call: ModelCall, body: bytes, payload: dict[str, Any]) -> dict[str, Any] | None:
         """The payload to rewrite, read again when orjson's reading lost an integer's
@@ -507,7 +559,7 @@ class ModelCalls:
                               "rewritten (at most 254 levels)")
 
     # -- after the response --------------------------------------------------------------------
-    async def _settle(self, call: ModelCall) -> None:
+    async def _settle(self, call: ModelCall, reply: Reply | None = None) -> None:
         grant = call.grant
         if grant is None or call.episode_id is None or grant.kind is not GrantKind.FORWARD:
             return
@@ -515,26 +567,25 @@ class ModelCalls:
             return
         call.settled = True
         try:
+            now = time.time()
+            spend = axis_calls.spend(self.prices, call, reply) if grant.hold else None
             closed = await self.store.close_turn(
-                call.episode_id, grant, call.result, time.time(),
+                call.episode_id, grant, call.result, now,
                 count_failed=self.budget_cfg.count_failed_turns,
+                spend=spend, timed_out=call.timed_out,
             )
+            if grant.hold is not None and closed.state is not None:
+                call.cumulative = axes.cumulative(closed.state, now)
             if closed.ended:  # the episode ended meanwhile and waited for this turn
                 call.ended = closed.state
         except StoreUnavailable:
             log.warning("store unavailable while settling turn of %s", call.episode_id)
 
-    async def _after(self, call: ModelCall) -> Reply:
-        """Read the reply back for tokens and the log; runs once the client has its answer."""
-        reply: Reply = {"message": None, "finish_reason": None, "usage": None}
-        try:
-            if call.events is not None:
-                reply = call.dialect.read_events(call.events)
-            elif call.data:
-                reply = call.dialect.read_body(call.data)
-        except Exception:  # an odd reply costs its details in the log, never its record
-            log.warning("could not read back the reply to %s (%s); its turn is logged without "
-                        "it", call.route, call.episode_id, exc_info=True)
+    async def _after(self, call: ModelCall, reply: Reply | None = None) -> Reply:
+        """Read the reply back for tokens and the log (unless `reply` is it, read before
+        settling); runs once the client has its answer."""
+        if reply is None:
+            reply = axis_calls.read_reply(call)
         if call.capture is not None:
             call.tokens = (capture.read_events(call.events) if call.events is not None
                            else capture.read_body(call.data) if call.data else None)

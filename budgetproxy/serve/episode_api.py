@@ -18,6 +18,7 @@ from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_l
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from budgetproxy.config import Config
+from budgetproxy.core import axes
 from budgetproxy.core.budget import tier_label
 from budgetproxy.core.episode import EpisodeState, FinishStatus, OutcomeReport
 from budgetproxy.core.forwarded_headers import HeaderPolicy
@@ -62,6 +63,7 @@ def episode_view(st: EpisodeState) -> dict[str, Any]:
         # numbers and end reason above are provisional, and the episode is not yet logged.
         "settling": st.end_pending,
         "tags": st.tags,
+        **axes.view(st, time.time()),
     }
     tenant = tenant_of(st.episode_id)
     if tenant is not None:
@@ -232,6 +234,9 @@ def build_api(
             task_id=body.task_id,
             group=body.group, disclosure=body.disclosure,
             announced_budget=body.announced_budget, tags=body.tags,
+            token_budget=body.token_budget, cost_budget=body.cost_budget,
+            time_budget_s=body.time_budget_s, announced_tokens=body.announced_tokens,
+            announced_cost=body.announced_cost, announced_time_s=body.announced_time_s,
         )
         try:
             st = new_episode(spec, config.budget, config.disclosure, time.time())

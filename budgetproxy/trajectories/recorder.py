@@ -5,6 +5,7 @@ from __future__ import annotations
 import time
 from typing import Any
 
+from budgetproxy.core import axes
 from budgetproxy.core.budget import tier_label
 from budgetproxy.core.episode import EpisodeState
 from budgetproxy.telemetry.metrics import Metrics
@@ -63,6 +64,14 @@ class Recorder:
             success_turn = st.settled_success_turn
             used = success_turn if reason == "success" and success_turn else st.turns_used
             m.episode_turns.labels(tier, arm, reason).observe(used)
+            if reason == "exhausted":
+                m.episodes_exhausted.labels(tier, arm, st.spent_axis or "turns").inc()
+            if axes.has_axes(st):
+                end = st.ended_at or time.time()
+                m.episode_tokens.labels(tier, arm, reason).observe(st.tokens_used)
+                m.episode_seconds.labels(tier, arm, reason).observe(axes.time_used(st, end))
+                if st.cost_budget is not None:
+                    m.episode_cost.labels(tier, arm, reason).observe(st.cost_used)
             m.active_episodes.dec()
             tenant = m.tenant_label(st.episode_id)
             if tenant is not None:
@@ -90,6 +99,7 @@ class Recorder:
                 "started_at": rfc3339(st.created_at),
                 "ended_at": rfc3339(st.ended_at or time.time()),
                 "metadata": st.metadata,
+                **axes.view(st, time.time()),
             }
         )
 
