@@ -66,6 +66,11 @@ class UpstreamConfig(_Strict):
     kind: Literal["openai", "litellm"] = "openai"
     # litellm only: the provider model to call, e.g. "anthropic/claude-sonnet-4-5".
     model: str | None = None
+    # Ask the server for the sampled token ids and logprobs and log them with each turn
+    # (chat and text completions); the client's response is unchanged (proxy/capture.py).
+    capture_tokens: bool = False
+    # Whose field names and shapes: vLLM (null when not asked) or SGLang (absent).
+    token_server: Literal["vllm", "sglang"] = "vllm"
 
     @field_validator("base_url")
     @classmethod
@@ -229,6 +234,23 @@ class ClientKey(_Strict):
         return v
 
 
+class RewardConfig(_Strict):
+    # zero: an exhausted episode's reward is 0 (BudgetMix RL); keep: what the harness reported.
+    on_exhausted: Literal["zero", "keep"] = "keep"
+    # Group advantages: reward minus the group mean, divided by the group's std when true.
+    scale_by_std: bool = False
+
+
+class RolloutsConfig(_Strict):
+    # Keep each finished episode's turns (messages as the model saw them, tokens when
+    # captured) for GET /v1/episodes/{id}/trajectory, for episodes.retention_s.
+    keep_turns: bool = True
+    max_bytes: int = Field(256 * 1024 * 1024, gt=0)  # memory store: all episodes' turns
+    # Signs the per-episode keys POST /v1/episodes mints (api_key). Replicas need the same
+    # one; none: each process draws its own at start.
+    key_secret: str | None = Field(None, min_length=16)
+
+
 class AuthConfig(_Strict):
     keys: list[ClientKey] = Field(default_factory=list)
     # One key per line, "KEY" or "KEY TENANT"; blank lines and lines starting with # skipped.
@@ -316,6 +338,8 @@ class Config(_Strict):
     auth: AuthConfig = AuthConfig()
     # USD per million tokens by model glob, over the price library's (first match wins).
     prices: dict[str, PriceConfig] = Field(default_factory=dict)
+    reward: RewardConfig = RewardConfig()
+    rollouts: RolloutsConfig = RolloutsConfig()
 
     @model_validator(mode="after")
     def _check(self) -> Config:
@@ -438,7 +462,7 @@ def load_config(
         raise ConfigError(_format_error(e) + hint) from None
 
 
-_SECRET_KEYS = frozenset({"api_key", "keys", "admin_keys", "key"})
+_SECRET_KEYS = frozenset({"api_key", "keys", "admin_keys", "key", "key_secret"})
 _URL_PASSWORD = re.compile(r"(://[^:/@]*:)[^@]*@")
 
 

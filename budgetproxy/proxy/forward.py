@@ -18,11 +18,11 @@ from budgetproxy.core.budget import tier_label
 from budgetproxy.core.episode import EpisodeState, Grant, GrantKind, SettleResult
 from budgetproxy.core.fingerprint import Fingerprint
 from budgetproxy.core.forwarded_headers import HeaderPolicy
-from budgetproxy.core.keys import KeyRing
+from budgetproxy.core.keys import KeyRing, Principal
 from budgetproxy.core.paths import wire_query
 from budgetproxy.core.prices import PriceTable
 from budgetproxy.core.spec import SpecError, new_episode
-from budgetproxy.core.tenants import TENANT_HEADER, local_id, qualified, tenant_for
+from budgetproxy.core.tenants import TENANT_HEADER, local_id, qualified, tenant_for, tenant_of
 from budgetproxy.core.usage import token_counts
 from budgetproxy.errors import (
     ProxyError,
@@ -33,7 +33,7 @@ from budgetproxy.errors import (
     invalid_episode_id,
     invalid_request,
 )
-from budgetproxy.proxy import axis_calls
+from budgetproxy.proxy import axis_calls, capture
 from budgetproxy.proxy.asgi import (
     ClientGone,
     Receive,
@@ -53,6 +53,8 @@ from budgetproxy.proxy.calls import (
 )
 from budgetproxy.proxy.dialects import DIALECTS, Reply
 from budgetproxy.proxy.dialects.base import lone_text
+from budgetproxy.proxy.episode_keys import EpisodeKeys
+from budgetproxy.proxy.grouping import group_key, group_size
 from budgetproxy.proxy.refusal import refusal_status
 from budgetproxy.proxy.upstream import UpstreamPool
 from budgetproxy.proxy.upstream_call import UpstreamCall
@@ -63,6 +65,7 @@ from budgetproxy.proxy.wire import (
     spec_from_headers,
 )
 from budgetproxy.store.base import EpisodeStore, StoreUnavailable
+from budgetproxy.store.groups import GroupStore
 from budgetproxy.telemetry.metrics import Metrics
 from budgetproxy.telemetry.tracing import Tracing
 from budgetproxy.trajectories.recorder import Recorder
@@ -84,6 +87,9 @@ class ModelCalls:
         metrics: Metrics | None,
         tracing: Tracing,
         litellm_call: Callable[..., Any] | None = None,
+        *,
+        groups: GroupStore | None = None,
+        episode_keys: EpisodeKeys | None = None,
     ) -> None:
         self.cfg = config
         self.pool = pool
@@ -91,6 +97,8 @@ class ModelCalls:
         self.recorder = recorder
         self.metrics = metrics
         self.tracing = tracing
+        self.groups = groups
+        self.episode_keys = episode_keys
         names = ["x-episode-id", *(h.lower() for h in config.episodes.all_id_headers())]
         self.id_headers = tuple(dict.fromkeys(n.encode() for n in names))
         self.alias_headers = self.id_headers[1:]
@@ -182,10 +190,22 @@ class ModelCalls:
         self, call: ModelCall, scope: Scope, receive: Receive, send: Send, path_episode: str | None
     ) -> None:
         headers: dict[bytes, bytes] = dict(scope["headers"])
-        who = self.keys.principal(headers.get(b"authorization"),
-                                  headers.get(b"x-api-key"))  # (x-api-key: Anthropic's)
-        if who is None:
-            raise invalid_api_key()
+        # A per-episode key names its episode (in its tenant's namespace) and stands for the
+        # key it was minted behind.
+        keyed = None if self.episode_keys is None else self.episode_keys.episode_of(
+            headers.get(b"authorization"))
+        if keyed is not None:
+            who = Principal(tenant=tenant_of(keyed))
+            if path_episode is not None and path_episode != local_id(keyed):
+                raise invalid_episode_id(f"The episode key names episode {local_id(keyed)!r}, "
+                                         f"the path {path_episode!r}")
+            path_episode = local_id(keyed)
+        else:
+            found = self.keys.principal(headers.get(b"authorization"),
+                                        headers.get(b"x-api-key"))  # (x-api-key: Anthropic's)
+            if found is None:
+                raise invalid_api_key()
+            who = found
         if len(headers) < len(scope["headers"]):  # a header sent twice: the dict kept the last
             self._one_id_each(scope["headers"])
         eid = self._episode_id(headers, path_episode)
@@ -288,13 +308,17 @@ class ModelCalls:
     ) -> tuple[Grant | None, EpisodeState]:
         now = time.time()
 
+        size: int | None = None
+
         def fresh() -> EpisodeState:
+            nonlocal size
             try:
                 st = new_episode(spec_from_headers(eid, headers), self.budget_cfg,
                                  self.disc_cfg, now)
             except SpecError as e:
                 raise invalid_request(str(e), e.param) from None
             st.model = call.model
+            size = group_size(headers)
             return st
 
         count = len(conversation)
@@ -344,6 +368,10 @@ class ModelCalls:
             raise ProxyError(503, "store_unavailable",
                              "The episode store is unavailable; try again shortly") from None
         if opened.created:
+            key = group_key(opened.state)
+            if size is not None and key is not None and self.groups is not None:
+                with contextlib.suppress(StoreUnavailable):  # the group API can declare it
+                    await self.groups.declare(key, size)
             await self.recorder.episode_started(opened.state)
         call.state = opened.state
         call.grant = opened.grant
@@ -436,7 +464,11 @@ class ModelCalls:
                                              "include_usage": True}
                 drop_usage = True
                 body = b""
+        if upstream.capture_tokens and call.dialect.kind in capture.CAPTURED_KINDS:
+            body, payload = self._capture(call, upstream, body, payload)
         call.conversation = conversation
+        if conversation is not None:
+            call.sent = call.dialect.conversation(payload)  # disclosure texts included
         call.span = self.tracing.start(call.kind, call.model, headers, call.episode_id)
         try:
             if not body:
@@ -478,6 +510,20 @@ class ModelCalls:
                     status=call.http_status, error_class=call.error_class, reply=reply,
                     conversation=conversation,
                 )
+
+    def _capture(
+        self, call: ModelCall, upstream: UpstreamConfig, body: bytes, payload: dict[str, Any]
+    ) -> tuple[bytes, dict[str, Any]]:
+        """Ask for token ids and logprobs the client did not ask for (capture_tokens)."""
+        cap, add = capture.plan(payload, call.dialect.kind, upstream.token_server)
+        call.capture = cap
+        if not add:
+            return body, payload
+        if body and any(k in payload for k in add):  # re-encoded: integers must stay exact
+            exact = self._exact(call, body, payload)
+            if exact is not None:
+                payload = exact
+        return capture.add_fields(body, payload, add), payload
 
     async def _upstream_leg(
         self, call: ModelCall, upstream: UpstreamConfig, headers: dict[bytes, bytes],
@@ -540,6 +586,9 @@ class ModelCalls:
         settling); runs once the client has its answer."""
         if reply is None:
             reply = axis_calls.read_reply(call)
+        if call.capture is not None:
+            call.tokens = (capture.read_events(call.events) if call.events is not None
+                           else capture.read_body(call.data) if call.data else None)
         usage = reply.get("usage")
         m = self.metrics
         if m is not None and isinstance(usage, dict):
@@ -569,4 +618,5 @@ class ModelCalls:
         if st is None or call.episode_id is None or not self.recorder.keeps_turns:
             return
         charged, remaining = self._settled(call, charged)
-        await self.recorder.turn(turn_record(call, st, conversation, reply, charged, remaining))
+        await self.recorder.turn(turn_record(call, st, conversation, reply, charged, remaining),
+                                 call.sent)

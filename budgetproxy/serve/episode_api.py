@@ -6,6 +6,7 @@ import asyncio
 import logging
 import time
 import uuid
+from collections.abc import Callable
 from typing import Any
 
 import aiohttp
@@ -116,6 +117,8 @@ def build_api(
     pool: UpstreamPool,
     registry: CollectorRegistry | None,
     families: Metrics | None = None,
+    extra_routes: Callable[[FastAPI], None] | None = None,
+    mint_key: Callable[[str], str] | None = None,
 ) -> FastAPI:
     """The episode API, /v1/models, pass-through routes and the service endpoints. API keys
     (`auth.keys`) are checked by the app before any /v1 route here (app.py)."""
@@ -245,7 +248,10 @@ def build_api(
         await recorder.episode_started(st)
         base = str(request.base_url).rstrip("/")
         # The contract's fields, with the rest of what GET answers: one shape for both.
-        return _json({**episode_view(st), "base_url": f"{base}/episodes/{eid}/v1"}, 201)
+        created = {**episode_view(st), "base_url": f"{base}/episodes/{eid}/v1"}
+        if mint_key is not None:  # a bearer key that names this episode: no other id needed
+            created["api_key"] = mint_key(st.episode_id)
+        return _json(created, 201)
 
     @app.get("/v1/episodes/{episode_id}")
     async def get_episode(request: Request, episode_id: str) -> Response:
@@ -310,6 +316,9 @@ def build_api(
                 merged.setdefault(m["id"], m)
         return _json({"object": "list", "data": list(merged.values())})
 
+    if extra_routes is not None:  # before the pass-through routes, which match any path
+        extra_routes(app)
+
     @app.api_route("/v1/{path:path}", methods=["GET", "POST", "PUT", "PATCH", "DELETE"],
                    include_in_schema=False)
     async def passthrough(request: Request, path: str) -> Response:
@@ -347,7 +356,8 @@ def build_api(
             headers["authorization"] = f"Bearer {upstream.api_key}"
         elif not config.auth.required:
             for name in ("authorization", "x-api-key"):
-                if name in request.headers:
+                if name in request.headers and not request.headers[name].startswith(
+                        "Bearer bpk."):  # an episode key is the proxy's own
                     headers[name] = request.headers[name]
         # the dispatcher made the path canonical (core.paths): it is sent as it was routed
         url = pool.url(upstream, request.scope["path"], wire_query(request.scope["query_string"]))
