@@ -219,9 +219,9 @@ def token_claim(
     if sign:
         lines.append(
             "  The interval excludes 0: told the tokens it has left, the policy plans more moves "
-            "per call, and fewer calls (each re-reading a growing conversation) fit the budget"
+            "per call, and fewer calls (each re-reading a growing conversation) fit the budget."
             if sign > 0 else
-            "  The interval excludes 0, below it: telling the policy its tokens made it worse")
+            "  The interval excludes 0, below it: telling the policy its tokens made it worse.")
     elif int(row["n_tasks"]) < FEW_TASKS:
         lines.append(f"  Fewer than {FEW_TASKS} tasks: too few to name an effect.")
     else:
