@@ -298,6 +298,7 @@ def run_demo(s: DemoSettings, out: TextIO = sys.stdout, err: TextIO = sys.stderr
           f"refused for a spent budget in {outcome.seconds:.0f}s. Left in {s.out}:", file=out)
     for name, what in (("report.html", "the HTML report"),
                        ("trajectories/", "the proxy's JSONL trajectories"),
+                       ("trajectories-tokens/", "the token arm's trajectories"),
                        ("metrics.txt", "a /metrics snapshot (Prometheus text)"),
                        ("pass_at.json", "the Pass@(K,T) cells and paired differences "
                                         "(analyze --json)"),
