@@ -3,8 +3,8 @@
 An agent creates its episode with the episode API, talks to the model through the official
 ``openai`` client bound to the episode's path-prefix URL, runs the ``move`` tool calls of each
 reply on gymnasium's FrozenLake-v1, and reports success or failure when the game ends or the
-proxy refuses a turn because the budget is spent. It never tells the model its budget: in the
-disclosed arm the proxy does that.
+proxy refuses a turn because a budget (turns, or tokens where the plan sets one) is spent.
+It never tells the model its budget: in the disclosed arm the proxy does that.
 """
 
 from __future__ import annotations
@@ -43,6 +43,7 @@ class EpisodePlan:
     run: str = "tiers"  # "tiers" | "budgetmix"
     group: str | None = None
     tier: int | None = None  # percent of max_turns, for tier runs
+    token_budget: int | None = None  # input + output tokens, for the token runs
 
     @property
     def model(self) -> str:
@@ -60,7 +61,8 @@ class EpisodeResult:
     turns: int
     moves: int
     fell: bool
-    exhausted: bool  # the proxy refused a turn: the budget was spent
+    exhausted: bool  # the proxy refused a turn: a budget was spent
+    tokens: int = 0  # input + output tokens the model reported, over the episode
 
 
 def _assistant_message(message: Any) -> dict[str, Any]:
@@ -124,6 +126,7 @@ async def play(
         group=plan.group,
         disclosure=plan.disclosure,
         tags={"policy": plan.policy, "run": plan.run},
+        token_budget=plan.token_budget,
     )
     client = episode.async_openai(like=llm)
     game = Game(task, plan.seed)
@@ -131,7 +134,7 @@ async def play(
         {"role": "system", "content": SYSTEM_PROMPT},
         {"role": "user", "content": observation(task, game.pos, [])},
     ]
-    turns = 0
+    turns = tokens = 0
     exhausted = False
     try:
         while not game.done:
@@ -146,11 +149,12 @@ async def play(
                     cast_to=ChatCompletion,
                 )
             except openai.PermissionDeniedError as exc:
-                if exc.code != "turn_budget_exhausted":
+                if exc.code not in ("turn_budget_exhausted", "token_budget_exhausted"):
                     raise
                 exhausted = True
                 break
             turns += 1
+            tokens += reply.usage.total_tokens if reply.usage is not None else 0
             message = reply.choices[0].message
             messages.append(_assistant_message(message))
             tool_messages, made = run_moves(game, list(message.tool_calls or []))
@@ -169,4 +173,5 @@ async def play(
     return EpisodeResult(
         plan=plan, episode_id=episode.episode_id, budget=int(episode.budget or 0),
         won=game.won, turns=turns, moves=game.moves, fell=fell, exhausted=exhausted,
+        tokens=tokens,
     )

@@ -8,6 +8,11 @@ a pure function of (server seed, the request's ``seed`` field, the messages), so
 reproducible and two episodes that send different seeds sample differently, as a real model
 at a temperature would. Streaming (SSE) is served too, for SDKs that ask for it.
 
+Usage is counted as ``demo/tokens.py`` says (the whole prompt, tools included, every call; 15
+output tokens per move call). An output cap (``max_completion_tokens`` or ``max_tokens``)
+below the reply ends it early, as a real model does: only the calls that fit, finish reason
+``length``.
+
 Run it on its own with ``python -m budgetproxy.demo.model_server --port 8001``.
 """
 
@@ -30,6 +35,7 @@ from budgetproxy.demo.policies import (
     game_over,
     policy_for_model,
 )
+from budgetproxy.demo.tokens import CALL_TOKENS, REPLY_TOKENS, prompt_tokens, reply_tokens
 from budgetproxy.serve.local_server import LocalAiohttpServer
 
 _JSON = {"Content-Type": "application/json"}
@@ -53,8 +59,10 @@ def reply_rng(digest: bytes) -> random.Random:
     return random.Random(int.from_bytes(digest[:8], "big"))
 
 
-def _words(messages: Any) -> int:
-    return sum(len(str(m.get("content") or "").split()) for m in messages if isinstance(m, dict))
+def _output_cap(body: Mapping[str, Any]) -> int | None:
+    caps = [v for k in ("max_completion_tokens", "max_tokens")
+            if isinstance(v := body.get(k), int) and not isinstance(v, bool)]
+    return min(caps) if caps else None
 
 
 def completion(seed: int, body: Mapping[str, Any]) -> dict[str, Any] | None:
@@ -66,9 +74,13 @@ def completion(seed: int, body: Mapping[str, Any]) -> dict[str, Any] | None:
     messages = body.get("messages") or []
     raw = request_digest(seed, body.get("seed"), messages)
     closing = game_over(messages)
-    plan = [] if closing else decide(params, messages, reply_rng(raw))
+    tools = body.get("tools")
+    plan = [] if closing else decide(params, messages, reply_rng(raw), tools)
     if body.get("parallel_tool_calls") is False:
         plan = plan[:1]
+    cap, cut = _output_cap(body), False
+    if cap is not None and plan and reply_tokens(len(plan)) > cap:
+        plan, cut = plan[: max(0, (cap - REPLY_TOKENS) // CALL_TOKENS)], True
     digest = raw.hex()
     tool_calls = [
         {"id": f"call_{digest[:12]}_{i}", "type": "function",
@@ -78,19 +90,24 @@ def completion(seed: int, body: Mapping[str, Any]) -> dict[str, Any] | None:
     message: dict[str, Any] = {"role": "assistant", "content": None}
     if tool_calls:
         message["tool_calls"] = tool_calls
+    elif cut:
+        message["content"] = ""  # the cap ended the reply before its first call
     else:
         message["content"] = closing or "I cannot find a FrozenLake map in this conversation."
-    prompt_tokens = _words(messages)
-    completion_tokens = 8 * len(tool_calls) or 10
+    prompt = prompt_tokens([m for m in messages if isinstance(m, Mapping)], tools)
+    output = reply_tokens(len(tool_calls), message["content"])
+    if cap is not None:
+        output = min(output, cap)
+    finish = "length" if cut else "tool_calls" if tool_calls else "stop"
     return {
         "id": f"chatcmpl-{digest[:24]}",
         "object": "chat.completion",
         "created": int(time.time()),
         "model": model,
         "choices": [{"index": 0, "message": message,
-                     "finish_reason": "tool_calls" if tool_calls else "stop"}],
-        "usage": {"prompt_tokens": prompt_tokens, "completion_tokens": completion_tokens,
-                  "total_tokens": prompt_tokens + completion_tokens},
+                     "finish_reason": finish}],
+        "usage": {"prompt_tokens": prompt, "completion_tokens": output,
+                  "total_tokens": prompt + output},
     }
 
 

@@ -25,7 +25,10 @@ budget-aware    0.85           0.85      1-4    paces itself by the disclosed bu
 
 ``budget-aware`` plans one move a turn unless the prompt carries a budget line (the proxy's
 "Turn t of T. N turns remain ..."); then it plans ceil(margin × distance / turns left) moves,
-``margin`` = 2.0, between 1 and 4. It has no other way to know its budget.
+``margin`` = 2.0, between 1 and 4. It has no other way to know its budget. A token line
+("N tokens remain ...") is read the same way: the turns left are the calls those tokens pay
+for, each call costing this prompt's tokens (``prompt_tokens``, the count the simulated model
+reports) plus the growth of one more turn per call already made.
 
 These numbers were set so that the study's effects can show on real runs: better single steps
 win under a tight budget, recovery wins under a loose one, and a policy that reads the budget
@@ -45,6 +48,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from budgetproxy.demo.frozenlake import DIRECTIONS, Pos, step_target
+from budgetproxy.demo.tokens import message_text, prompt_tokens, turns_paid
 
 
 @dataclass(frozen=True)
@@ -114,18 +118,13 @@ _SLIDE = re.compile(r"(\d+)% of moves slide")
 _OVER = re.compile(r"reached the goal|fell into a hole|the game is over")
 _TURN_OF = re.compile(r"Turn (\d+) of (\d+)")
 _REMAIN = re.compile(r"(\d+) turns? remain")
+_TOKENS = re.compile(r"(\d+) tokens? remain")
 
 
-def message_text(message: Mapping[str, Any]) -> str:
-    """The text of a chat message, whether content is a string or a list of parts."""
-    content = message.get("content")
-    if isinstance(content, str):
-        return content
-    if isinstance(content, list):
-        return "\n".join(
-            str(p.get("text", "")) for p in content if isinstance(p, Mapping) and "text" in p
-        )
-    return ""
+def parse_tokens(text: str) -> int | None:
+    """The tokens left in the last token line of the text ("N tokens remain ..."), if any."""
+    found = list(_TOKENS.finditer(text))
+    return int(found[-1].group(1)) if found else None
 
 
 def parse_observation(text: str) -> Observation | None:
@@ -247,11 +246,18 @@ def _choose(obs: Observation, at: Pos, accuracy: float, rng: random.Random) -> s
     return rng.choice(safe)
 
 
-def pace_for(params: PolicyParams, obs: Observation, budget: BudgetLine | None) -> int:
-    """Moves to plan this turn: the default pace, faster when the disclosed budget is short."""
-    if not params.budget_aware or budget is None:
+def pace_for(
+    params: PolicyParams, obs: Observation, budget: BudgetLine | None, turns_left: int | None = None
+) -> int:
+    """Moves to plan this turn: the default pace, faster when the disclosed budget is short.
+
+    `turns_left` (this turn included) comes from a token line when there is no turn line."""
+    if not params.budget_aware or (budget is None and turns_left is None):
         return params.pace
-    turns_left = budget.remaining + 1  # this turn included
+    if budget is not None:
+        turns_left = budget.remaining + 1  # this turn included
+    assert turns_left is not None
+    turns_left = max(1, turns_left)
     need = distances(obs.rows, obs.goal).get(obs.position, 0) * params.margin
     return max(params.pace, min(params.max_pace, math.ceil(need / turns_left)))
 
@@ -267,9 +273,11 @@ def game_over(messages: Iterable[Mapping[str, Any]]) -> str | None:
 
 
 def decide(
-    params: PolicyParams, messages: Iterable[Mapping[str, Any]], rng: random.Random
+    params: PolicyParams, messages: Iterable[Mapping[str, Any]], rng: random.Random,
+    tools: Any = None,
 ) -> list[str]:
-    """The directions to move this turn, decided from the prompt alone."""
+    """The directions to move this turn, decided from the prompt alone (`tools`: the request's
+    tool schemas, part of the prompt it pays for)."""
     listed = list(messages)
     texts = [message_text(m) for m in listed]
     users = [t for m, t in zip(listed, texts, strict=True) if m.get("role") in ("user", "tool")]
@@ -279,12 +287,19 @@ def decide(
     budget = parse_budget(texts[-1]) if texts else None
     if budget is None:
         budget = next((b for b in map(parse_budget, reversed(texts)) if b is not None), None)
+    turns_left = None
+    tokens = parse_tokens(texts[-1]) if budget is None and params.budget_aware else None
+    if tokens is not None:
+        calls = sum(m.get("role") == "assistant" for m in listed)
+        prompt = prompt_tokens(listed, tools)
+        growth = (prompt - prompt_tokens(listed[:2], tools)) // calls if calls else prompt // 2
+        turns_left = turns_paid(tokens, prompt, growth)
     believed = obs.position
     if obs.slid and obs.planned is not None and rng.random() >= params.recovery:
         believed = obs.planned  # the stale plan: acting as if the last moves had gone as meant
     plan: list[str] = []
     at = believed
-    for _ in range(pace_for(params, obs, budget)):
+    for _ in range(pace_for(params, obs, budget, turns_left)):
         direction = _choose(obs, at, params.step_accuracy, rng)
         plan.append(direction)
         at = step_target(obs.rows, at, direction)

@@ -51,6 +51,9 @@ class DemoSettings:
     probe_states: int = 64
     probe_samples: int = 8
     probe_rollouts: int = 2
+    # the token arm (demo/token_arm.py): episodes per task and arm, and the budget's size
+    token_k: int = 8
+    token_calls_per_cell: float = 1.5
 
     @classmethod
     def quick(cls, out: Path, seed: int = 0) -> DemoSettings:
@@ -167,7 +170,7 @@ async def play_all(
         return list(await asyncio.gather(*(one(p) for p in plans)))
 
 
-def proxy_config(s: DemoSettings, upstream: str) -> Any:
+def proxy_config(s: DemoSettings, upstream: str, **overrides: Any) -> Any:
     """Embedded defaults plus what the demo needs: its upstream, log dir, BudgetMix, seed."""
     from budgetproxy.config import load_config
 
@@ -177,7 +180,7 @@ def proxy_config(s: DemoSettings, upstream: str) -> Any:
         "store": {"kind": "memory"},
         "budget": {"sampler": "budgetmix", "seed": s.seed},
         "disclosure": {"mode": "hidden"},
-    })
+    } | overrides)
 
 
 def _analyze(argv: list[str]) -> tuple[int, str]:
@@ -215,11 +218,12 @@ def _clear_old_logs(folder: Path) -> int:
 
 def run_demo(s: DemoSettings, out: TextIO = sys.stdout, err: TextIO = sys.stderr) -> DemoOutcome:
     """The whole demo; raises on failure. Writes OUT/{trajectories/,metrics.txt,report.html,
-    pass_at.json,summary.txt,probe.json,probe/}."""
+    trajectories-tokens/,pass_at.json,summary.txt,probe.json,probe/}."""
     from budgetproxy.client import BudgetClient
+    from budgetproxy.demo import token_arm
     from budgetproxy.demo.model_server import ModelServer
     from budgetproxy.demo.probe import add_to_report, claims, run_demo_probe
-    from budgetproxy.demo.summary import BY, COMPARE, what_this_shows
+    from budgetproxy.demo.summary import BY, COMPARE, token_claim, what_this_shows
     from budgetproxy.serve.server import ProxyServer
 
     started = time.monotonic()
@@ -228,14 +232,23 @@ def run_demo(s: DemoSettings, out: TextIO = sys.stdout, err: TextIO = sys.stderr
     if removed := _clear_old_logs(traj):
         print(f"removed {removed} trajectory file(s) of an earlier run in {traj}", file=err)
     plans = plan_episodes(s)
+    token_plans = token_arm.plan_token_episodes(
+        s.tasks, s.token_k, s.token_calls_per_cell, lambda *p: episode_seed(s.seed, *p))
+    _clear_old_logs(s.out / token_arm.LOGS)
     outcome = DemoOutcome()
     with ModelServer(seed=s.seed) as model:
         with ProxyServer(proxy_config(s, model.base_url)) as proxy:
             print(f"proxy on {proxy.url}, simulated model on {model.base_url}; "
-                  f"{len(plans)} episodes on {len(s.tasks)} FrozenLake maps", file=err)
-            bar = ProgressBar(len(plans), err)
+                  f"{len(plans) + len(token_plans)} episodes on {len(s.tasks)} FrozenLake maps",
+                  file=err)
+            bar = ProgressBar(len(plans) + len(token_plans), err)
             try:
                 outcome.results = asyncio.run(play_all(proxy.url, plans, s.concurrency, bar))
+                # The token arm tells the agent its tokens: a proxy of its own, its template.
+                with ProxyServer(proxy_config(s, model.base_url,
+                                              **token_arm.proxy_overrides(s.out))) as tokens:
+                    outcome.results += asyncio.run(
+                        play_all(tokens.url, token_plans, s.concurrency, bar))
             finally:
                 bar.close()
             with BudgetClient(proxy.url) as api:
@@ -263,6 +276,13 @@ def run_demo(s: DemoSettings, out: TextIO = sys.stdout, err: TextIO = sys.stderr
     analysis = json.loads(as_json)
     outcome.pass_at = list(analysis.get("pass_at", []))
     outcome.summary = what_this_shows(analysis.get("compare", []), outcome.results, s.analysis_k)
+    code, token_json = _analyze([*token_arm.analyze_args(s.out, ks, s.seed), "--json"])
+    if code not in (0, 1):
+        raise RuntimeError(f"budgetproxy analyze of the token arm failed (exit {code})")
+    token_analysis = json.loads(token_json)
+    outcome.summary += token_claim(token_analysis.get("compare", []), outcome.results)
+    analysis["token_arm"] = token_analysis
+    as_json = json.dumps(analysis, indent=2, ensure_ascii=False)
     add_summary_to_report(report, outcome.summary)
     add_to_report(report, outcome.probe)
     (s.out / "pass_at.json").write_text(as_json, encoding="utf-8")
@@ -278,6 +298,7 @@ def run_demo(s: DemoSettings, out: TextIO = sys.stdout, err: TextIO = sys.stderr
           f"refused for a spent budget in {outcome.seconds:.0f}s. Left in {s.out}:", file=out)
     for name, what in (("report.html", "the HTML report"),
                        ("trajectories/", "the proxy's JSONL trajectories"),
+                       ("trajectories-tokens/", "the token arm's trajectories"),
                        ("metrics.txt", "a /metrics snapshot (Prometheus text)"),
                        ("pass_at.json", "the Pass@(K,T) cells and paired differences "
                                         "(analyze --json)"),
@@ -287,4 +308,6 @@ def run_demo(s: DemoSettings, out: TextIO = sys.stdout, err: TextIO = sys.stderr
         print(f"  {s.out / name}  {what}", file=out)
     print(f"Re-run the analysis: budgetproxy analyze {traj} --by {','.join(BY)} "
           + " ".join(f"--compare {c}" for c in COMPARE), file=out)
+    print("  and of the token arm: budgetproxy analyze "
+          + " ".join(token_arm.analyze_args(s.out, ks, s.seed)), file=out)
     return outcome

@@ -201,3 +201,40 @@ def what_this_shows(
     lines += ["- Enforcement. " + enforcement(results)[0]]
     lines += budgetmix_groups(results)
     return lines
+
+
+def token_claim(
+    compare: Iterable[Mapping[str, Any]], results: Sequence[EpisodeResult]
+) -> list[str]:
+    """The token arm: disclosed − hidden Pass@1 under a token budget (analyze --compare on its
+    logs), and what the episodes spent, per arm."""
+    row = differences(compare).get((DISCLOSURE[0], "budget-aware", LOOSE, 1))
+    runs = [r for r in results if r.plan.run == "tokens"]
+    if row is None or row["diff"] is None or not runs:
+        return ["- A token budget, disclosed: not enough episodes to compare the arms."]
+    lines = [f"- A token budget, disclosed. Pass@1, budget-aware at its full turn budget and a "
+             f"token budget, disclosed − hidden ({_tasks([row])}): {_interval(row)}"
+             f"{' *' if _sign(row) else ''}."]
+    sign = _sign(row)
+    if sign:
+        lines.append(
+            "  The interval excludes 0: told the tokens it has left, the policy plans more moves "
+            "per call, and fewer calls (each re-reading a growing conversation) fit the budget."
+            if sign > 0 else
+            "  The interval excludes 0, below it: telling the policy its tokens made it worse.")
+    elif int(row["n_tasks"]) < FEW_TASKS:
+        lines.append(f"  Fewer than {FEW_TASKS} tasks: too few to name an effect.")
+    else:
+        lines.append("  The interval includes 0: this run does not show an effect of disclosing "
+                     "the token budget.")
+    parts = []
+    for arm in ("hidden", "disclosed"):
+        mine = [r for r in runs if r.plan.disclosure == arm]
+        if mine:
+            parts.append(
+                f"{arm}: {sum(r.won for r in mine)}/{len(mine)} won, "
+                f"{sum(r.exhausted for r in mine)} refused for spent tokens, "
+                f"{sum(r.turns for r in mine) / len(mine):.1f} calls and "
+                f"{sum(r.tokens for r in mine) / len(mine):,.0f} tokens per episode")
+    lines.append("  " + "; ".join(parts) + ".")
+    return lines

@@ -11,6 +11,7 @@ import pytest
 from budgetproxy.config import DisclosureConfig
 from budgetproxy.core import disclosure
 from budgetproxy.demo import policies as po
+from budgetproxy.demo import tokens
 from budgetproxy.demo.frozenlake import (
     SYSTEM_PROMPT,
     TASKS,
@@ -172,3 +173,73 @@ def test_policy_for_model() -> None:
     assert po.policy_for_model("sim-careful") is po.POLICIES["careful"]
     assert po.policy_for_model("sim-nope") is None
     assert po.policy_for_model("careful") is None
+
+
+def token_line(remaining: int, total: int) -> str:
+    """The token arm's line, rendered by the proxy's disclosure code from its template."""
+    from budgetproxy.demo.token_arm import TEMPLATE
+
+    fields = dict.fromkeys(disclosure.AXIS_FIELDS, "n/a") | {
+        "tokens_remaining": remaining, "tokens_total": total, "tokens_used": total - remaining}
+    return disclosure.render(TEMPLATE, 1, 64, None, fields)
+
+
+def test_budget_aware_paces_itself_by_the_disclosed_token_line() -> None:
+    text = observation(PLAIN_8, (0, 0), [])
+    aware, careful = po.POLICIES["budget-aware"], po.POLICIES["careful"]
+    one_call = tokens.prompt_tokens(prompt(text), None) + tokens.reply_tokens(1)
+    assert po.parse_tokens(token_line(1234, 5000)) == 1234
+    assert po.parse_budget(token_line(1234, 5000)) is None  # not a turn line
+    # Tokens for 3 more calls: 14 cells away → ceil(2.0 × 14 / 3) = 10, capped at 4 moves.
+    assert len(po.decide(aware, prompt(text, token_line(3 * one_call + 50, 10**5)),
+                         random.Random(1))) == aware.max_pace
+    assert len(po.decide(aware, prompt(text, token_line(10**6, 10**6)), random.Random(1))) == 1
+    for remaining in (one_call, 10**6):
+        assert len(po.decide(careful, prompt(text, token_line(remaining, 10**6)),
+                             random.Random(1))) == careful.pace
+
+
+def test_turns_paid_counts_calls_of_a_growing_prompt() -> None:
+    reply = tokens.reply_tokens(1)
+    assert tokens.turns_paid(0, 100, 10) == 0
+    assert tokens.turns_paid(100 + reply, 100, 10) == 1
+    assert tokens.turns_paid(2 * (100 + reply) + 10, 100, 10) == 2
+    assert tokens.turns_paid(2 * (100 + reply) + 9, 100, 10) == 1
+
+
+def test_usage_is_the_whole_prompt_and_each_call() -> None:
+    from budgetproxy.demo.frozenlake import MOVE_TOOL
+
+    messages = prompt(observation(PLAIN_8, (0, 0), []))
+    reply = completion(0, body("sim-careful", messages) | {"tools": [MOVE_TOOL]})
+    assert reply is not None
+    usage, calls = reply["usage"], reply["choices"][0]["message"]["tool_calls"]
+    assert usage["prompt_tokens"] == tokens.prompt_tokens(messages, [MOVE_TOOL])
+    # about four characters a token over what was sent: texts, and the tool schema
+    sent = len(SYSTEM_PROMPT) + len(messages[1]["content"]) + len(str(MOVE_TOOL))
+    assert sent / 5 < usage["prompt_tokens"] < sent / 3
+    assert usage["completion_tokens"] == tokens.REPLY_TOKENS + tokens.CALL_TOKENS * len(calls)
+    assert usage["total_tokens"] == usage["prompt_tokens"] + usage["completion_tokens"]
+    # the next call re-reads the whole conversation, its own calls included
+    longer = [*messages, reply["choices"][0]["message"],
+              {"role": "tool", "tool_call_id": calls[0]["id"], "content": "moved"}]
+    again = completion(0, body("sim-careful", longer) | {"tools": [MOVE_TOOL]})
+    assert again is not None and again["usage"]["prompt_tokens"] > usage["prompt_tokens"] + 20
+
+
+def test_an_output_cap_ends_the_reply_early() -> None:
+    messages = prompt(observation(PLAIN_8, (0, 0), []))
+    full = completion(0, body("sim-careful", messages))
+    assert full is not None and len(full["choices"][0]["message"]["tool_calls"]) == 2
+    cut = completion(0, body("sim-careful", messages) | {"max_completion_tokens": 20})
+    assert cut is not None
+    assert cut["choices"][0]["finish_reason"] == "length"
+    assert len(cut["choices"][0]["message"]["tool_calls"]) == 1
+    assert cut["usage"]["completion_tokens"] == 20
+    none = completion(0, body("sim-careful", messages) | {"max_tokens": 3})
+    assert none is not None and none["choices"][0]["finish_reason"] == "length"
+    assert none["choices"][0]["message"]["content"] == "" and "tool_calls" not in (
+        none["choices"][0]["message"])
+    assert none["usage"]["completion_tokens"] == 3
+    roomy = completion(0, body("sim-careful", messages) | {"max_completion_tokens": 1000})
+    assert roomy is not None and roomy["choices"] == full["choices"]

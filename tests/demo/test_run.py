@@ -83,3 +83,35 @@ def test_the_runs_went_through_the_proxy(
     assert disclosed and all(" remain" in (t["disclosure"]["text"] or "") for t in disclosed)
     assert {t["model"] for t in turns} == {"sim-careful", "sim-recovering", "sim-budget-aware"}
     assert any(t["status"] == "rejected" for t in turns)  # spent budgets were refused
+
+
+def test_the_token_arm_is_enforced_disclosed_and_claimed(
+    demo: tuple[subprocess.CompletedProcess[str], Path],
+) -> None:
+    done, out = demo
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert re.search(r"- A token budget, disclosed\. Pass@1, budget-aware at its full turn budget "
+                     r"and a token budget, disclosed − hidden \(paired over 2 tasks; fewer than "
+                     r"10.*\): [+-]\d\.\d\d", done.stdout), done.stdout  # fmt: skip
+    assert "Fewer than 10 tasks: too few to name an effect." in done.stdout
+    records = read_jsonl(out / "trajectories-tokens")
+    episodes = [r for r in records if r["type"] == "episode"]
+    assert len(episodes) == 2 * 2 * 8  # two maps, two arms, k = 8
+    assert all(r["token_budget"] and r["budget"] == r["max_turns"] for r in episodes)
+    assert {r["disclosure"] for r in episodes} == {"hidden", "disclosed"}
+    assert any(r["exhausted_by"] == "tokens" for r in episodes)
+    turns = [r for r in records if r["type"] == "turn" and r["status"] == "ok"]
+    prompts: dict[str, int] = {}
+    for t in turns:
+        prompts[t["episode_id"]] = max(prompts.get(t["episode_id"], 0), t["usage"]["prompt_tokens"])
+    # Output never passes the budget; the total passes it by at most the last call's prompt.
+    assert all(r["tokens_used"] <= r["token_budget"] + prompts[r["episode_id"]] for r in episodes)
+    told = [t for t in turns if t["disclosure"]["arm"] == "disclosed"]
+    assert told and all(" tokens remain of " in t["disclosure"]["text"] for t in told)
+    assert all(t["usage"]["prompt_tokens"] > 100 and t["cumulative"]["tokens"] for t in turns)
+    analysis = json.loads((out / "pass_at.json").read_text(encoding="utf-8"))
+    assert {(d["field"], d["a"], d["b"]) for d in analysis["token_arm"]["compare"]} == {
+        ("disclosure", "disclosed", "hidden")}
+    # The main analysis reads the tier runs only: the token arm logs apart.
+    assert all(r["tags"]["run"] != "tokens" for r in read_jsonl(out / "trajectories")
+               if r["type"] == "episode")
