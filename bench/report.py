@@ -175,8 +175,8 @@ def ttft_verdicts(
             continue
         over = over_direct - fwd
         verdict = "MET" if over <= TTFT_TARGET_MS else "MISSED"
-        lines.append(f"{TTFT_TARGET_ROW} TTFT on {api}: +{over_direct:.2f} ms over direct, "
-                     f"{over:+.2f} ms over the {BASELINE}'s +{fwd:.2f} ms "
+        lines.append(f"{TTFT_TARGET_ROW} TTFT on {api}: {over_direct:+.2f} ms over direct, "
+                     f"{over:+.2f} ms over the {BASELINE}'s {fwd:+.2f} ms "
                      f"(target <= {TTFT_TARGET_MS:g} ms) {verdict}")
     return lines
 
