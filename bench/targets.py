@@ -334,11 +334,17 @@ def start_budgetproxy(
     target.log_path = workdir / f"{slug}.log"
     log_dir = workdir / f"trajectories-{slug}"
     argv = [sys.executable, "-m", "budgetproxy", "serve", "--port", str(port)]
-    if extra is not None:
+    src = source_of(rev, workdir) if rev is not None else REPO_DIR
+    # The fake upstream's X-Fake-* steering headers reach it only when named, at revisions
+    # that forward request headers by name (earlier ones forward them all, and refuse the key).
+    named = "forward_headers" in (src / "budgetproxy" / "config.py").read_text()
+    if extra is not None or named:
         config = workdir / f"{slug}.yaml"
         # Written per CONTRACT.md's config schema; the upstream comes from --upstream.
         # each row its own Redis keys: rows at other revisions must not share episodes
-        extra = extra.replace("key_prefix: bench", f"key_prefix: bench-{slug}")
+        extra = (extra or "").replace("key_prefix: bench", f"key_prefix: bench-{slug}")
+        if named:
+            extra = f"server: {{forward_headers: [x-fake-*]}}\n{extra}"
         config.write_text(f"# bench/run.py: {description}\nbudget: {{default_turns: 20}}\n{extra}")
         argv += ["--config", str(config)]
     # --log-dir merges into the config's trajectories section (it keeps `enabled: false`).

@@ -10,12 +10,21 @@ from pathlib import Path
 from typing import Any, Literal
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    PrivateAttr,
+    ValidationError,
+    field_validator,
+    model_validator,
+)
 
 # Every environment variable the proxy itself reads is named here.
 ENV_CONFIG_FILE = "BUDGETPROXY_CONFIG"
 ENV_MULTIPROC_DIR = "PROMETHEUS_MULTIPROC_DIR"
 
+_SUBKEY = re.compile(r"[a-z_]+: ")
 _ENV_REF = re.compile(r"\$\{([A-Za-z_][A-Za-z0-9_]*)(?::-([^}]*))?\}")
 
 
@@ -33,6 +42,17 @@ class ServerConfig(_Strict):
     max_body_bytes: int = Field(32 * 1024 * 1024, gt=0)
     shutdown_timeout_s: float = Field(30.0, ge=0)
     workers: int = Field(1, ge=1)
+    # Bounds on what a client may hold open or send before the app sees a request
+    # (docs/security.md): past them 431, 408 or 503, and the connection is closed.
+    max_header_bytes: int = Field(64 * 1024, ge=1024)
+    max_headers: int = Field(100, ge=8)
+    header_timeout_s: float = Field(30.0, gt=0)
+    body_timeout_s: float = Field(120.0, gt=0)
+    max_connections: int = Field(4096, ge=1)
+    max_connections_per_client: int | None = Field(None, ge=1)
+    # Globs of request header names forwarded upstream beyond the built-in list
+    # (core/forwarded_headers.py), e.g. ["x-my-gateway-*"].
+    forward_headers: list[str] = Field(default_factory=list)
 
 
 class UpstreamConfig(_Strict):
@@ -153,11 +173,113 @@ class StoreConfig(_Strict):
     kind: Literal["memory", "redis"] = "memory"
     url: str = "redis://127.0.0.1:6379/0"
     key_prefix: str = "budgetproxy"
+    # redis only: url names one node of a Redis Cluster; the others are discovered
+    cluster: bool = False
     on_unavailable: Literal["fail_closed", "fail_open"] = "fail_closed"
 
 
+_TENANT = re.compile(r"[A-Za-z0-9._:\-]{1,64}")
+
+
+def _nonblank_key(v: str) -> str:
+    if not v.strip():
+        raise ValueError("empty key (an unset environment variable?); remove it or set it")
+    if v != v.strip():
+        raise ValueError("a key may not start or end with whitespace")
+    return v
+
+
+class ClientKey(_Strict):
+    """A client API key and the tenant whose episodes it sees (None: the default one)."""
+
+    key: str
+    tenant: str | None = None
+
+    @model_validator(mode="before")
+    @classmethod
+    def _plain_string(cls, v: Any) -> Any:
+        return {"key": v} if isinstance(v, str) else v
+
+    @field_validator("key")
+    @classmethod
+    def _key_set(cls, v: str) -> str:
+        return _nonblank_key(v)
+
+    @field_validator("tenant")
+    @classmethod
+    def _tenant_name(cls, v: str | None) -> str | None:
+        if v is not None and _TENANT.fullmatch(v) is None:
+            raise ValueError("a tenant is 1-64 characters of A-Z a-z 0-9 . _ : -")
+        return v
+
+
 class AuthConfig(_Strict):
-    keys: list[str] = Field(default_factory=list)
+    keys: list[ClientKey] = Field(default_factory=list)
+    # One key per line, "KEY" or "KEY TENANT"; blank lines and lines starting with # skipped.
+    keys_file: str | None = None
+    admin_keys: list[str] = Field(default_factory=list)
+    # Tenants metrics are labelled with (a bounded list; others count as "other").
+    tenants: list[str] = Field(default_factory=list)
+    _client_keys: list[ClientKey] = PrivateAttr(default_factory=list)
+
+    @field_validator("admin_keys")
+    @classmethod
+    def _admin_keys_set(cls, v: list[str]) -> list[str]:
+        for i, key in enumerate(v):
+            try:
+                _nonblank_key(key)
+            except ValueError as e:
+                raise ValueError(f"entry {i}: {e}") from None
+        return v
+
+    @field_validator("tenants")
+    @classmethod
+    def _tenant_names(cls, v: list[str]) -> list[str]:
+        for i, name in enumerate(v):
+            if _TENANT.fullmatch(name) is None:
+                raise ValueError(f"entry {i}: a tenant is 1-64 characters of A-Z a-z 0-9 . _ : -")
+        return v
+
+    @model_validator(mode="after")
+    def _read_keys_file(self) -> AuthConfig:
+        keys = list(self.keys)
+        if self.keys_file is not None:
+            try:
+                keys.extend(_keys_from_file(self.keys_file))
+            except ValueError as e:
+                raise ValueError(f"keys_file: {e}") from None
+        self._client_keys = keys
+        return self
+
+    def client_keys(self) -> list[ClientKey]:
+        """Every client key: `keys` and those read from `keys_file`."""
+        return list(self._client_keys)
+
+    @property
+    def required(self) -> bool:
+        """Whether requests need a key (any client or admin key is configured)."""
+        return bool(self._client_keys or self.admin_keys)
+
+
+def _keys_from_file(path: str) -> list[ClientKey]:
+    try:
+        text = Path(path).read_text(encoding="utf-8")
+    except (OSError, UnicodeDecodeError) as e:
+        raise ValueError(f"cannot read {path}: {getattr(e, 'strerror', None) or e}") from None
+    out = []
+    for n, line in enumerate(text.splitlines(), 1):
+        words = line.split()
+        if not words or words[0].startswith("#"):
+            continue
+        if len(words) > 2:
+            raise ValueError(f"{path} line {n}: expected 'KEY' or 'KEY TENANT'")
+        try:
+            out.append(ClientKey(key=words[0], tenant=words[1] if len(words) == 2 else None))
+        except ValidationError as e:
+            raise ValueError(f"{path} line {n}: {e.errors()[0]['msg']}") from None
+    if not out:
+        raise ValueError(f"{path} holds no key")
+    return out
 
 
 class Config(_Strict):
@@ -241,6 +363,8 @@ def _format_error(err: ValidationError) -> str:
         msg = msg[len("Value error, ") :]
     if not first["loc"]:  # a check across sections, whose message names its own key
         return msg
+    if _SUBKEY.match(msg):  # a section's own check, naming the key within it
+        return f"{key}.{msg}"
     return f"{key}: {msg}"
 
 

@@ -130,3 +130,11 @@ def episode_finished(episode_id: str, status: int = 403) -> ProxyError:
         "episode_finished",
         f"Episode {episode_id!r} has finished; model calls on it are refused.",
     )
+
+
+def upstream_redirect(upstream: str, status: int) -> ProxyError:
+    """An upstream answered a redirect: never followed (it could resend the body, and the
+    credentials, to another origin), and not worth a client's retry."""
+    return ProxyError(502, "upstream_redirect",
+                      f"Upstream {upstream!r} answered a redirect ({status}), which the proxy "
+                      "does not follow", headers={"x-should-retry": "false"})

@@ -188,6 +188,9 @@ def _start_proxy(
     traj.setdefault("dir", str(log_dir))
     over["trajectories"] = traj
     over.setdefault("metrics", {"enabled": False})
+    # The fake upstream is steered by X-Fake-* request headers (and tests mark requests with
+    # X-Test-*), which only reach it when the proxy is told to forward them.
+    over["server"] = {"forward_headers": ["x-fake-*", "x-test-*"], **over.get("server", {})}
     server = ProxyServer(load_config(None, over)).start()
     return Proxy(server, Path(traj["dir"]), over)
 

@@ -65,6 +65,7 @@ METRICS: dict[str, set[str]] = {
     "budgetproxy_calls_without_episode_total": {"route"},
     "budgetproxy_trajectory_queue_depth": set(),
     "budgetproxy_store_unavailable_total": {"policy"},
+    "budgetproxy_store_degraded": set(),
     "budgetproxy_trace_spans_total": {"result"},
 }
 SERIES_NAMES = {
@@ -326,6 +327,11 @@ class Proxy:
             str(workdir / "trajectories"),
             *extra_args,
         ]
+        if "--config" not in extra_args:
+            # the fake upstream's X-Fake-* steering headers reach it only when named
+            config = workdir / "proxy.yaml"
+            config.write_text("server: {forward_headers: [x-fake-*]}\n")
+            self.args += ["--config", str(config)]
         self._proc: subprocess.Popen[bytes] | None = None
 
     def start(self) -> Proxy:

@@ -9,6 +9,13 @@ from budgetproxy.config import BudgetConfig, DisclosureConfig
 from budgetproxy.core.budget import draw_budgetmix, draw_disclosed
 from budgetproxy.core.episode import Arm, EpisodeState
 
+# Bounds on what a client may attach to an episode (docs/security.md): every turn's span and
+# the episode's record carry them. Texts in characters; JSON in bytes as the log writes it.
+TASK_ID_MAX_CHARS = 256
+GROUP_MAX_CHARS = 256
+TAGS_MAX_BYTES = 8 * 1024
+METADATA_MAX_BYTES = 64 * 1024
+
 
 class SpecError(ValueError):
     """A spec value that cannot be used; `param` names the field."""
@@ -38,6 +45,10 @@ def new_episode(
     Arm: explicit > the configured mode (a per-group draw in mixed mode).
     Draws are keyed on (seed, task_id, group), or the episode id for an episode in no group.
     """
+    for param, text, most in (("task_id", spec.task_id, TASK_ID_MAX_CHARS),
+                              ("group", spec.group, GROUP_MAX_CHARS)):
+        if text is not None and len(text) > most:
+            raise SpecError(param, f"{param} is {len(text)} characters long; at most {most}")
     bm = budget_cfg.budgetmix
     sampled = budget_cfg.sampler == "budgetmix"
     max_turns = spec.max_turns

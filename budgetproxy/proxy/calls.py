@@ -44,7 +44,7 @@ class ModelCall:
         "t0", "route", "dialect", "kind", "model", "stream", "episode_id", "state", "grant",
         "upstream", "t_upstream", "started", "sent_body", "status", "disclosure_text",
         "result", "http_status", "ttft", "error_class", "conversation", "data", "events",
-        "settled", "span", "prints", "previous_response", "exact", "ended", "probe",
+        "settled", "span", "prints", "previous_response", "exact", "ended", "probe", "query",
     )
 
     def __init__(self, route: str, dialect: Dialect) -> None:
@@ -78,6 +78,7 @@ class ModelCall:
         self.exact = False  # the payload was read again to keep integers past 64 bits
         self.ended: EpisodeState | None = None  # its episode, when settling this call ended it
         self.probe: str | None = None  # the probe run that sent it (PROBE_HEADER)
+        self.query = ""  # the query string forwarded upstream with it (core.paths.wire_query)
 
     def refuse(self, http_status: int) -> None:
         """The proxy answers this forwarded call itself, with `http_status`: its turn is

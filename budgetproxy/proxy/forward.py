@@ -17,7 +17,11 @@ from budgetproxy.core import disclosure
 from budgetproxy.core.budget import tier_label
 from budgetproxy.core.episode import EpisodeState, Grant, GrantKind, SettleResult
 from budgetproxy.core.fingerprint import Fingerprint
+from budgetproxy.core.forwarded_headers import HeaderPolicy
+from budgetproxy.core.keys import KeyRing
+from budgetproxy.core.paths import wire_query
 from budgetproxy.core.spec import SpecError, new_episode
+from budgetproxy.core.tenants import TENANT_HEADER, local_id, qualified, tenant_for
 from budgetproxy.core.usage import token_counts
 from budgetproxy.errors import (
     ProxyError,
@@ -51,7 +55,6 @@ from budgetproxy.proxy.refusal import refusal_status
 from budgetproxy.proxy.upstream import UpstreamPool
 from budgetproxy.proxy.upstream_call import UpstreamCall
 from budgetproxy.proxy.wire import (
-    DROP_REQUEST_HEADERS,
     encode_exact,
     exact_payload,
     parse_payload,
@@ -90,8 +93,7 @@ class ModelCalls:
         self.id_headers = tuple(dict.fromkeys(n.encode() for n in names))
         self.alias_headers = self.id_headers[1:]
         self._store_down_logged_at = float("-inf")
-        self.auth_keys = frozenset(f"Bearer {k}".encode() for k in config.auth.keys)
-        self.raw_keys = frozenset(k.encode() for k in config.auth.keys)
+        self.keys = KeyRing.of(config.auth)
         self.uncounted = tuple(config.episodes.uncounted_models)
         self.uncounted_prompts = frozenset(p.strip() for p in config.episodes.uncounted_prompts)
         self.budget_cfg = config.budget
@@ -100,14 +102,18 @@ class ModelCalls:
         self.fail_open = config.store.on_unavailable == "fail_open"
         self.upstream = UpstreamCall(
             pool, metrics, tracing, litellm_call,
-            strip_headers=DROP_REQUEST_HEADERS | set(self.id_headers) | {PROBE_HEADER},
-            auth_keys=self.auth_keys, episode_headers=self._episode_headers, settle=self._settle)
+            header_policy=HeaderPolicy(config.server.forward_headers,
+                                       (*self.id_headers, PROBE_HEADER)),
+            own_keys=self.keys.required, episode_headers=self._episode_headers, settle=self._settle)
 
     # -- entry -------------------------------------------------------------------------------
     async def handle(
         self, scope: Scope, receive: Receive, send: Send, route: str, path_episode: str | None
     ) -> None:
         call = ModelCall(route, DIALECTS[route])
+        query = scope.get("query_string")
+        if query:
+            call.query = wire_query(query)
         try:
             await self._handle(call, scope, receive, send, path_episode)
         except ClientGone:
@@ -173,8 +179,9 @@ class ModelCalls:
         self, call: ModelCall, scope: Scope, receive: Receive, send: Send, path_episode: str | None
     ) -> None:
         headers: dict[bytes, bytes] = dict(scope["headers"])
-        if self.auth_keys and headers.get(b"authorization") not in self.auth_keys and (
-                headers.get(b"x-api-key") not in self.raw_keys):  # Anthropic clients' header
+        who = self.keys.principal(headers.get(b"authorization"),
+                                  headers.get(b"x-api-key"))  # (x-api-key: Anthropic's)
+        if who is None:
             raise invalid_api_key()
         if len(headers) < len(scope["headers"]):  # a header sent twice: the dict kept the last
             self._one_id_each(scope["headers"])
@@ -186,6 +193,11 @@ class ModelCalls:
             raise invalid_request(
                 "A probe call (X-Budgetproxy-Probe) names no episode: send it without an "
                 "episode id", "X-Budgetproxy-Probe")
+        if eid is not None and (who.tenant is not None or who.admin):
+            try:  # the store knows it by its tenant's name for it
+                eid = qualified(tenant_for(who, headers.get(TENANT_HEADER)), eid)
+            except ValueError as e:
+                raise invalid_request(str(e), "tenant") from None
         body = await read_body(receive, headers, self.max_body)
         dialect = call.dialect
         payload = parse_payload(body)
@@ -232,7 +244,7 @@ class ModelCalls:
                                 conversation=None)
             return
         if grant.kind is GrantKind.FINISHED:
-            raise episode_finished(eid, refusal_status(headers))
+            raise episode_finished(local_id(eid), refusal_status(headers))
         if grant.kind is GrantKind.EXHAUSTED:
             await self._exhausted(call, st, send, payload, conversation,
                                   refusal_status(headers))
@@ -321,7 +333,7 @@ class ModelCalls:
         call.http_status = 200 if finish_mode else refused
         await self._record_turn(call, conversation, None, charged=False)
         if not finish_mode:
-            raise budget_exhausted(st.episode_id, st.budget, refused)
+            raise budget_exhausted(local_id(st.episode_id), st.budget, refused)
         ctype, data = call.dialect.synthetic(call.model or "", self.budget_cfg.finish_reason,
                                              call.stream, payload)
         call.started = True
@@ -353,7 +365,8 @@ class ModelCalls:
         # A refused call is reported as the turn it would have been, as in its log record.
         turn = grant.turn if grant is not None and grant.kind is GrantKind.FORWARD else (
             st.turns_used + 1)
-        out = [(b"x-episode-id", call.episode_id.encode()), (b"x-episode-turn", b"%d" % turn)]
+        out = [(b"x-episode-id", local_id(call.episode_id).encode()),
+               (b"x-episode-turn", b"%d" % turn)]
         mode = self.cfg.episodes.budget_headers
         if mode == "always" or (mode == "disclosed_only" and st.disclosure == "disclosed"):
             remaining = st.remaining
@@ -490,6 +503,9 @@ class ModelCalls:
         charged = grant.charged and not self._refunded(call)
         if charged and m is not None:
             m.turns_child(st.budget, st.max_turns, st.disclosure).inc()
+            tenant = m.tenant_label(st.episode_id)
+            if tenant is not None:
+                m.tenant_turns.labels(tenant).inc()
         await self._record_turn(call, call.conversation, reply, charged=grant.charged)
         return reply
 

@@ -5,8 +5,10 @@ from __future__ import annotations
 import fnmatch
 
 import aiohttp
+from yarl import URL
 
 from budgetproxy.config import UpstreamConfig
+from budgetproxy.core.paths import wire_path
 
 
 class UpstreamPool:
@@ -20,6 +22,7 @@ class UpstreamPool:
             for u in upstreams
         }
         self._session: aiohttp.ClientSession | None = None
+        self._urls: dict[tuple[str, str], URL] = {}
 
     async def start(self) -> None:
         connector = aiohttp.TCPConnector(limit=0, ttl_dns_cache=300, keepalive_timeout=60)
@@ -35,6 +38,20 @@ class UpstreamPool:
 
     def timeout(self, upstream: UpstreamConfig) -> aiohttp.ClientTimeout:
         return self._timeouts[upstream.name]
+
+    def url(self, upstream: UpstreamConfig, path: str, query: str = "") -> URL:
+        """The upstream URL for a canonical proxy path under /v1 (core.paths) and a query
+        from `wire_query`: the path's tail below the upstream's base URL, built as encoded so
+        that neither yarl nor aiohttp normalises it again (nothing can climb out of the base
+        path, and what is sent is what was routed)."""
+        key = (upstream.base_url, path)
+        url = self._urls.get(key) if not query else None
+        if url is None:
+            tail = wire_path(path[3:]) if path.startswith("/v1/") else ""
+            url = URL(upstream.base_url + tail + (f"?{query}" if query else ""), encoded=True)
+            if not query and len(self._urls) < 1024:
+                self._urls[key] = url
+        return url
 
     def route(self, model: str | None) -> UpstreamConfig | None:
         try:

@@ -11,7 +11,8 @@ import aiohttp
 
 from budgetproxy.config import UpstreamConfig
 from budgetproxy.core.episode import SettleResult
-from budgetproxy.errors import ProxyError
+from budgetproxy.core.forwarded_headers import HeaderPolicy
+from budgetproxy.errors import ProxyError, upstream_redirect
 from budgetproxy.proxy.asgi import Receive, Send, send_response
 from budgetproxy.proxy.calls import ModelCall
 from budgetproxy.proxy.relay import StreamEnd, relay_stream
@@ -32,8 +33,8 @@ class UpstreamCall:
 
     def __init__(
         self, pool: UpstreamPool, metrics: Metrics | None, tracing: Tracing,
-        litellm_call: Callable[..., Any] | None, *, strip_headers: frozenset[bytes],
-        auth_keys: frozenset[bytes],
+        litellm_call: Callable[..., Any] | None, *, header_policy: HeaderPolicy,
+        own_keys: bool,
         episode_headers: Callable[[ModelCall], list[tuple[bytes, bytes]]],
         settle: Callable[[ModelCall], Awaitable[None]],
     ) -> None:
@@ -41,8 +42,8 @@ class UpstreamCall:
         self.metrics = metrics
         self.tracing = tracing
         self.litellm_call = litellm_call
-        self.strip_headers = strip_headers
-        self.auth_keys = auth_keys
+        self.header_policy = header_policy
+        self.own_keys = own_keys  # the proxy checks keys of its own: never sent upstream
         self.episode_headers = episode_headers
         self.settle = settle
 
@@ -50,13 +51,14 @@ class UpstreamCall:
         self, call: ModelCall, upstream: UpstreamConfig, headers: dict[bytes, bytes], body: bytes,
         receive: Receive, send: Send, drop_usage: bool,
     ) -> None:
-        url = upstream.base_url + call.route[3:]
+        url = self.pool.url(upstream, call.route, call.query)
         t_up = time.perf_counter()
         try:
             out_headers = self.request_headers(headers, upstream, call)
             self.tracing.inject(call.span, out_headers)
             resp = await self.pool.session.post(
-                url, data=body, headers=out_headers, timeout=self.pool.timeout(upstream)
+                url, data=body, headers=out_headers, timeout=self.pool.timeout(upstream),
+                allow_redirects=False,
             )
         except (TimeoutError, aiohttp.ServerTimeoutError):
             self._fail(call, "timeout", t_up)
@@ -67,6 +69,9 @@ class UpstreamCall:
             raise ProxyError(502, "upstream_unreachable",
                              f"Upstream {upstream.name!r} is unreachable: {e}") from None
         try:
+            if 300 <= resp.status < 400:
+                self._fail(call, "redirect", t_up)
+                raise upstream_redirect(upstream.name, resp.status)
             ctype = resp.headers.get("content-type", "")
             if call.stream and resp.status == 200 and ctype.startswith("text/event-stream"):
                 await self._relay_stream(call, resp, receive, send, drop_usage, t_up)
@@ -75,7 +80,10 @@ class UpstreamCall:
                 data = await resp.read()
             except (TimeoutError, aiohttp.ClientError) as e:
                 cls = "timeout" if isinstance(e, TimeoutError) else "connect"
-                self._fail(call, cls, t_up)
+                self._fail(call, cls, t_up)  # (its record says the status answered here)
+                if cls == "timeout":
+                    raise ProxyError(504, "upstream_timeout", f"Upstream {upstream.name!r} "
+                                     "timed out mid-response") from None
                 raise ProxyError(502, "upstream_unreachable",
                                  f"Upstream {upstream.name!r} failed mid-response") from None
             call.t_upstream = time.perf_counter() - t_up
@@ -117,16 +125,15 @@ class UpstreamCall:
         self, headers: dict[bytes, bytes], upstream: UpstreamConfig, call: ModelCall
     ) -> dict[str, str]:
         out: dict[str, str] = {}
-        strip = self.strip_headers
+        forwarded = self.header_policy.forwarded
         for k, v in headers.items():
-            if k in strip or k.startswith(b"x-episode-"):
-                continue
-            out[k.decode("latin-1")] = v.decode("latin-1")
+            if forwarded(k):
+                out[k.decode("latin-1")] = v.decode("latin-1")
         out["content-type"] = "application/json"
         if upstream.api_key:  # where the call's API carries it (Messages: x-api-key)
             name, value = call.dialect.upstream_key_header(upstream.api_key)
             out[name] = value
-        elif not self.auth_keys:
+        elif not self.own_keys:
             auth = headers.get(b"authorization")
             if auth:
                 out["authorization"] = auth.decode("latin-1")

@@ -17,13 +17,6 @@ MODEL_ROUTES: dict[str, str] = {
     "/v1/responses": "responses",
     "/v1/messages": "messages",
 }
-DROP_REQUEST_HEADERS = frozenset(
-    {
-        b"host", b"content-length", b"connection", b"keep-alive", b"transfer-encoding", b"te",
-        b"trailer", b"upgrade", b"proxy-authorization", b"proxy-connection", b"authorization",
-        b"accept-encoding", b"x-api-key", b"expect",
-    }
-)
 DROP_RESPONSE_HEADERS = frozenset(
     {
         "content-length", "content-encoding", "transfer-encoding", "connection", "keep-alive",

@@ -16,6 +16,8 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from budgetproxy.config import ENV_MULTIPROC_DIR, Config
 from budgetproxy.core.ids import is_valid_episode_id, split_episode_prefix
+from budgetproxy.core.keys import KeyRing
+from budgetproxy.core.paths import PathRefused, wire_path
 from budgetproxy.errors import (
     ProxyError,
     invalid_api_key,
@@ -27,6 +29,7 @@ from budgetproxy.proxy.forward import ModelCalls
 from budgetproxy.proxy.upstream import UpstreamPool
 from budgetproxy.proxy.wire import MODEL_ROUTES
 from budgetproxy.serve.episode_api import build_api
+from budgetproxy.serve.paths import model_route, refused_path, request_path
 from budgetproxy.store.base import EpisodeStore, StoreUnavailable
 from budgetproxy.telemetry.metrics import Metrics
 from budgetproxy.telemetry.tracing import Tracing, build_processor, tracing_wanted
@@ -34,6 +37,7 @@ from budgetproxy.trajectories.recorder import Recorder
 from budgetproxy.trajectories.sink import JsonlSink, NullSink, TrajectorySink
 
 log = logging.getLogger("budgetproxy")
+_MODEL_RAW = frozenset(r.encode() for r in MODEL_ROUTES)
 METRICS_FLUSH_S = 1.0
 
 
@@ -44,7 +48,8 @@ def _make_store(config: Config) -> EpisodeStore:
         ep = config.episodes
         store: EpisodeStore = RedisStore(config.store.url, prefix=config.store.key_prefix,
                                          idle_timeout_s=ep.idle_timeout_s,
-                                         retention_s=ep.retention_s)
+                                         retention_s=ep.retention_s,
+                                         cluster=config.store.cluster)
         return store
     from budgetproxy.store.memory import MemoryStore
 
@@ -97,6 +102,8 @@ class BudgetProxy:
             else:
                 self.metrics = Metrics(registry, config.metrics.turn_buckets)
                 self.registry = registry
+            if config.auth.tenants and self.metrics is not None:
+                self.metrics.enable_tenants(config.auth.tenants)
         # A processor passed in belongs to the caller; one built here is shut down here.
         self._own_processor = span_processor is None and tracing_wanted(config.tracing)
         if self._own_processor:
@@ -117,9 +124,9 @@ class BudgetProxy:
             litellm_call = call_litellm
         self.calls = ModelCalls(config, self.pool, self.store, self.recorder, self.metrics,
                                 self.tracing, litellm_call)
-        self.api = build_api(config, self.store, self.recorder, self.pool, self.registry)
-        self._auth_keys = frozenset(f"Bearer {k}".encode() for k in config.auth.keys)
-        self._raw_keys = frozenset(k.encode() for k in config.auth.keys)
+        self.api = build_api(config, self.store, self.recorder, self.pool, self.registry,
+                             self.metrics)
+        self._keys = KeyRing.of(config.auth)
         self._sweeper: asyncio.Task[None] | None = None
         self._flusher: asyncio.Task[None] | None = None
 
@@ -131,26 +138,39 @@ class BudgetProxy:
                 await self.api(scope, receive, send)
             return
         try:
-            path: str = scope["path"]
-            if path in MODEL_ROUTES and scope["method"] == "POST":
-                await self.calls.handle(scope, receive, send, path, None)
+            raw = scope.get("raw_path")
+            if raw in _MODEL_RAW and scope["method"] == "POST":  # the usual spelling, as is
+                await self.calls.handle(scope, receive, send, scope["path"], None)
+                return
+            try:
+                path = request_path(scope)
+            except PathRefused as e:
+                said = scope["path"]  # (as the server decoded it: only to pick the error's shape)
+                await send_error(send, refused_path(scope, e), None, _shape(
+                    split[1] if (split := split_episode_prefix(said)) else said))
+                return
+            if path != scope["path"]:
+                # Everything after this point, the API's routes included, sees one spelling.
+                scope = dict(scope)
+                scope["path"], scope["raw_path"] = path, wire_path(path).encode()
+            route = model_route(path)
+            if route is not None and scope["method"] == "POST":
+                await self.calls.handle(scope, receive, send, route, None)
                 return
             if path.startswith("/episodes/"):
                 split = split_episode_prefix(path)
                 if split is not None:
                     eid, tail = split
-                    if tail in MODEL_ROUTES and scope["method"] == "POST":
-                        await self.calls.handle(scope, receive, send, tail, eid)
+                    route = model_route(tail)
+                    if route is not None and scope["method"] == "POST":
+                        await self.calls.handle(scope, receive, send, route, eid)
                         return
                     if not is_valid_episode_id(eid):  # other routes ignore the id, not a bad one
                         await send_error(send, invalid_episode_id(), None, _shape(tail))
                         return
                     scope = dict(scope)
                     scope["path"] = tail
-                    scope["raw_path"] = tail.encode()
-                elif _slash_in_id(scope):
-                    await send_error(send, invalid_episode_id())
-                    return
+                    scope["raw_path"] = wire_path(tail).encode()
             await self._timed_api(scope, receive, send)
         except asyncio.CancelledError:
             # The server gave up waiting for this request at shutdown (a stalled upload, a call
@@ -163,9 +183,10 @@ class BudgetProxy:
         t0 = time.perf_counter()
         status = 500
         headers = dict(scope["headers"])
-        if self._auth_keys and scope["path"].startswith("/v1") and (
-                headers.get(b"authorization") not in self._auth_keys) and (
-                headers.get(b"x-api-key") not in self._raw_keys):
+        who = self._keys.principal(headers.get(b"authorization"), headers.get(b"x-api-key"))
+        if who is not None:  # the episode API reads it, for the key's tenant
+            scope.setdefault("state", {})["principal"] = who
+        elif scope["path"].startswith("/v1"):
             # Every /v1 route the API serves needs the key; checked here, before FastAPI,
             # which would judge a body (as JSON) before any route dependency ran.
             await send_error(send, invalid_api_key(), None, _shape(scope["path"]))
@@ -241,7 +262,10 @@ class BudgetProxy:
                     await self.recorder.episode_ended(st)
                 if self.metrics is not None:
                     self.metrics.queue_depth.set(self.sink.depth())
+                    self.metrics.store_degraded.set(0)
             except StoreUnavailable:
+                if self.metrics is not None and self.config.store.on_unavailable == "fail_open":
+                    self.metrics.store_degraded.set(1)
                 continue
             except Exception:
                 log.exception("episode sweep failed")
@@ -284,13 +308,6 @@ async def _answer_cancelled(send: Send, path: str) -> bool:
     except Exception:  # the response had started: the server closes the connection
         return False
     return True
-
-
-def _slash_in_id(scope: Scope) -> bool:
-    """Whether an /episodes/{id}/v1/... path only failed to split because its id holds an
-    encoded slash (`a%2Fb`): the server decodes it, so the id's end is only in the raw path."""
-    raw = scope.get("raw_path")
-    return isinstance(raw, bytes) and split_episode_prefix(raw.decode("latin-1")) is not None
 
 
 def _limited(receive: Receive, limit: int) -> Receive:

@@ -6,7 +6,7 @@ import asyncio
 import logging
 import time
 import uuid
-from typing import Annotated, Any, Literal
+from typing import Any
 
 import aiohttp
 import orjson
@@ -14,54 +14,34 @@ from fastapi import Body, FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import Response
 from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_latest
-from pydantic import AfterValidator, BaseModel, ConfigDict, Field, StrictBool
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from budgetproxy.config import Config
-from budgetproxy.core.budget import TURNS_MAX, tier_label
+from budgetproxy.core.budget import tier_label
 from budgetproxy.core.episode import EpisodeState, FinishStatus, OutcomeReport
-from budgetproxy.core.spec import EpisodeSpec, SpecError, new_episode
-from budgetproxy.errors import ProxyError, checked_episode_id, request_too_large
+from budgetproxy.core.forwarded_headers import HeaderPolicy
+from budgetproxy.core.keys import OPEN
+from budgetproxy.core.paths import wire_query
+from budgetproxy.core.spec import (
+    EpisodeSpec,
+    SpecError,
+    new_episode,
+)
+from budgetproxy.core.tenants import local_id, qualified, tenant_for, tenant_of
+from budgetproxy.errors import ProxyError, checked_episode_id, request_too_large, upstream_redirect
 from budgetproxy.proxy.upstream import UpstreamPool
+from budgetproxy.serve.episode_bodies import EpisodeCreate, OutcomeBody
+from budgetproxy.serve.openapi import install as install_openapi
 from budgetproxy.store.base import EpisodeStore, StoreUnavailable
+from budgetproxy.telemetry.metrics import Metrics
 from budgetproxy.trajectories.recorder import Recorder
 
 log = logging.getLogger("budgetproxy")
 
 
-def _loggable(value: dict[str, Any]) -> dict[str, Any]:
-    """Free-form JSON (tags, metadata) the trajectory log and the stores can write as is."""
-    try:
-        orjson.dumps(value)
-    except (TypeError, ValueError):
-        raise ValueError("must be JSON with integers within 64 bits and at most 250 levels "
-                         "of nesting") from None
-    return value
-
-
-class EpisodeCreate(BaseModel):
-    model_config = ConfigDict(extra="forbid")
-    episode_id: str | None = None
-    budget: int | None = Field(None, ge=1, le=TURNS_MAX, strict=True)
-    max_turns: int | None = Field(None, ge=1, le=TURNS_MAX, strict=True)
-    task_id: str | None = None
-    group: str | None = None
-    disclosure: Literal["hidden", "disclosed"] | None = None
-    announced_budget: int | None = Field(None, ge=1, le=TURNS_MAX, strict=True)
-    tags: Annotated[dict[str, Any], AfterValidator(_loggable)] = Field(default_factory=dict)
-
-
-class OutcomeBody(BaseModel):
-    model_config = ConfigDict(extra="forbid")
-    success: StrictBool
-    reward: float | None = Field(None, allow_inf_nan=False, strict=True)
-    success_turn: int | None = Field(None, ge=1, le=TURNS_MAX, strict=True)
-    metadata: Annotated[dict[str, Any], AfterValidator(_loggable)] = Field(default_factory=dict)
-
-
 def episode_view(st: EpisodeState) -> dict[str, Any]:
-    return {
-        "episode_id": st.episode_id,
+    view = {
+        "episode_id": local_id(st.episode_id),
         "task_id": st.task_id,
         "group": st.group,
         "budget": st.budget,
@@ -82,6 +62,21 @@ def episode_view(st: EpisodeState) -> dict[str, Any]:
         "settling": st.end_pending,
         "tags": st.tags,
     }
+    tenant = tenant_of(st.episode_id)
+    if tenant is not None:
+        view["tenant"] = tenant
+    return view
+
+
+def stored_id(request: Request, episode_id: str) -> str:
+    """The id the store knows the episode `episode_id` names by, in the namespace of the
+    request's key (the app puts who the key is in the request's state)."""
+    who = getattr(request.state, "principal", OPEN)
+    try:
+        tenant = tenant_for(who, request.headers.get("x-episode-tenant", "").encode() or None)
+    except ValueError as e:
+        raise ProxyError(400, "invalid_request", str(e), param="tenant") from None
+    return qualified(tenant, checked_episode_id(episode_id))
 
 
 def _json(data: Any, status: int = 200) -> Response:
@@ -118,9 +113,12 @@ def build_api(
     recorder: Recorder,
     pool: UpstreamPool,
     registry: CollectorRegistry | None,
+    families: Metrics | None = None,
 ) -> FastAPI:
     """The episode API, /v1/models, pass-through routes and the service endpoints. API keys
     (`auth.keys`) are checked by the app before any /v1 route here (app.py)."""
+    forwarded = HeaderPolicy(config.server.forward_headers,
+                             (h.lower().encode() for h in config.episodes.id_headers)).forwarded
     app = FastAPI(
         title="budgetproxy",
         summary="Turn budgets per agent episode, in front of any OpenAI-compatible model.",
@@ -130,6 +128,8 @@ def build_api(
         # id, and API clients do not expect to be sent elsewhere for a slash.
         redirect_slashes=False,
     )
+
+    install_openapi(app)
 
     @app.exception_handler(ProxyError)
     async def _proxy_error(request: Request, exc: ProxyError) -> Response:
@@ -164,10 +164,11 @@ def build_api(
     async def _store_down(_: Request, exc: StoreUnavailable) -> Response:
         return _error(ProxyError(503, "store_unavailable", "The episode store is unavailable"))
 
-    async def end_and_record(episode_id: str, report: OutcomeReport | None) -> Response:
-        done = await store.finish(episode_id, report, time.time())
+    async def end_and_record(sid: str, report: OutcomeReport | None) -> Response:
+        done = await store.finish(sid, report, time.time())
+        episode_id = local_id(sid)
         if done.status is None or done.state is None:
-            if await store.is_known(episode_id):
+            if await store.is_known(sid):
                 return _json({"episode_id": episode_id, "status": "finished"})
             raise _not_found(episode_id)
         if done.status is FinishStatus.CONFLICT:
@@ -192,6 +193,16 @@ def build_api(
             ok = await asyncio.wait_for(store.ping(), 2.0)
         except (TimeoutError, StoreUnavailable, OSError):
             ok = False
+        fail_open = config.store.on_unavailable == "fail_open"
+        if families is not None:
+            families.store_degraded.set(1 if fail_open and not ok else 0)
+        if not ok and fail_open:
+            # Still serving (uncounted): a load balancer must keep routing here, which is
+            # what fail_open asked for; the body and the metric say what is missing.
+            return _json({"status": "degraded", "store": config.store.kind,
+                          "detail": "the episode store is unavailable; model calls are "
+                                    "forwarded without accounting (store.on_unavailable: "
+                                    "fail_open)"})
         if not ok:
             return _json({"status": "unavailable", "store": config.store.kind}, 503)
         return _json({"status": "ready", "store": config.store.kind})
@@ -214,7 +225,8 @@ def build_api(
         eid = checked_episode_id(
             f"ep-{uuid.uuid4().hex}" if body.episode_id is None else body.episode_id)
         spec = EpisodeSpec(
-            episode_id=eid, budget=body.budget, max_turns=body.max_turns, task_id=body.task_id,
+            episode_id=stored_id(request, eid), budget=body.budget, max_turns=body.max_turns,
+            task_id=body.task_id,
             group=body.group, disclosure=body.disclosure,
             announced_budget=body.announced_budget, tags=body.tags,
         )
@@ -231,21 +243,22 @@ def build_api(
         return _json({**episode_view(st), "base_url": f"{base}/episodes/{eid}/v1"}, 201)
 
     @app.get("/v1/episodes/{episode_id}")
-    async def get_episode(episode_id: str) -> Response:
-        st = await store.get(checked_episode_id(episode_id))
+    async def get_episode(request: Request, episode_id: str) -> Response:
+        sid = stored_id(request, episode_id)
+        st = await store.get(sid)
         if st is None:
-            if await store.is_known(episode_id):
+            if await store.is_known(sid):
                 return _json({"episode_id": episode_id, "status": "finished"})
             raise _not_found(episode_id)
         return _json(episode_view(st))
 
     @app.post("/v1/episodes/{episode_id}/outcome")
     async def report_outcome(
-        episode_id: str, body: OutcomeBody = Body()  # noqa: B008
+        request: Request, episode_id: str, body: OutcomeBody = Body()  # noqa: B008
     ) -> Response:
-        checked_episode_id(episode_id)
+        sid = stored_id(request, episode_id)
         if body.success_turn is not None:
-            st = await store.get(episode_id)
+            st = await store.get(sid)
             if st is not None and st.status == "active" and body.success_turn > st.turns_used:
                 raise ProxyError(
                     400, "invalid_request",
@@ -254,15 +267,16 @@ def build_api(
                 )
         report = OutcomeReport(success=body.success, reward=body.reward,
                                success_turn=body.success_turn, metadata=body.metadata)
-        return await end_and_record(episode_id, report)
+        return await end_and_record(sid, report)
 
     @app.post("/v1/episodes/{episode_id}/end")
-    async def end_episode(episode_id: str) -> Response:
-        return await end_and_record(checked_episode_id(episode_id), None)
+    async def end_episode(request: Request, episode_id: str) -> Response:
+        return await end_and_record(stored_id(request, episode_id), None)
 
     @app.get("/v1/models")
-    async def list_models() -> Response:
+    async def list_models(request: Request) -> Response:
         merged: dict[str, dict[str, Any]] = {}
+        query = wire_query(request.scope["query_string"])
 
         async def fetch(u: Any) -> list[dict[str, Any]] | None:
             if u.kind != "openai":
@@ -270,8 +284,9 @@ def build_api(
                         if "*" not in m]
             headers = {"authorization": f"Bearer {u.api_key}"} if u.api_key else {}
             try:
-                async with pool.session.get(f"{u.base_url}/models", headers=headers,
-                                            timeout=aiohttp.ClientTimeout(total=10)) as r:
+                async with pool.session.get(pool.url(u, "/v1/models", query), headers=headers,
+                                            timeout=aiohttp.ClientTimeout(total=10),
+                                            allow_redirects=False) as r:
                     if r.status != 200:
                         log.warning("upstream %s answered %d to GET /models", u.name, r.status)
                         return None
@@ -316,24 +331,27 @@ def build_api(
             pool.upstreams[0] if pool.upstreams else None)
         if upstream is None or upstream.kind != "openai":
             raise ProxyError(404, "not_found", f"No upstream serves /v1/{path}")
-        headers = {k: v for k, v in request.headers.items()
-                   if k not in ("host", "content-length", "authorization", "accept-encoding",
-                                "connection", "x-api-key") and not k.startswith("x-episode-")}
+        headers = {k.decode("latin-1"): v.decode("latin-1")
+                   for k, v in request.scope["headers"] if forwarded(k)}
+        if "content-type" in request.headers:
+            headers["content-type"] = request.headers["content-type"]
         anthropic = path.startswith("messages")  # /v1/messages/count_tokens and the like
         if upstream.api_key and anthropic:
             headers["x-api-key"] = upstream.api_key
         elif upstream.api_key:
             headers["authorization"] = f"Bearer {upstream.api_key}"
-        elif not config.auth.keys:
+        elif not config.auth.required:
             for name in ("authorization", "x-api-key"):
                 if name in request.headers:
                     headers[name] = request.headers[name]
-        url = f"{upstream.base_url}/{path}"
-        if request.url.query:
-            url += f"?{request.url.query}"
+        # the dispatcher made the path canonical (core.paths): it is sent as it was routed
+        url = pool.url(upstream, request.scope["path"], wire_query(request.scope["query_string"]))
         try:
             async with pool.session.request(request.method, url, data=body, headers=headers,
-                                            timeout=pool.timeout(upstream)) as r:
+                                            timeout=pool.timeout(upstream),
+                                            allow_redirects=False) as r:
+                if 300 <= r.status < 400:
+                    raise upstream_redirect(upstream.name, r.status)
                 data = await r.read()
                 out = {k: v for k, v in r.headers.items()
                        if k.lower() not in ("content-length", "content-encoding",

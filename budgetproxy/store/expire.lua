@@ -1,8 +1,9 @@
 -- Claim an idle episode: only the caller that ends it gets its snapshot back.
 -- KEYS: episode, remembered id. ARGV: now, idle timeout s, retention ms, remember ms.
--- A turn still in flight holds the episode open, but only for twice the idle timeout:
--- the replica serving it may have died without settling. The same holds for an episode
--- ended with turns in flight (end_pending), whose ending those turns' settling completes.
+-- A turn still in flight holds an active episode open, but only for twice the idle timeout:
+-- the replica serving it may have died without settling. An episode already ended with
+-- turns in flight (end_pending), whose ending those turns' settling completes, waits one
+-- idle timeout: it takes no more calls, and its record should not wait on a dead replica.
 local ep, gone = KEYS[1], KEYS[2]
 local f = redis.call('HMGET', ep, 'status', 'inflight', 'last_activity', 'end_pending')
 if not f[1] then
@@ -17,7 +18,7 @@ local idle_for = tonumber(ARGV[1]) - tonumber(f[3])
 if idle_for < idle then
   return cjson.encode({'fresh', f[3]})
 end
-if tonumber(f[2]) > 0 and idle_for < 2 * idle then
+if tonumber(f[2]) > 0 and not pending and idle_for < 2 * idle then
   return cjson.encode({'busy', f[3]})
 end
 if pending then

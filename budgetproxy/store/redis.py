@@ -47,6 +47,7 @@ from budgetproxy.core.episode import (
     placed,
 )
 from budgetproxy.store.base import FinishOutcome, StoreUnavailable, TurnClose, TurnOpen
+from budgetproxy.store.redis_cluster import CLUSTER_UNAVAILABLE, cluster_client, eval_each, run_each
 from budgetproxy.store.redis_codec import decode_state, encode_state
 
 __all__ = ["RedisStore", "decode_state", "encode_state"]
@@ -61,6 +62,7 @@ _UNAVAILABLE: tuple[type[BaseException], ...] = (
     rexc.TryAgainError,
     OSError,
     TimeoutError,
+    *CLUSTER_UNAVAILABLE,
 )
 _SWEEP_BATCH = 256
 
@@ -83,6 +85,8 @@ def _remembered_state(episode_id: str) -> EpisodeState:
 def _store_errors() -> Iterator[None]:
     try:
         yield
+    except rexc.MovedError as e:  # a cluster node, reached without the cluster client
+        raise StoreUnavailable(f"Redis is a cluster node ({e}): set store.cluster: true") from e
     except _UNAVAILABLE as e:
         raise StoreUnavailable(f"Redis is unavailable: {e}") from e
 
@@ -106,6 +110,7 @@ class RedisStore:
         remember_s: float = 30 * 86400.0,
         socket_timeout_s: float = 5.0,
         connect_timeout_s: float = 2.0,
+        cluster: bool = False,
     ) -> None:
         if not prefix or "{" in prefix or "}" in prefix:
             raise ValueError("store.key_prefix: must be non-empty, without '{' or '}'")
@@ -115,16 +120,23 @@ class RedisStore:
         self._retention_ms = _ms(retention_s)
         self._remember_ms = _ms(remember_s)
         self._socket_timeout_s = socket_timeout_s
-        self._redis: Any = aioredis.Redis.from_url(
-            url,
-            decode_responses=True,
-            socket_timeout=socket_timeout_s,
-            socket_connect_timeout=connect_timeout_s,
-            retry=Retry(NoBackoff(), 0),
-            # RESP2: under RESP3 redis-py skips its check for pooled connections that the
-            # server closed, and the first command after a Redis restart would fail.
-            protocol=2,
-        )
+        self._cluster = cluster
+        self._cluster_ready = False
+        self._cluster_lock = asyncio.Lock()
+        if cluster:  # redis_cluster.py: the same scripts, routed to their slot's node
+            self._redis: Any = cluster_client(url, socket_timeout_s=socket_timeout_s,
+                                              connect_timeout_s=connect_timeout_s)
+        else:
+            self._redis = aioredis.Redis.from_url(
+                url,
+                decode_responses=True,
+                socket_timeout=socket_timeout_s,
+                socket_connect_timeout=connect_timeout_s,
+                retry=Retry(NoBackoff(), 0),
+                # RESP2: under RESP3 redis-py skips its check for pooled connections that the
+                # server closed, and the first command after a Redis restart would fail.
+                protocol=2,
+            )
         self._queue: list[tuple[_Eval, asyncio.Future[Any]]] = []
         self._sending: set[asyncio.Future[None]] = set()
         self._idle: list[Any] = []  # hot-path connections, outside redis-py's pool
@@ -148,7 +160,19 @@ class RedisStore:
 
     async def _call(self, op: Callable[[], Awaitable[T]]) -> T:
         with _store_errors():
+            if self._cluster:
+                await self._discover()
             return await op()
+
+    async def _discover(self) -> None:
+        """Learn the cluster's slots once, before the first command: commands racing the
+        client's own first discovery fail on connections it is still replacing."""
+        if self._cluster_ready:
+            return
+        async with self._cluster_lock:
+            if not self._cluster_ready:
+                await self._redis.initialize()
+                self._cluster_ready = True
 
     async def _pipeline(self, ops: Sequence[_Eval | Callable[[Any], Any]]) -> list[Any]:
         """Run commands in one round trip (not a transaction); raise the first error."""
@@ -165,6 +189,10 @@ class RedisStore:
         A script the server lacks (NOSCRIPT after a restart) is loaded and run again on its
         own; a script that did run is never run twice.
         """
+        if self._cluster:
+            with _store_errors():
+                await self._discover()
+                return await run_each(self._redis, ops, _Eval)
         with _store_errors():
             pipe = self._redis.pipeline(transaction=False)
             for op in ops:
@@ -224,6 +252,10 @@ class RedisStore:
         The hot path, so it packs commands and keeps its connections itself: redis-py's
         pipeline and pool bookkeeping cost more CPU per turn than the rest of the store.
         """
+        if self._cluster:
+            async with asyncio.timeout(self._socket_timeout_s):
+                await self._discover()
+                return await eval_each(ops)
         conn = self._idle.pop() if self._idle else self._new_connection()
         results: list[Any] = []
         try:

@@ -18,6 +18,7 @@ from typing import Any
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 
 from budgetproxy.core.budget import tier_label
+from budgetproxy.core.tenants import tenant_of
 
 LATENCY_BUCKETS = (
     0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0,
@@ -98,6 +99,8 @@ class Metrics:
 
     def __init__(self, registry: CollectorRegistry, turn_buckets: int = 64) -> None:
         self._deferred: list[_DeferredCounter | _DeferredHistogram] = []
+        self._registry = registry
+        self._tenants: frozenset[str] | None = None
         # Registered before the families, so a collection flushes before it reads them.
         registry.register(self.flusher())
         ep = ("tier", "disclosure")
@@ -195,6 +198,14 @@ class Metrics:
             ("policy",),
             registry=registry,
         )
+        self.store_degraded = Gauge(
+            "budgetproxy_store_degraded",
+            "1 while the episode store is unreachable and store.on_unavailable is fail_open "
+            "(model calls forwarded without accounting), else 0; set by /readyz probes and "
+            "by the idle sweep.",
+            registry=registry,
+            multiprocess_mode="livemax",
+        )
         self.trace_spans = Counter(
             "budgetproxy_trace_spans",
             "Spans of model calls by what became of them (exported|failed|dropped).",
@@ -211,7 +222,7 @@ class Metrics:
 
     OUTCOMES = ("success", "failure", "exhausted", "abandoned")
     ERROR_CLASSES = ("connect", "timeout", "status_4xx", "status_429", "status_5xx",
-                     "stream_broken")
+                     "stream_broken", "redirect")
 
     def touch_episode_labels(self, tier: str, arm: str) -> None:
         """Create a (tier, arm)'s series at zero so rate() sees their first increment."""
@@ -272,6 +283,36 @@ class Metrics:
             if len(self._token_children) < _MAX_CACHED:
                 self._token_children[model] = found
         return found
+
+    def enable_tenants(self, tenants: list[str]) -> None:
+        """Count turns and episodes per tenant, for the configured tenants (`auth.tenants`:
+        a bounded label); others count as "other", the default namespace as "default"."""
+        registry = self._registry
+        self._tenants = frozenset(tenants)
+        self.tenant_turns = Counter(
+            "budgetproxy_tenant_turns", "Charged turns by tenant.", ("tenant",),
+            registry=registry)
+        self.tenant_episodes_started = Counter(
+            "budgetproxy_tenant_episodes_started", "Episodes started by tenant.", ("tenant",),
+            registry=registry)
+        self.tenant_episodes_finished = Counter(
+            "budgetproxy_tenant_episodes_finished", "Episodes ended by tenant and end reason.",
+            ("tenant", "outcome"), registry=registry)
+        for tenant in (*self._tenants, "default", "other"):
+            self.tenant_turns.labels(tenant)
+            self.tenant_episodes_started.labels(tenant)
+            for outcome in self.OUTCOMES:
+                self.tenant_episodes_finished.labels(tenant, outcome)
+
+    def tenant_label(self, stored_id: str) -> str | None:
+        """The tenant label of an episode (by the id the store knows), or None when no
+        tenant list is configured."""
+        if self._tenants is None:
+            return None
+        tenant = tenant_of(stored_id)
+        if tenant is None:
+            return "default"
+        return tenant if tenant in self._tenants else "other"
 
     def turns_child(self, budget: int, max_turns: int | None, arm: str) -> Any:
         """The charged-turns counter of an episode's tier and arm."""

@@ -50,6 +50,9 @@ class Recorder:
             self.metrics.touch_episode_labels(*labels)
             self.metrics.episodes_started.labels(*labels).inc()
             self.metrics.active_episodes.inc()
+            tenant = self.metrics.tenant_label(st.episode_id)
+            if tenant is not None:
+                self.metrics.tenant_episodes_started.labels(tenant).inc()
 
     async def episode_ended(self, st: EpisodeState) -> None:
         tier, arm = self.labels(st)
@@ -61,6 +64,9 @@ class Recorder:
             used = success_turn if reason == "success" and success_turn else st.turns_used
             m.episode_turns.labels(tier, arm, reason).observe(used)
             m.active_episodes.dec()
+            tenant = m.tenant_label(st.episode_id)
+            if tenant is not None:
+                m.tenant_episodes_finished.labels(tenant, reason).inc()
         await self.sink.put(
             {
                 "schema": SCHEMA_VERSION,

@@ -248,7 +248,9 @@ def test_the_proxys_own_route_errors_are_openai_shaped(
     [("DELETE", "/v1/episodes/e-1", 405, "GET"), ("PUT", "/v1/episodes", 405, "POST"),
      ("GET", "/v1/episodes/e-1/outcome", 405, "POST"), ("GET", "/v1/episodes/e-1/end", 405, "POST"),
      ("GET", "/episodes/e-1/v1/episodes/e-1/outcome", 405, "POST"),
-     ("POST", "/v1/episodes/e-1/nothing", 404, None), ("GET", "/v1/episodes/", 404, None)],
+     ("POST", "/v1/episodes/e-1/nothing", 404, None),
+     # a trailing slash is dropped before routing (core.paths): the route itself answers
+     ("GET", "/v1/episodes/", 405, "POST"), ("POST", "/v1/episodes/e-1//x", 404, None)],
 )
 def test_the_episode_api_is_never_sent_upstream(
     faulty: Proxy, upstream: FakeUpstream, method: str, path: str, status: int, allow: str | None

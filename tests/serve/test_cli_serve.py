@@ -135,7 +135,8 @@ def served(
     upstream: FakeUpstream, tmp_path: Path
 ) -> Iterator[tuple[subprocess.Popen[str], str, Path]]:
     config = tmp_path / "config.yaml"
-    config.write_text("budget: {default_turns: 9}\nserver: {shutdown_timeout_s: 20}\n")
+    config.write_text("budget: {default_turns: 9}\n"
+                      "server: {shutdown_timeout_s: 20, forward_headers: [x-fake-*]}\n")
     port = free_port()
     log_dir = tmp_path / "logs"
     proc = serve(
@@ -226,7 +227,7 @@ def test_calls_unanswered_at_the_shutdown_deadline_get_a_json_503(
     import socket
 
     config = tmp_path / "config.yaml"
-    config.write_text("server: {shutdown_timeout_s: 1}\n")
+    config.write_text("server: {shutdown_timeout_s: 1, forward_headers: [x-fake-*]}\n")
     port = free_port()
     proc = serve("--config", str(config), "--upstream", upstream.base_url, "--port", str(port),
                  "--log-dir", str(tmp_path / "logs"), cwd=tmp_path)

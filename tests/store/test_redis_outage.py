@@ -208,9 +208,19 @@ def test_fail_open_forwards_and_counts_then_resumes(
         # the operator's log says so, once for the three calls, not once per call
         said = (tmp_path / "open.log").read_text().count("episode store unavailable")
         assert said == 1, (tmp_path / "open.log").read_text()
-        _wait_ready(proxy, 503)
+        # still ready (a load balancer keeps routing here, as fail_open asks), and it says
+        # what is missing, in the body and a metric
+        ready = httpx.get(f"{proxy.url}/readyz", timeout=5)
+        assert ready.status_code == 200 and ready.json()["status"] == "degraded", ready.text
+        text = httpx.get(f"{proxy.url}/metrics").text
+        assert metric_total(text, "budgetproxy_store_degraded") == 1
 
         server.start()
-        _wait_ready(proxy, 200)
+        deadline = time.monotonic() + 15
+        while httpx.get(f"{proxy.url}/readyz", timeout=5).json()["status"] != "ready":
+            assert time.monotonic() < deadline, "/readyz never said ready again"
+            time.sleep(0.1)
+        text = httpx.get(f"{proxy.url}/metrics").text
+        assert metric_total(text, "budgetproxy_store_degraded") == 0
         r = _call(proxy, eid, "two")
         assert r.status_code == 200 and r.headers["x-episode-turn"] == "2"

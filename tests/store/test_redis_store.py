@@ -387,6 +387,29 @@ async def test_idle_expiry_fires_once_across_replicas() -> None:
         drop_prefix(prefix)
 
 
+async def test_an_ending_whose_turn_never_settles_is_recorded_within_one_idle_timeout(
+) -> None:
+    """Ended while a call was in flight on a replica that then died: nobody settles that
+    call, and the sweep records the episode one idle timeout on (it waited two)."""
+    prefix = new_prefix()
+    store = RedisStore(REDIS_URL, prefix=prefix)
+    try:
+        eid = new_eid()
+        await open_(store, eid, lambda: episode(eid), "b1", T0)
+        done = await store.finish(eid, OutcomeReport(True), T0 + 1)
+        assert done.state is not None and done.state.end_pending
+        assert await store.expire_idle(T0 + 29, 30, 60) == []
+        ended = await store.expire_idle(T0 + 31, 30, 60)
+        assert [s.episode_id for s in ended] == [eid]
+        assert ended[0].end_reason == "success" and not ended[0].end_pending
+        got = await store.get(eid)
+        assert got is not None and got.status == "finished" and not got.end_pending
+        assert await store.expire_idle(T0 + 100, 30, 60) == []  # recorded once
+    finally:
+        await store.close()
+        drop_prefix(prefix)
+
+
 async def test_an_ending_waits_for_its_turns_in_flight(store: RedisStore) -> None:
     eid = new_eid()
     first = await open_(store, eid, lambda: episode(eid, budget=2), "b1", T0)
@@ -418,8 +441,8 @@ async def test_a_pending_ending_whose_turn_never_settles_is_claimed_by_a_sweep()
         done = await stores[1].finish(eid, None, now - 40)
         assert done.state is not None and done.state.end_pending
         assert await stores[1].active_count() == 1  # still swept
-        assert await stores[1].expire_idle(now, 30, 60) == []  # in flight for < 2 x idle
-        claimed = await stores[1].expire_idle(now + 50, 30, 60)
+        # already ended, idle past one idle timeout: claimed, though its turn is in flight
+        claimed = await stores[1].expire_idle(now, 30, 60)
         assert [(s.episode_id, s.end_reason, s.end_pending) for s in claimed] == [
             (eid, "abandoned", False)]
         assert await stores[1].active_count() == 0

@@ -45,6 +45,7 @@ def traced(
 ) -> Iterator[tuple[ProxyServer, InMemorySpanExporter]]:
     exporter = InMemorySpanExporter()
     cfg = load_config(None, {"upstreams": [{"base_url": upstream.base_url}],
+                             "server": {"forward_headers": ["x-fake-*"]},
                              "trajectories": {"dir": str(tmp_path)}})
     srv = ProxyServer(cfg, span_processor=SimpleSpanProcessor(exporter)).start()
     yield srv, exporter
@@ -129,6 +130,7 @@ def test_telemetry_failure_never_fails_a_call(upstream: FakeUpstream, tmp_path: 
             raise RuntimeError("exporter on fire")
 
     cfg = load_config(None, {"upstreams": [{"base_url": upstream.base_url}],
+                             "server": {"forward_headers": ["x-fake-*"]},
                              "trajectories": {"dir": str(tmp_path)}})
     with ProxyServer(cfg, span_processor=Broken(InMemorySpanExporter())) as srv:
         client = openai.OpenAI(base_url=srv.url + "/v1", api_key="k")
@@ -242,6 +244,7 @@ def test_a_busy_proxy_sends_full_batches_and_loses_none_at_shutdown(
 def _proxy(upstream: FakeUpstream, tmp_path: Path, exporter: InMemorySpanExporter,
            **tracing: object) -> ProxyServer:
     cfg = load_config(None, {"upstreams": [{"base_url": upstream.base_url}],
+                             "server": {"forward_headers": ["x-fake-*"]},
                              "trajectories": {"dir": str(tmp_path)}, "tracing": tracing})
     return ProxyServer(cfg, span_processor=SimpleSpanProcessor(exporter))
 

@@ -1,0 +1,106 @@
+"""The episode API's request bodies: their fields, bounds and the JSON they may carry."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Annotated, Any, Literal
+
+import orjson
+from pydantic import (
+    AfterValidator,
+    BaseModel,
+    BeforeValidator,
+    ConfigDict,
+    Field,
+    StrictBool,
+    WithJsonSchema,
+)
+
+from budgetproxy.core.budget import TURNS_MAX
+from budgetproxy.core.spec import (
+    GROUP_MAX_CHARS,
+    METADATA_MAX_BYTES,
+    TAGS_MAX_BYTES,
+    TASK_ID_MAX_CHARS,
+)
+
+EPISODE_ID_PATTERN = r"^[A-Za-z0-9._:\-]{1,128}$"
+# Numbers in tags and metadata: what every store and the log write exactly (64-bit).
+NUMBER_MIN, NUMBER_MAX = -(2**63), 2**63 - 1
+JSON_VALUE_SCHEMA: dict[str, Any] = {"anyOf": [
+    {"type": "null"}, {"type": "boolean"}, {"type": "string"},
+    {"type": "number", "minimum": NUMBER_MIN, "maximum": NUMBER_MAX},
+    {"type": "array", "items": {"$ref": "#/components/schemas/JsonValue"}},
+    {"type": "object", "additionalProperties": {"$ref": "#/components/schemas/JsonValue"}},
+]}
+
+
+def _numbers_in_range(value: Any) -> bool:
+    stack = [value]
+    while stack:
+        v = stack.pop()
+        if isinstance(v, dict):
+            stack.extend(v.values())
+        elif isinstance(v, list):
+            stack.extend(v)
+        elif isinstance(v, int | float) and not isinstance(v, bool) and not (
+                NUMBER_MIN <= v <= NUMBER_MAX):
+            return False
+    return True
+
+
+def _loggable(most: int) -> Callable[[dict[str, Any]], dict[str, Any]]:
+    """A check of free-form JSON (tags, metadata): the trajectory log and the stores can
+    write it as is, in at most `most` bytes."""
+
+    def check(value: dict[str, Any]) -> dict[str, Any]:
+        if not _numbers_in_range(value):
+            raise ValueError("numbers must be within 64 bits (-2**63 .. 2**63-1)")
+        try:
+            size = len(orjson.dumps(value))
+        except (TypeError, ValueError):
+            raise ValueError("must be JSON of at most 250 levels of nesting, in valid "
+                             "Unicode") from None
+        if size > most:
+            raise ValueError(f"is {size} bytes as JSON; at most {most}")
+        return value
+
+    return check
+
+
+def _whole(value: Any) -> Any:
+    """12.0 is a whole number of turns, as JSON Schema's integer type says; 12.5, "12" and
+    true are not (the strict check that follows refuses them)."""
+    if type(value) is float and value.is_integer():
+        return int(value)
+    return value
+
+
+Turns = Annotated[int, Field(ge=1, le=TURNS_MAX, strict=True), BeforeValidator(_whole)]
+_OBJECT = {"type": "object", "additionalProperties": {"$ref": "#/components/schemas/JsonValue"}}
+
+
+def _json_object(most: int) -> Any:
+    return Annotated[dict[str, Any], AfterValidator(_loggable(most)), WithJsonSchema(_OBJECT)]
+
+
+class EpisodeCreate(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+    # (checked by checked_episode_id, for its own error code; the pattern is for readers)
+    episode_id: str | None = Field(None, json_schema_extra={"pattern": EPISODE_ID_PATTERN})
+    budget: Turns | None = None
+    max_turns: Turns | None = None
+    task_id: str | None = Field(None, max_length=TASK_ID_MAX_CHARS)
+    group: str | None = Field(None, max_length=GROUP_MAX_CHARS)
+    disclosure: Literal["hidden", "disclosed"] | None = None
+    announced_budget: Turns | None = None
+    tags: _json_object(TAGS_MAX_BYTES) = Field(default_factory=dict)  # type: ignore[valid-type]
+
+
+class OutcomeBody(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+    success: StrictBool
+    reward: float | None = Field(None, allow_inf_nan=False, strict=True)
+    success_turn: Turns | None = None
+    metadata: _json_object(METADATA_MAX_BYTES) = Field(  # type: ignore[valid-type]
+        default_factory=dict)

@@ -1,0 +1,91 @@
+"""The OpenAPI description of the proxy's own API: every status a route answers, each error
+with the OpenAI-shaped error schema, and the episode id's pattern."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from fastapi import FastAPI
+from fastapi.openapi.utils import get_openapi
+
+from budgetproxy.serve.episode_bodies import EPISODE_ID_PATTERN, JSON_VALUE_SCHEMA
+
+_ERROR = {
+    "type": "object",
+    "required": ["error"],
+    "additionalProperties": False,
+    "properties": {"error": {
+        "type": "object",
+        "required": ["message", "type", "param", "code"],
+        "properties": {
+            "message": {"type": "string"},
+            "type": {"type": "string"},
+            "param": {"type": ["string", "null"]},
+            "code": {"type": "string"},
+        },
+    }},
+}
+_WHEN = {
+    400: "Malformed JSON, a missing, wrong-typed or out-of-bounds field, or a bad episode id "
+         "(`invalid_request`, `invalid_episode_id`, `invalid_path`)",
+    401: "`auth` keys are configured and the key is missing or wrong (`invalid_api_key`)",
+    404: "No episode with this id in the caller's tenant (`episode_not_found`)",
+    409: "The episode exists (`episode_exists`), or it ended with a different outcome "
+         "(`outcome_conflict`)",
+    413: "The body is larger than `server.max_body_bytes` (`request_too_large`)",
+    502: "No upstream answered (`upstream_unreachable`)",
+    503: "The episode store is unavailable (`store_unavailable`)",
+}
+# What each route of the episode API can answer besides its success.
+_ERRORS: dict[tuple[str, str], tuple[int, ...]] = {
+    ("post", "/v1/episodes"): (400, 401, 409, 413, 503),
+    ("get", "/v1/episodes/{episode_id}"): (400, 401, 404, 503),
+    ("post", "/v1/episodes/{episode_id}/outcome"): (400, 401, 404, 409, 413, 503),
+    ("post", "/v1/episodes/{episode_id}/end"): (400, 401, 404, 503),
+    ("get", "/v1/models"): (401, 502),
+}
+
+
+def describe(app: FastAPI) -> dict[str, Any]:
+    """The app's OpenAPI document, with the proxy's error answers in place of FastAPI's
+    422 (which this API never answers: its validation errors are 400s)."""
+    spec = get_openapi(title=app.title, version=app.version, summary=app.summary,
+                       routes=app.routes)
+    schemas = spec.setdefault("components", {}).setdefault("schemas", {})
+    schemas["Error"] = _ERROR
+    schemas["JsonValue"] = JSON_VALUE_SCHEMA
+    for name in ("HTTPValidationError", "ValidationError"):
+        schemas.pop(name, None)
+    for path, ops in spec["paths"].items():
+        for method, op in ops.items():
+            responses = op["responses"]
+            responses.pop("422", None)
+            for status in _ERRORS.get((method, path), ()):
+                responses[str(status)] = {
+                    "description": _WHEN[status],
+                    "content": {"application/json": {
+                        "schema": {"$ref": "#/components/schemas/Error"}}},
+                }
+            body = op.get("requestBody", {}).get("content", {}).get("application/json")
+            if body is not None and "anyOf" in body["schema"]:
+                # An optional body is one that may be left out, not a JSON null (a
+                # non-object body is a 400): only the object form is described.
+                (ref,) = [s for s in body["schema"]["anyOf"] if s.get("type") != "null"]
+                body["schema"] = ref
+                op["requestBody"]["required"] = False
+            for param in op.get("parameters", ()):
+                if param.get("name") == "episode_id" and param.get("in") == "path":
+                    param["schema"] = {"type": "string", "pattern": EPISODE_ID_PATTERN}
+    return spec
+
+
+def install(app: FastAPI) -> None:
+    """Serve `describe(app)` (built once, on first request) at the app's openapi_url."""
+    cached: dict[str, Any] = {}
+
+    def openapi() -> dict[str, Any]:
+        if not cached:
+            cached.update(describe(app))
+        return cached
+
+    app.openapi = openapi  # type: ignore[method-assign]

@@ -1,0 +1,65 @@
+"""The Redis store on Redis Cluster: the cluster client, and scripts sent one by one to the
+node that owns their episode's slot (an episode's keys share one slot by their hash tag)."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Sequence
+from typing import Any
+
+from redis import exceptions as rexc
+from redis.asyncio.cluster import RedisCluster
+from redis.asyncio.retry import Retry
+from redis.backoff import NoBackoff
+
+# Errors a cluster answers while a slot moves or a master fails over: the store is
+# unavailable for that call (503, or fail_open), never a proxy failure.
+CLUSTER_UNAVAILABLE: tuple[type[BaseException], ...] = (
+    rexc.ClusterDownError,
+    rexc.ClusterError,
+    rexc.MasterDownError,
+    rexc.SlotNotCoveredError,
+    rexc.RedisClusterException,
+    rexc.MovedError,
+    rexc.AskError,
+)
+
+
+def cluster_client(url: str, *, socket_timeout_s: float, connect_timeout_s: float) -> Any:
+    """A cluster client for `url` (any node; the others are discovered). Commands are
+    never retried on a connection error (a script whose reply was lost may have run);
+    MOVED and ASK redirections are followed, which is routing, not a retry."""
+    return RedisCluster.from_url(
+        url,
+        decode_responses=True,
+        socket_timeout=socket_timeout_s,
+        socket_connect_timeout=connect_timeout_s,
+        retry=Retry(NoBackoff(), 0),
+        protocol=2,
+    )
+
+
+async def eval_each(ops: Sequence[Any]) -> list[Any]:
+    """Run each script op (`.script`, `.keys`, `.args`) on its slot's node, concurrently;
+    replies or errors in order. redis-py's Script sends EVALSHA and loads the script on
+    NOSCRIPT (a restarted or new master), as the single-node path does."""
+    results = await asyncio.gather(
+        *(op.script(keys=op.keys, args=op.args) for op in ops), return_exceptions=True)
+    return list(results)
+
+
+async def run_each(client: Any, ops: Sequence[Any], is_eval: type) -> list[Any]:
+    """What a pipeline does on one node, on a cluster: each op in turn (scripts by
+    `eval_each`, other commands as functions of a one-command pipeline), errors in place."""
+    results: list[Any] = []
+    for op in ops:
+        try:
+            if isinstance(op, is_eval):
+                results.extend(await eval_each([op]))
+            else:
+                pipe = client.pipeline(transaction=False)
+                op(pipe)
+                results.extend(await pipe.execute(raise_on_error=False))
+        except Exception as e:
+            results.append(e)
+    return results

@@ -1,0 +1,164 @@
+"""Connection limits, tried with raw sockets against the real server: oversized and
+too many headers (431), slow headers and bodies (408), connection caps (503); each answer
+OpenAI-shaped, each connection closed, and the proxy still serving afterwards."""
+
+from __future__ import annotations
+
+import json
+import socket
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+
+import pytest
+from conftest import Proxy, ProxyFactory, new_id
+
+LIMITS = {"max_header_bytes": 4096, "max_headers": 20, "header_timeout_s": 0.6,
+          "body_timeout_s": 0.6}
+
+
+@pytest.fixture(scope="module")
+def bounded(proxy: ProxyFactory) -> Proxy:
+    return proxy({"server": LIMITS})
+
+
+@contextmanager
+def connection(proxy: Proxy) -> Iterator[socket.socket]:
+    host, port = proxy.url.removeprefix("http://").split(":")
+    s = socket.create_connection((host, int(port)), timeout=10)
+    try:
+        yield s
+    finally:
+        s.close()
+
+
+def read_all(s: socket.socket) -> bytes:
+    """Everything until the server closes the connection (a reset ends it too)."""
+    data = b""
+    try:
+        while chunk := s.recv(65536):
+            data += chunk
+    except ConnectionResetError:
+        pass
+    return data
+
+
+def error_of(answer: bytes, status: int) -> dict[str, object]:
+    head, _, body = answer.partition(b"\r\n\r\n")
+    assert head.startswith(b"HTTP/1.1 %d " % status), answer[:300]
+    assert b"connection: close" in head.lower()
+    err: dict[str, object] = json.loads(body)["error"]
+    return err
+
+
+def still_serving(proxy: Proxy) -> None:
+    r = proxy.http().post("/v1/chat/completions", headers={"X-Episode-Id": new_id("ok")},
+                          json={"model": "m1", "messages": [{"role": "user", "content": "x"}]})
+    assert r.status_code == 200, r.text
+
+
+def test_a_head_past_max_header_bytes_is_a_431(bounded: Proxy) -> None:
+    with connection(bounded) as s:
+        s.sendall(b"GET /v1/models HTTP/1.1\r\nHost: x\r\nX-Big: " + b"a" * 8000 + b"\r\n\r\n")
+        err = error_of(read_all(s), 431)
+    assert err["code"] == "request_header_fields_too_large"
+    still_serving(bounded)
+
+
+def test_too_many_header_fields_is_a_431(bounded: Proxy) -> None:
+    fields = b"".join(b"X-H%d: v\r\n" % i for i in range(200))
+    with connection(bounded) as s:
+        s.sendall(b"GET /v1/models HTTP/1.1\r\nHost: x\r\n" + fields + b"\r\n")
+        err = error_of(read_all(s), 431)
+    assert err["code"] == "request_header_fields_too_large"
+
+
+def test_an_unfinished_huge_header_is_cut_off_early(bounded: Proxy) -> None:
+    """A 20 MB header that never ends: the server answers and closes once the head passes
+    its limit, instead of holding what it was sent."""
+    sent = 0
+    with connection(bounded) as s:
+        s.sendall(b"POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nX-Big: ")
+        try:
+            while sent < 20 * 1024 * 1024:
+                s.sendall(b"a" * 65536)
+                sent += 65536
+        except (BrokenPipeError, ConnectionResetError):
+            pass
+        else:
+            raise AssertionError("the server read 20 MB of one header")
+    assert sent < 4 * 1024 * 1024, sent
+    still_serving(bounded)
+
+
+def test_slow_headers_are_a_408_and_closed(bounded: Proxy) -> None:
+    with connection(bounded) as s:
+        t0 = time.monotonic()
+        s.sendall(b"POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\n")
+        answer = read_all(s)
+        waited = time.monotonic() - t0
+    assert error_of(answer, 408)["code"] == "request_timeout"
+    assert 0.5 <= waited < 5, waited
+
+
+def test_a_connection_that_sends_nothing_is_closed(bounded: Proxy) -> None:
+    with connection(bounded) as s:
+        t0 = time.monotonic()
+        assert read_all(s) == b""
+        assert time.monotonic() - t0 < 5
+
+
+@pytest.mark.parametrize("framing", [b"Content-Length: 100\r\n", b"Transfer-Encoding: chunked\r\n"])
+def test_a_body_that_stalls_is_a_408_and_closed(bounded: Proxy, framing: bytes) -> None:
+    start = b"0a\r\n" if b"chunked" in framing else b""
+    with connection(bounded) as s:
+        s.sendall(b"POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nX-Episode-Id: "
+                  + new_id("slow").encode() + b"\r\nContent-Type: application/json\r\n"
+                  + framing + b"\r\n" + start + b'{"model":')
+        t0 = time.monotonic()
+        answer = read_all(s)
+        waited = time.monotonic() - t0
+    assert error_of(answer, 408)["code"] == "request_timeout"
+    assert 0.5 <= waited < 5, waited
+    still_serving(bounded)
+
+
+def test_keep_alive_requests_within_the_limits_are_served(bounded: Proxy) -> None:
+    with connection(bounded) as s:
+        for _ in range(3):
+            s.sendall(b"GET /healthz HTTP/1.1\r\nHost: x\r\n\r\n")
+            data = b""
+            while b"ok" not in data:
+                data += s.recv(65536)
+            assert data.startswith(b"HTTP/1.1 200 ")
+            time.sleep(0.3)  # the header deadline restarts with each request
+
+
+@pytest.mark.parametrize(("key", "cap"), [("max_connections_per_client", 3),
+                                          ("max_connections", 3)])
+def test_connections_past_a_cap_are_a_503_and_closed(proxy: ProxyFactory, key: str,
+                                                    cap: int) -> None:
+    capped = proxy({"server": {key: cap}}, fresh=True)
+    host, port = capped.url.removeprefix("http://").split(":")
+    held = [socket.create_connection((host, int(port)), timeout=10) for _ in range(cap)]
+    try:
+        time.sleep(0.2)
+        with connection(capped) as s:
+            s.sendall(b"GET /healthz HTTP/1.1\r\nHost: x\r\n\r\n")
+            err = error_of(read_all(s), 503)
+        assert err["code"] == "too_many_connections" and key in str(err["message"])
+        held.pop().close()
+        time.sleep(0.2)
+        with connection(capped) as s:  # one freed: served again
+            s.sendall(b"GET /healthz HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n")
+            assert read_all(s).startswith(b"HTTP/1.1 200 ")
+    finally:
+        for h in held:
+            h.close()
+
+
+def test_a_malformed_request_is_an_openai_shaped_400(bounded: Proxy) -> None:
+    with connection(bounded) as s:
+        s.sendall(b"GET /v1/models HTTP/1.1\r\nHost: x\r\nBad Header\r\n\r\n")
+        err = error_of(read_all(s), 400)
+    assert err["code"] == "invalid_request"
