@@ -167,7 +167,7 @@ class ModelCalls:
 
     def _one_id_each(self, raw_headers: list[tuple[bytes, bytes]]) -> None:
         """An id header sent twice with different ids names no one episode: a 400, as a header
-        and a path that disagree are (the last line used to win, silently)."""
+        and a path that disagree are (never the last line winning silently)."""
         seen: dict[bytes, bytes] = {}
         for name, value in raw_headers:
             if name in self.id_headers and seen.setdefault(name, value) != value:
