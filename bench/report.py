@@ -84,6 +84,8 @@ def summarize(
                 cpu = _paired_ratio(wrk[key], base[key], "cpu_us_per_req", invert=True)
                 if cpu is not None:
                     summary[f"cpu_capacity_vs_baseline_{key}"] = cpu
+            if key in wrk:
+                summary[f"errors_{key}"] = wrk[key].get("errors", 0)
         stream = row.get("streams")
         base_stream = rows.get(baseline, {}).get("streams")
         direct_stream = rows.get(DIRECT, {}).get("streams")
@@ -138,6 +140,11 @@ def verdicts(summary: dict[str, dict[str, Any]], baseline: str = BASELINE) -> li
         ratio = s.get("rps_vs_baseline_c32")
         if ratio is None:
             lines.append(f"{name}: not measured (target >= {floor}x forwarder at c=32)")
+            continue
+        errors = s.get("errors_c32", 0)
+        if errors:  # refusals and failures are answered fast: they would pass for capacity
+            lines.append(f"{name}: {errors} errors at c=32, ratio {ratio:.2f}x not judged "
+                         f"(target >= {floor}x forwarder) MISSED")
             continue
         verdict = "MET" if ratio >= floor else "MISSED"
         line = f"{name}: {ratio:.2f}x forwarder req/s at c=32 (target >= {floor}x) {verdict}"

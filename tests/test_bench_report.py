@@ -87,3 +87,13 @@ def test_added_ttft_is_judged_over_the_forwarders_on_every_api() -> None:
     assert messages == ("budgetproxy+episodes TTFT on messages: not measured "
                         "(target <= 1 ms over the forwarder's)")
     assert report.ttft_verdicts(summary, api_rows, "other") == []
+
+
+def test_a_row_with_errors_is_not_judged_on_its_ratio() -> None:
+    summary = {"forwarder": {"rps_vs_baseline_c32": 1.0},
+               "budgetproxy+redis": {"rps_vs_baseline_c32": 1.51, "errors_c32": 102682}}
+    assert ("budgetproxy+redis: 102682 errors at c=32, ratio 1.51x not judged "
+            "(target >= 0.8x forwarder) MISSED") in report.verdicts(summary)
+    rows = {"forwarder": {"wrk": {"c32": {"rps": 10.0, "errors": 0}}},
+            "row": {"wrk": {"c32": {"rps": 9.0, "errors": 3}}}}
+    assert report.summarize(rows, [32])["row"]["errors_c32"] == 3
