@@ -148,6 +148,9 @@ def verdicts(summary: dict[str, dict[str, Any]], baseline: str = BASELINE) -> li
             continue
         verdict = "MET" if ratio >= floor else "MISSED"
         line = f"{name}: {ratio:.2f}x forwarder req/s at c=32 (target >= {floor}x) {verdict}"
+        span = s.get("rps_vs_baseline_c32_range")
+        if span and span[0] < floor <= span[1]:
+            line += f" (rounds {span[0]:.2f}x-{span[1]:.2f}x: not settled)"
         cpu = s.get("cpu_capacity_vs_baseline_c32")
         if cpu is not None:
             cpu_verdict = "MET" if cpu >= floor else "MISSED"

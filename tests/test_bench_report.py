@@ -97,3 +97,13 @@ def test_a_row_with_errors_is_not_judged_on_its_ratio() -> None:
     rows = {"forwarder": {"wrk": {"c32": {"rps": 10.0, "errors": 0}}},
             "row": {"wrk": {"c32": {"rps": 9.0, "errors": 3}}}}
     assert report.summarize(rows, [32])["row"]["errors_c32"] == 3
+
+
+def test_a_verdict_whose_rounds_straddle_the_floor_says_so() -> None:
+    summary = {"forwarder": {"rps_vs_baseline_c32": 1.0},
+               "budgetproxy+episodes": {"rps_vs_baseline_c32": 0.92,
+                                        "rps_vs_baseline_c32_range": [0.75, 1.62],
+                                        "cpu_capacity_vs_baseline_c32": 0.71}}
+    line = next(v for v in report.verdicts(summary) if v.startswith("budgetproxy+episodes"))
+    assert line == ("budgetproxy+episodes: 0.92x forwarder req/s at c=32 (target >= 0.9x) MET "
+                    "(rounds 0.75x-1.62x: not settled); by CPU time per request 0.71x MISSED")
