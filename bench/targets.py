@@ -242,6 +242,15 @@ BUDGETPROXY_VARIANTS: dict[str, tuple[str, bool, str | None]] = {
         "disclosure: {mode: disclosed, placement: last_message, history: keep}\n"
         "store: {kind: redis, url: 'redis://127.0.0.1:6379/0', key_prefix: bench}\n",
     ),
+    "bp+episodes-axes": (
+        f"budgetproxy, {EPISODES} rotating episodes, disclosed arm, token, cost and time "
+        "budgets beside turns (none reached)",
+        True,
+        "disclosure: {mode: disclosed, placement: last_message, history: keep}\n"
+        "budget: {default_tokens: 1000000000000, default_cost_usd: 1000000000.0, "
+        "default_time_s: 1000000000.0}\n"
+        "prices: {'*': {input_per_mtok: 1.0, output_per_mtok: 2.0}}\n",
+    ),
     "bp+episodes-hidden": (
         "ablation: episodes, hidden arm (no rewrite)",
         True,

@@ -1,4 +1,4 @@
-"""The command line: `budgetproxy serve | analyze | probe | demo`."""
+"""The command line: `budgetproxy serve | analyze | export | probe | demo`."""
 
 from __future__ import annotations
 
@@ -146,8 +146,8 @@ def build_parser() -> argparse.ArgumentParser:
                        help="validate the config, print the effective config (secrets masked) and "
                        "exit: 0 when valid, 2 with one line naming the key when not")
     serve.set_defaults(func=_serve)
-    for module in ("budgetproxy.analysis.command", "budgetproxy.probe.command",
-                   "budgetproxy.demo.command"):
+    for module in ("budgetproxy.analysis.command", "budgetproxy.analysis.export_command",
+                   "budgetproxy.probe.command", "budgetproxy.demo.command"):
         try:
             mod = __import__(module, fromlist=["register"])
         except ImportError:

@@ -66,6 +66,11 @@ class UpstreamConfig(_Strict):
     kind: Literal["openai", "litellm"] = "openai"
     # litellm only: the provider model to call, e.g. "anthropic/claude-sonnet-4-5".
     model: str | None = None
+    # Ask the server for the sampled token ids and logprobs and log them with each turn
+    # (chat and text completions); the client's response is unchanged (proxy/capture.py).
+    capture_tokens: bool = False
+    # Whose field names and shapes: vLLM (null when not asked) or SGLang (absent).
+    token_server: Literal["vllm", "sglang"] = "vllm"
 
     @field_validator("base_url")
     @classmethod
@@ -88,6 +93,10 @@ class UpstreamConfig(_Strict):
 class BudgetMixConfig(_Strict):
     max_turns: int = Field(20, ge=1)
     step: float = Field(0.1, gt=0, le=1)
+    # Full budgets of other axes to draw over too (candidates at `step` of each), per group.
+    max_tokens: int | None = Field(None, ge=1)
+    max_cost_usd: float | None = Field(None, gt=0)
+    max_time_s: float | None = Field(None, gt=0)
 
 
 class BudgetConfig(_Strict):
@@ -99,6 +108,13 @@ class BudgetConfig(_Strict):
     sampler: Literal["none", "budgetmix"] = "none"
     budgetmix: BudgetMixConfig = BudgetMixConfig()
     seed: int = 0
+    # Budgets on the other axes of an episode that names none (None: no cap on that axis).
+    default_tokens: int | None = Field(None, ge=1)
+    default_cost_usd: float | None = Field(None, gt=0)
+    default_time_s: float | None = Field(None, gt=0)
+    # Output tokens held for a call that sets no output cap while more is left (no cap is
+    # added then: APIs refuse caps past a model's own maximum). Set to the model's maximum.
+    output_hold_tokens: int = Field(16384, ge=1)
 
 
 class DisclosureConfig(_Strict):
@@ -111,10 +127,15 @@ class DisclosureConfig(_Strict):
     @field_validator("template")
     @classmethod
     def _template_renders(cls, v: str) -> str:
+        axis_fields = {f"{a}_{p}": 1 for a in ("tokens", "cost", "seconds")
+                       for p in ("remaining", "total", "used")}
         try:
-            v.format(turn=1, total=2, remaining=1, used=0, turns_remain="1 turn remains")
+            v.format(turn=1, total=2, remaining=1, used=0, turns_remain="1 turn remains",
+                     **axis_fields)
         except (KeyError, IndexError, ValueError) as e:
-            allowed = "{turn} {total} {remaining} {used} {turns_remain}"
+            allowed = "{turn} {total} {remaining} {used} {turns_remain} {tokens_remaining} "\
+                "{tokens_total} {tokens_used} {cost_remaining} {cost_total} {cost_used} "\
+                "{seconds_remaining} {seconds_total} {seconds_used}"
             raise ValueError(f"cannot render ({e!r}); allowed fields are {allowed}") from None
         return v
 
@@ -213,6 +234,23 @@ class ClientKey(_Strict):
         return v
 
 
+class RewardConfig(_Strict):
+    # zero: an exhausted episode's reward is 0 (BudgetMix RL); keep: what the harness reported.
+    on_exhausted: Literal["zero", "keep"] = "keep"
+    # Group advantages: reward minus the group mean, divided by the group's std when true.
+    scale_by_std: bool = False
+
+
+class RolloutsConfig(_Strict):
+    # Keep each finished episode's turns (messages as the model saw them, tokens when
+    # captured) for GET /v1/episodes/{id}/trajectory, for episodes.retention_s.
+    keep_turns: bool = True
+    max_bytes: int = Field(256 * 1024 * 1024, gt=0)  # memory store: all episodes' turns
+    # Signs the per-episode keys POST /v1/episodes mints (api_key). Replicas need the same
+    # one; none: each process draws its own at start.
+    key_secret: str | None = Field(None, min_length=16)
+
+
 class AuthConfig(_Strict):
     keys: list[ClientKey] = Field(default_factory=list)
     # One key per line, "KEY" or "KEY TENANT"; blank lines and lines starting with # skipped.
@@ -282,6 +320,11 @@ def _keys_from_file(path: str) -> list[ClientKey]:
     return out
 
 
+class PriceConfig(_Strict):
+    input_per_mtok: float = Field(0.0, ge=0)
+    output_per_mtok: float = Field(0.0, ge=0)
+
+
 class Config(_Strict):
     server: ServerConfig = ServerConfig()
     upstreams: list[UpstreamConfig] = Field(default_factory=list)
@@ -293,6 +336,10 @@ class Config(_Strict):
     tracing: TracingConfig = TracingConfig()
     store: StoreConfig = StoreConfig()
     auth: AuthConfig = AuthConfig()
+    # USD per million tokens by model glob, over the price library's (first match wins).
+    prices: dict[str, PriceConfig] = Field(default_factory=dict)
+    reward: RewardConfig = RewardConfig()
+    rollouts: RolloutsConfig = RolloutsConfig()
 
     @model_validator(mode="after")
     def _check(self) -> Config:
@@ -415,7 +462,7 @@ def load_config(
         raise ConfigError(_format_error(e) + hint) from None
 
 
-_SECRET_KEYS = frozenset({"api_key", "keys", "admin_keys", "key"})
+_SECRET_KEYS = frozenset({"api_key", "keys", "admin_keys", "key", "key_secret"})
 _URL_PASSWORD = re.compile(r"(://[^:/@]*:)[^@]*@")
 
 

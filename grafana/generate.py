@@ -22,6 +22,7 @@ EPISODE = 'tier=~"$tier",disclosure=~"$arm"'
 # T values for the "success within T" panels; both spellings of a bucket bound match
 # (Prometheus 2 keeps le="5.0" as exposed, Prometheus 3 normalises it to le="5").
 LE_T = 'le=~"(${turns:pipe})(\\\\.0)?"'
+LE_TOKENS = 'le=~"(${tokens:pipe})(\\\\.0)?"'
 
 Json = dict[str, Any]
 
@@ -62,9 +63,11 @@ def share(
     return f"({num} or {zero})\n/\n({den} > 0)"
 
 
-def success_within(window: str, le_matcher: str) -> str:
-    """Pooled success-within-T (live Pass@(1,T)): successes at turn <= T over judged episodes."""
-    bucket = f'budgetproxy_episode_turns_bucket{{{EPISODE},outcome="success",{le_matcher}}}'
+def success_within(window: str, le_matcher: str, metric: str = "budgetproxy_episode_turns"
+                   ) -> str:
+    """Pooled success-within-T (live Pass@(1,T)): successes at turn <= T over judged episodes
+    (or, with another spend histogram, successes that spent at most B)."""
+    bucket = f'{metric}_bucket{{{EPISODE},outcome="success",{le_matcher}}}'
     num = f"sum by (tier, disclosure, le) ({count_in(bucket, window)})"
     den = finished(f'{EPISODE},outcome!="abandoned"', window)
     return f"{num}\n/ ignoring(le) group_left()\n({den} > 0)"
@@ -751,6 +754,61 @@ def agent_budgets() -> Json:
             8,
         ),
     ]
+    def mean_spend(metric: str) -> str:
+        sel = f'{metric}_%s{{{EPISODE},outcome=~"$outcome"}}'
+        return (f"sum by ({per_outcome}) ({count_in(sel % 'sum', '$__range')})\n/\n"
+                f"(sum by ({per_outcome}) ({count_in(sel % 'count', '$__range')}) > 0)")
+
+    exhausted_sel = f"budgetproxy_episodes_exhausted_total{{{EPISODE}}}"
+    spend = [
+        (
+            bargauge(
+                "Episodes exhausted by axis",
+                "Episodes that ended exhausted in the time range, by the budget that ran out "
+                "(turns, tokens, cost, time).",
+                [target(f"sum by (axis) ({count_in(exhausted_sel, '$__range')})", "{{axis}}",
+                        instant=True)],
+                "short",
+            ),
+            6,
+        ),
+        (
+            bargauge(
+                "Success within B tokens (chosen B)",
+                "Live Pass@(1,B) along tokens at the B values picked in the `tokens` variable: "
+                "successes that spent at most B tokens (up to their report) over judged "
+                "episodes, per tier and arm, over the time range. Episodes with no budget "
+                "beside turns are not in the numerator; `analyze --axis tokens` is exact.",
+                [target(success_within("$__range", LE_TOKENS, "budgetproxy_episode_tokens"),
+                        "{{tier}} · {{disclosure}} · B≤{{le}}", instant=True)],
+                "percentunit",
+                max_=1,
+            ),
+            6,
+        ),
+        (
+            bargauge(
+                "Mean tokens per episode",
+                "Tokens (input + output, cached input included) per finished episode with a "
+                "budget beside turns, in the time range, by tier, arm and end reason.",
+                [target(mean_spend("budgetproxy_episode_tokens"),
+                        "{{tier}} · {{disclosure}} · {{outcome}}", instant=True)],
+                "short",
+            ),
+            6,
+        ),
+        (
+            bargauge(
+                "Mean seconds per episode",
+                "Wall-clock seconds from the first call per finished episode with a budget "
+                "beside turns, in the time range, by tier, arm and end reason.",
+                [target(mean_spend("budgetproxy_episode_seconds"),
+                        "{{tier}} · {{disclosure}} · {{outcome}}", instant=True)],
+                "s",
+            ),
+            6,
+        ),
+    ]
     panels = layout(
         (1, [(row("Overview"), 24)]),
         (4, stats),
@@ -763,6 +821,8 @@ def agent_budgets() -> Json:
         (1, [(row("Turns per episode"), 24)]),
         (9, turns),
         (8, turns2),
+        (1, [(row("Budgets beside turns (tokens, cost, time)"), 24)]),
+        (8, spend),
     )
     variables = [
         query_var(
@@ -792,6 +852,14 @@ def agent_budgets() -> Json:
             [str(t) for t in (1, 2, 3, 4, 5, 6, 8, 10, 12, 15, 16, 20, 25, 30, 32, 40, 48, 50, 64)],
             ["5", "10", "20"],
             "Turn limits T for the success-within-T panels.",
+        ),
+        custom_var(
+            "tokens",
+            "B (tokens)",
+            ["1000", "2500", "5000", "10000", "25000", "50000", "100000", "250000", "500000"],
+            ["1000", "10000", "100000"],
+            "Token budgets B for the success-within-B panel (bucket bounds of "
+            "budgetproxy_episode_tokens).",
         ),
         custom_var(
             "window",

@@ -35,6 +35,7 @@ SAMPLE_VALUES: dict[str, str] = {
     "route": ".*",
     "upstream": ".*",
     "turns": "5|10|20",
+    "tokens": "1000|10000|100000",
     "window": "10m",
     "__range": "10m",
     "__rate_interval": "1m",
@@ -46,6 +47,9 @@ HISTOGRAMS = {
     "budgetproxy_upstream_duration_seconds",
     "budgetproxy_proxy_overhead_seconds",
     "budgetproxy_time_to_first_token_seconds",
+    "budgetproxy_episode_tokens",
+    "budgetproxy_episode_cost_usd",
+    "budgetproxy_episode_seconds",
 }
 # The metrics the proxy exports, with the labels each carries (histograms without `le`).
 METRICS: dict[str, set[str]] = {
@@ -67,6 +71,10 @@ METRICS: dict[str, set[str]] = {
     "budgetproxy_store_unavailable_total": {"policy"},
     "budgetproxy_store_degraded": set(),
     "budgetproxy_trace_spans_total": {"result"},
+    "budgetproxy_episodes_exhausted_total": {"tier", "disclosure", "axis"},
+    "budgetproxy_episode_tokens": {"tier", "disclosure", "outcome"},
+    "budgetproxy_episode_cost_usd": {"tier", "disclosure", "outcome"},
+    "budgetproxy_episode_seconds": {"tier", "disclosure", "outcome"},
 }
 SERIES_NAMES = {
     f"{name}{suffix}": labels

@@ -95,6 +95,8 @@ def _present(data: Any, key: list[str]) -> bool:
         return True
     if isinstance(data, list):  # an empty default list shows no entry to look into
         return not data or any(_present(item, key) for item in data)
+    if data == {}:  # nor does an empty mapping of entries (prices by model glob)
+        return True
     return isinstance(data, dict) and key[0] in data and _present(data[key[0]], key[1:])
 
 

@@ -99,6 +99,19 @@ def test_rl_rollout_group_example_shares_one_budgetmix_budget(stack: Stack) -> N
                          if t["status"] == "ok")
 
 
+def test_grpo_loop_example(stack: Stack, tmp_path: Path) -> None:
+    out = run_example(stack, "grpo_loop.py", "--k", "3", "--steps", "1", "--tasks",
+                      "4x4-slippery", "--logs", str(stack.log_dir), "--out", str(tmp_path))
+    assert "done=True" in out and "policy-gradient weight" in out
+    rows = [line for line in out.splitlines() if line.startswith("  ep-")]
+    assert len(rows) == 3
+    advantages = [float(line.split(" advantage ")[1].split()[0]) for line in rows]
+    assert abs(sum(advantages)) < 1e-3  # GRPO: rewards minus the group mean
+    assert "episodes -> " in out and (tmp_path / "episodes.parquet").is_file()
+    episodes = stack.episodes("grpo-loop", n=3)
+    assert len({e["budget"] for e in episodes}) == 1  # one BudgetMix budget for the group
+
+
 def test_agents_sdk_example(stack: Stack) -> None:
     pytest.importorskip("agents", reason="openai-agents is not installed")
     out = run_example(stack, "agents_sdk.py", "--task", "4x4", "--budget", "12")

@@ -60,3 +60,13 @@ def draw_budgetmix(seed: int, task_id: str | None, group: str, max_turns: int, s
 def draw_disclosed(seed: int, task_id: str | None, group: str, fraction: float) -> bool:
     """The group's arm in mixed mode: disclosed with probability `fraction`, fixed per group."""
     return _unit_draw("arm", seed, task_id, group) < Fraction(str(fraction))
+
+
+def draw_budgetmix_axis(seed: int, task_id: str | None, group: str, axis: str, full: float,
+                        step: float) -> float:
+    """A group's BudgetMix budget on an axis beside turns: uniform over i·step·full for
+    i = 1..round(1/step) (capped at full), drawn apart from the turn draw (keyed on the axis)."""
+    step_q = Fraction(str(step))
+    n = max(1, round_half_up(1 / step_q))
+    i = int(_unit_draw("budgetmix", axis, seed, task_id, group) * n) + 1
+    return float(min(Fraction(str(full)), i * step_q * Fraction(str(full))))

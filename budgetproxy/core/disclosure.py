@@ -2,7 +2,8 @@
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable
+import string
+from collections.abc import Callable, Iterable, Mapping
 from typing import Any, Literal
 
 from budgetproxy.core.episode import Placed
@@ -11,12 +12,42 @@ from budgetproxy.core.fingerprint import Fingerprint
 Placement = Literal["last_message", "system", "new_message"]
 
 
-def render(template: str, turn: int, budget: int, announced_budget: int | None) -> str:
+# The axis fields a template may use beside {turn} {total} {remaining} {used} (core.axes).
+AXIS_FIELDS = tuple(f"{axis}_{part}" for axis in ("tokens", "cost", "seconds")
+                    for part in ("remaining", "total", "used"))
+_NO_AXES = dict.fromkeys(AXIS_FIELDS, "n/a")
+
+
+class _Lenient(string.Formatter):
+    """str.format, except that a format spec a value cannot take ("n/a" under {x:.2f}) gives
+    the plain value instead of an error."""
+
+    def format_field(self, value: Any, format_spec: str) -> str:
+        try:
+            return format(value, format_spec)
+        except (TypeError, ValueError):
+            return str(value)
+
+
+_FORMATTER = _Lenient()
+
+
+def uses_axes(template: str) -> bool:
+    return any(a in template for a in ("{tokens_", "{cost_", "{seconds_"))
+
+
+def render(template: str, turn: int, budget: int, announced_budget: int | None,
+           fields: Mapping[str, Any] | None = None) -> str:
     total = announced_budget if announced_budget is not None else budget
     remaining = max(0, total - turn)
     turns_remain = "1 turn remains" if remaining == 1 else f"{remaining} turns remain"
-    return template.format(turn=turn, total=total, remaining=remaining, used=turn - 1,
-                           turns_remain=turns_remain)
+    values = {"turn": turn, "total": total, "remaining": remaining, "used": turn - 1,
+              "turns_remain": turns_remain}
+    if fields is None:
+        if not uses_axes(template):
+            return template.format(**values)  # no axis field: the plain (faster) format
+        fields = _NO_AXES
+    return _FORMATTER.format(template, **values, **fields)
 
 
 def disclose(
@@ -38,13 +69,19 @@ def disclose(
 def texts(
     template: str, turn: int, budget: int, announced_budget: int | None,
     earlier: Iterable[Placed] = (), conversation: Fingerprint | None = None,
+    fields: Mapping[str, Any] | None = None, told: Mapping[str, str] | None = None,
 ) -> tuple[str, list[tuple[int, str]]]:
     """This turn's text, and (index, text) of the `earlier` placements to re-apply where
-    `conversation` (history: keep; None: drop) still extends the turn they were made in."""
-    text = render(template, turn, budget, announced_budget)
+    `conversation` (history: keep; None: drop) still extends the turn they were made in.
+
+    `fields` are the axis fields (core.axes) as this turn starts; `told` the texts earlier
+    turns were given with theirs (by turn), re-applied as they were."""
+    text = render(template, turn, budget, announced_budget, fields)
     if conversation is None:
         return text, []
-    return text, [(idx, render(template, t, budget, announced_budget))
+    told = told or {}
+    return text, [(idx, told.get(str(t)) or render(template, t, budget, announced_budget,
+                                                   fields))
                   for idx, t in replayable(earlier, conversation)]
 
 

@@ -6,6 +6,8 @@ from dataclasses import asdict, dataclass, field
 from enum import StrEnum
 from typing import Any, Literal
 
+from budgetproxy.core import axes
+
 Arm = Literal["hidden", "disclosed"]
 Outcome = Literal["success", "failure"]
 EndReason = Literal["success", "failure", "exhausted", "abandoned"]
@@ -53,6 +55,21 @@ class EpisodeState:
     ended_at: float | None = None
     # Ended with turns in flight: its end reason is settled, and it is recorded, once they are.
     end_pending: bool = False
+    # Budgets on other axes (core.axes); None: no cap on that axis.
+    token_budget: int | None = None
+    cost_budget: float | None = None
+    time_budget_s: float | None = None
+    announced_tokens: int | None = None
+    announced_cost: float | None = None
+    announced_time_s: float | None = None
+    tokens_used: int = 0
+    cost_used: float = 0.0
+    tokens_reserved: int = 0  # held by calls in flight (their output caps)
+    cost_reserved: float = 0.0
+    first_call_at: float | None = None
+    exhausted_by: str | None = None  # the axis other than turns that ended it (or a refusal's)
+    # Disclosed texts with axis fields, by turn (str): re-applied as they were (history: keep).
+    told: dict[str, str] | None = None
 
     @property
     def remaining(self) -> int:
@@ -60,7 +77,14 @@ class EpisodeState:
 
     @property
     def exhausted(self) -> bool:
-        return self.refused or self.turns_used >= self.budget
+        return self.refused or self.turns_used >= self.budget or self.exhausted_by is not None
+
+    @property
+    def spent_axis(self) -> str | None:
+        """Which axis ended (or is ending) the episode: "turns", "tokens", "cost", "time"."""
+        if self.exhausted_by is not None:
+            return self.exhausted_by
+        return "turns" if self.refused or self.turns_used >= self.budget else None
 
     @property
     def settled_success_turn(self) -> int | None:
@@ -99,6 +123,8 @@ class GrantKind(StrEnum):
     FORWARD = "forward"
     EXHAUSTED = "exhausted"
     FINISHED = "finished"
+    NEED_PRICE = "need_price"  # the episode has a cost budget: ask again with the model's price
+    HELD = "held"  # what is left of a token or cost budget is held by calls in flight
 
 
 @dataclass(slots=True)
@@ -115,6 +141,8 @@ class Grant:
     # What the previous turn sent: its message count and their digest.
     messages_seen: int = 0
     messages_digest: str | None = None
+    # The call's hold on the other axes (None: the episode has none).
+    hold: axes.AxisGrant | None = None
 
 
 class SettleResult(StrEnum):
@@ -134,6 +162,9 @@ def reserve(
     disclosure_index: int | None,
     model: str | None = None,
     fingerprint: str | None = None,
+    client_cap: int | None = None,
+    out_rate: float | None = None,
+    output_hold: int = axes.OUTPUT_HOLD,
 ) -> Grant:
     """Decide whether a model call may be forwarded, and reserve its turn. Mutates `st`.
 
@@ -142,9 +173,26 @@ def reserve(
     `message_count` and `fingerprint` (the digest of the call's messages), so later turns can
     re-apply it where their conversation still extends this one. The first forwarded turn's
     `model` becomes the episode's model if it has none yet.
+
+    An episode with budgets on other axes (core.axes) is refused once one is spent, and a
+    forwarded call holds its output cap (`client_cap`, clamped) on them; `out_rate` is the
+    model's USD per output token, needed when the episode has a cost budget.
     """
     if st.status == "finished":
         return Grant(GrantKind.FINISHED, turn=st.last_turn)
+    hold = None
+    if axes.has_axes(st):
+        planned = axes.plan(st, now, client_cap, out_rate, output_hold)
+        if planned == axes.NEED_PRICE:
+            return Grant(GrantKind.NEED_PRICE)
+        if planned == axes.HELD:
+            return Grant(GrantKind.HELD, turn=st.turns_used)
+        if not isinstance(planned, axes.AxisGrant):
+            st.refused = True
+            if st.exhausted_by is None:
+                st.exhausted_by = planned
+            return Grant(GrantKind.EXHAUSTED, turn=st.turns_used)
+        hold = planned
     prior = placed(st.disclosed_at)
     seen, digest = st.messages_seen, st.messages_digest
     is_retry = st.last_hash == body_hash and st.last_state in ("charged", "refunded")
@@ -155,16 +203,14 @@ def reserve(
         turn = st.last_turn
     elif is_retry and st.last_state == "refunded":
         if st.turns_used >= st.budget:
-            st.refused = True
-            return Grant(GrantKind.EXHAUSTED, turn=st.turns_used)
+            return _no_turns_left(st)
         st.turns_used += 1
         st.last_attempt += 1
         charged = True
         turn = st.last_turn
     else:
         if st.turns_used >= st.budget:
-            st.refused = True
-            return Grant(GrantKind.EXHAUSTED, turn=st.turns_used)
+            return _no_turns_left(st)
         st.turns_used += 1
         st.last_turn = st.turns_used
         st.last_attempt = 1
@@ -172,6 +218,8 @@ def reserve(
         st.last_hash = body_hash
         charged = True
         turn = st.last_turn
+    if hold is not None:
+        axes.apply(st, hold, now)
     st.last_state = "inflight"
     st.last_charged = charged
     st.inflight += 1
@@ -196,11 +244,18 @@ def reserve(
         disclosed_at=prior,
         messages_seen=seen,
         messages_digest=digest,
+        hold=hold,
     )
 
 
+def _no_turns_left(st: EpisodeState) -> Grant:
+    st.refused = True
+    return Grant(GrantKind.EXHAUSTED, turn=st.turns_used)
+
+
 def settle(
-    st: EpisodeState, grant: Grant, result: SettleResult, now: float, *, count_failed: bool
+    st: EpisodeState, grant: Grant, result: SettleResult, now: float, *, count_failed: bool,
+    spend: axes.Spend | None = None, timed_out: bool = False,
 ) -> bool:
     """Close a forwarded turn. Returns True when its turn was refunded. Mutates `st`.
 
@@ -214,6 +269,9 @@ def settle(
     refund = result is SettleResult.REFUNDABLE and grant.charged and not count_failed
     if refund and (st.status == "active" or st.end_pending):
         st.turns_used = max(0, st.turns_used - 1)
+    if grant.hold is not None and (st.status == "active" or st.end_pending):
+        axes.settle(st, grant.hold, spend, result is SettleResult.REFUNDABLE,
+                    timed_out=timed_out)
     if grant.turn == st.last_turn and grant.body_hash == st.last_hash:
         if refund:
             st.last_state = "refunded"

@@ -6,7 +6,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from budgetproxy.config import BudgetConfig, DisclosureConfig
-from budgetproxy.core.budget import draw_budgetmix, draw_disclosed
+from budgetproxy.core.budget import draw_budgetmix, draw_budgetmix_axis, draw_disclosed
 from budgetproxy.core.episode import Arm, EpisodeState
 
 # Bounds on what a client may attach to an episode (docs/security.md): every turn's span and
@@ -35,6 +35,12 @@ class EpisodeSpec:
     disclosure: Arm | None = None
     announced_budget: int | None = None
     tags: dict[str, Any] = field(default_factory=dict)
+    token_budget: int | None = None
+    cost_budget: float | None = None
+    time_budget_s: float | None = None
+    announced_tokens: int | None = None
+    announced_cost: float | None = None
+    announced_time_s: float | None = None
 
 
 def new_episode(
@@ -79,7 +85,27 @@ def new_episode(
         arm = "disclosed" if disclosed else "hidden"
     else:
         arm = disclosure_cfg.mode
+    for name in ("token_budget", "cost_budget", "time_budget_s", "announced_tokens",
+                 "announced_cost", "announced_time_s"):
+        value = getattr(spec, name)
+        if value is not None and not value > 0:
+            raise SpecError(name, f"{name} must be positive, got {value}")
+    drawn: dict[str, float] = {}
+    if sampled:  # BudgetMix over the other axes whose full budget is configured
+        for axis, full in (("tokens", bm.max_tokens), ("cost", bm.max_cost_usd),
+                           ("time", bm.max_time_s)):
+            if full is not None:
+                drawn[axis] = draw_budgetmix_axis(budget_cfg.seed, spec.task_id, group_key,
+                                                  axis, full, bm.step)
+    tokens_drawn = drawn.get("tokens")
     return EpisodeState(
+        token_budget=_or(spec.token_budget, None if tokens_drawn is None else max(
+            1, round(tokens_drawn)), budget_cfg.default_tokens),
+        cost_budget=_or(spec.cost_budget, drawn.get("cost"), budget_cfg.default_cost_usd),
+        time_budget_s=_or(spec.time_budget_s, drawn.get("time"), budget_cfg.default_time_s),
+        announced_tokens=spec.announced_tokens,
+        announced_cost=spec.announced_cost,
+        announced_time_s=spec.announced_time_s,
         episode_id=spec.episode_id,
         budget=budget,
         max_turns=max_turns,
@@ -91,3 +117,8 @@ def new_episode(
         created_at=now,
         last_activity=now,
     )
+
+
+def _or(*values: Any) -> Any:
+    """The first value that is not None (explicit > BudgetMix draw > config default)."""
+    return next((v for v in values if v is not None), None)

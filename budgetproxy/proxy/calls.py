@@ -9,6 +9,7 @@ from typing import Any
 from budgetproxy.config import UpstreamConfig
 from budgetproxy.core.episode import EpisodeState, Grant, GrantKind, SettleResult
 from budgetproxy.core.fingerprint import Fingerprint
+from budgetproxy.proxy.capture import Capture, Tokens
 from budgetproxy.proxy.dialects import Dialect
 from budgetproxy.telemetry.tracing import CallTrace
 from budgetproxy.trajectories.records import SCHEMA_VERSION, rfc3339
@@ -45,6 +46,7 @@ class ModelCall:
         "upstream", "t_upstream", "started", "sent_body", "status", "disclosure_text",
         "result", "http_status", "ttft", "error_class", "conversation", "data", "events",
         "settled", "span", "prints", "previous_response", "exact", "ended", "probe", "query",
+        "payload", "timed_out", "cumulative", "capture", "tokens", "sent",
     )
 
     def __init__(self, route: str, dialect: Dialect) -> None:
@@ -79,6 +81,12 @@ class ModelCall:
         self.ended: EpisodeState | None = None  # its episode, when settling this call ended it
         self.probe: str | None = None  # the probe run that sent it (PROBE_HEADER)
         self.query = ""  # the query string forwarded upstream with it (core.paths.wire_query)
+        self.payload: dict[str, Any] | None = None  # as parsed (or clamped, core.axes)
+        self.timed_out = False  # its episode's time budget ended it (core.axes)
+        self.cumulative: dict[str, Any] | None = None  # spend per axis once settled
+        self.capture: Capture | None = None  # token capture asked of the upstream
+        self.tokens: Tokens | None = None  # what it sampled, read back
+        self.sent: list[Any] | None = None  # the conversation as the upstream got it
 
     def refuse(self, http_status: int) -> None:
         """The proxy answers this forwarded call itself, with `http_status`: its turn is
@@ -132,6 +140,9 @@ def turn_record(
         "usage": reply.get("usage"),
         "budget": st.budget,
         "remaining": remaining,
+        "cumulative": call.cumulative or {
+            "turns": st.turns_used if remaining is None else st.budget - remaining,
+            "tokens": None, "cost": None, "seconds": None},
         "charged": charged,
         "disclosure": {"arm": st.disclosure, "text": call.disclosure_text},
         "task_id": st.task_id,
@@ -139,6 +150,8 @@ def turn_record(
     }
     if call.previous_response is not None:  # what the logged input continues
         record["previous_response_id"] = call.previous_response
+    if call.tokens is not None:
+        record.update(call.tokens.fields())
     return record
 
 

@@ -13,15 +13,16 @@ from typing import Any
 import orjson
 
 from budgetproxy.config import Config, UpstreamConfig
-from budgetproxy.core import disclosure
+from budgetproxy.core import axes, disclosure
 from budgetproxy.core.budget import tier_label
 from budgetproxy.core.episode import EpisodeState, Grant, GrantKind, SettleResult
 from budgetproxy.core.fingerprint import Fingerprint
 from budgetproxy.core.forwarded_headers import HeaderPolicy
-from budgetproxy.core.keys import KeyRing
+from budgetproxy.core.keys import KeyRing, Principal
 from budgetproxy.core.paths import wire_query
+from budgetproxy.core.prices import PriceTable
 from budgetproxy.core.spec import SpecError, new_episode
-from budgetproxy.core.tenants import TENANT_HEADER, local_id, qualified, tenant_for
+from budgetproxy.core.tenants import TENANT_HEADER, local_id, qualified, tenant_for, tenant_of
 from budgetproxy.core.usage import token_counts
 from budgetproxy.errors import (
     ProxyError,
@@ -32,6 +33,7 @@ from budgetproxy.errors import (
     invalid_episode_id,
     invalid_request,
 )
+from budgetproxy.proxy import axis_calls, capture
 from budgetproxy.proxy.asgi import (
     ClientGone,
     Receive,
@@ -51,6 +53,8 @@ from budgetproxy.proxy.calls import (
 )
 from budgetproxy.proxy.dialects import DIALECTS, Reply
 from budgetproxy.proxy.dialects.base import lone_text
+from budgetproxy.proxy.episode_keys import EpisodeKeys
+from budgetproxy.proxy.grouping import group_key, group_size
 from budgetproxy.proxy.refusal import refusal_status
 from budgetproxy.proxy.upstream import UpstreamPool
 from budgetproxy.proxy.upstream_call import UpstreamCall
@@ -61,6 +65,7 @@ from budgetproxy.proxy.wire import (
     spec_from_headers,
 )
 from budgetproxy.store.base import EpisodeStore, StoreUnavailable
+from budgetproxy.store.groups import GroupStore
 from budgetproxy.telemetry.metrics import Metrics
 from budgetproxy.telemetry.tracing import Tracing
 from budgetproxy.trajectories.recorder import Recorder
@@ -82,6 +87,9 @@ class ModelCalls:
         metrics: Metrics | None,
         tracing: Tracing,
         litellm_call: Callable[..., Any] | None = None,
+        *,
+        groups: GroupStore | None = None,
+        episode_keys: EpisodeKeys | None = None,
     ) -> None:
         self.cfg = config
         self.pool = pool
@@ -89,6 +97,8 @@ class ModelCalls:
         self.recorder = recorder
         self.metrics = metrics
         self.tracing = tracing
+        self.groups = groups
+        self.episode_keys = episode_keys
         names = ["x-episode-id", *(h.lower() for h in config.episodes.all_id_headers())]
         self.id_headers = tuple(dict.fromkeys(n.encode() for n in names))
         self.alias_headers = self.id_headers[1:]
@@ -100,6 +110,7 @@ class ModelCalls:
         self.disc_cfg = config.disclosure
         self.max_body = config.server.max_body_bytes
         self.fail_open = config.store.on_unavailable == "fail_open"
+        self.prices = PriceTable({g: p.model_dump() for g, p in config.prices.items()})
         self.upstream = UpstreamCall(
             pool, metrics, tracing, litellm_call,
             header_policy=HeaderPolicy(config.server.forward_headers,
@@ -179,10 +190,22 @@ class ModelCalls:
         self, call: ModelCall, scope: Scope, receive: Receive, send: Send, path_episode: str | None
     ) -> None:
         headers: dict[bytes, bytes] = dict(scope["headers"])
-        who = self.keys.principal(headers.get(b"authorization"),
-                                  headers.get(b"x-api-key"))  # (x-api-key: Anthropic's)
-        if who is None:
-            raise invalid_api_key()
+        # A per-episode key names its episode (in its tenant's namespace) and stands for the
+        # key it was minted behind.
+        keyed = None if self.episode_keys is None else self.episode_keys.episode_of(
+            headers.get(b"authorization"))
+        if keyed is not None:
+            who = Principal(tenant=tenant_of(keyed))
+            if path_episode is not None and path_episode != local_id(keyed):
+                raise invalid_episode_id(f"The episode key names episode {local_id(keyed)!r}, "
+                                         f"the path {path_episode!r}")
+            path_episode = local_id(keyed)
+        else:
+            found = self.keys.principal(headers.get(b"authorization"),
+                                        headers.get(b"x-api-key"))  # (x-api-key: Anthropic's)
+            if found is None:
+                raise invalid_api_key()
+            who = found
         if len(headers) < len(scope["headers"]):  # a header sent twice: the dict kept the last
             self._one_id_each(scope["headers"])
         eid = self._episode_id(headers, path_episode)
@@ -202,6 +225,7 @@ class ModelCalls:
         dialect = call.dialect
         payload = parse_payload(body)
         dialect.validate(payload)
+        call.payload = payload
         call.model = model = payload["model"]
         call.stream = payload.get("stream") is True
         upstream = self.pool.route(model)
@@ -245,12 +269,19 @@ class ModelCalls:
             return
         if grant.kind is GrantKind.FINISHED:
             raise episode_finished(local_id(eid), refusal_status(headers))
+        if grant.kind is GrantKind.HELD:
+            raise axis_calls.held(st)
         if grant.kind is GrantKind.EXHAUSTED:
             await self._exhausted(call, st, send, payload, conversation,
                                   refusal_status(headers))
             return
+        if grant.hold is not None and grant.hold.cap is not None:
+            payload = axis_calls.clamped(call, self._exact(call, body, payload) or payload,
+                                         grant.hold.cap)
+            conversation = dialect.conversation(payload)
+            body = b""  # re-encode below
         if st.disclosure == "disclosed" and dialect.discloses:
-            exact = self._exact(call, body, payload)
+            exact = self._exact(call, body, payload) if body else None
             if exact is not None:
                 payload, conversation = exact, dialect.conversation(exact)
             # Earlier texts go back only where this conversation still extends the one they
@@ -259,9 +290,12 @@ class ModelCalls:
             # texts are in what the upstream stored.
             cfg = self.disc_cfg
             keep = cfg.history == "keep" and call.previous_response is None
+            fields = axis_calls.template_fields(st, time.time()) if grant.hold else None
             text, again = disclosure.texts(
                 cfg.template, grant.turn, st.budget, st.announced_budget, grant.disclosed_at,
-                call.prints if keep else None)
+                call.prints if keep else None, fields=fields, told=st.told)
+            if fields is not None and keep and disclosure.uses_axes(cfg.template):
+                await axis_calls.keep_told(self.store, eid, grant.turn, text)
             call.disclosure_text = text
             payload = dialect.place(payload, conversation, cfg.placement, text, again)
             body = b""  # re-encode below
@@ -274,13 +308,17 @@ class ModelCalls:
     ) -> tuple[Grant | None, EpisodeState]:
         now = time.time()
 
+        size: int | None = None
+
         def fresh() -> EpisodeState:
+            nonlocal size
             try:
                 st = new_episode(spec_from_headers(eid, headers), self.budget_cfg,
                                  self.disc_cfg, now)
             except SpecError as e:
                 raise invalid_request(str(e), e.param) from None
             st.model = call.model
+            size = group_size(headers)
             return st
 
         count = len(conversation)
@@ -293,13 +331,28 @@ class ModelCalls:
         if self.recorder.keeps_turns or keep:
             call.prints = Fingerprint(conversation)
         fingerprint = call.prints.digest() if call.prints is not None else None
+        model = call.model or ""
+        cap = axis_calls.client_cap(call)
         try:
             opened = await self.store.open_turn(
                 eid, fresh, turn_hash(call.route, body), now,
                 free_retries=self.budget_cfg.free_retries_per_turn,
                 message_count=count, disclosure_index=index, model=call.model,
-                fingerprint=fingerprint,
+                fingerprint=fingerprint, client_cap=cap,
+                output_hold=self.budget_cfg.output_hold_tokens,
+                out_rate=self.prices.cached_output_rate(model),
             )
+            if opened.grant.kind is GrantKind.NEED_PRICE:  # a cost budget: once per model
+                created = opened.created
+                rate = await axis_calls.output_rate(self.prices, model)
+                opened = await self.store.open_turn(
+                    eid, fresh, turn_hash(call.route, body), now,
+                    free_retries=self.budget_cfg.free_retries_per_turn,
+                    message_count=count, disclosure_index=index, model=call.model,
+                    fingerprint=fingerprint, client_cap=cap,
+                    output_hold=self.budget_cfg.output_hold_tokens, out_rate=rate,
+                )
+                opened = axis_calls.reopened(opened, created)
         except StoreUnavailable:
             policy = "fail_open" if self.fail_open else "fail_closed"
             if self.metrics is not None:
@@ -315,6 +368,10 @@ class ModelCalls:
             raise ProxyError(503, "store_unavailable",
                              "The episode store is unavailable; try again shortly") from None
         if opened.created:
+            key = group_key(opened.state)
+            if size is not None and key is not None and self.groups is not None:
+                with contextlib.suppress(StoreUnavailable):  # the group API can declare it
+                    await self.groups.declare(key, size)
             await self.recorder.episode_started(opened.state)
         call.state = opened.state
         call.grant = opened.grant
@@ -329,10 +386,14 @@ class ModelCalls:
             self.metrics.budget_exhausted.labels(tier_label(st.budget, st.max_turns),
                                                  st.disclosure).inc()
         call.status = "rejected"
+        if axes.has_axes(st):
+            call.cumulative = axes.cumulative(st, time.time())
         finish_mode = self.budget_cfg.on_exhausted == "finish"
         call.http_status = 200 if finish_mode else refused
         await self._record_turn(call, conversation, None, charged=False)
         if not finish_mode:
+            if st.exhausted_by is not None:
+                raise axis_calls.axis_exhausted(st, refused)
             raise budget_exhausted(local_id(st.episode_id), st.budget, refused)
         ctype, data = call.dialect.synthetic(call.model or "", self.budget_cfg.finish_reason,
                                              call.stream, payload)
@@ -374,6 +435,8 @@ class ModelCalls:
                 remaining = min(st.budget, remaining + 1)
             out.append((b"x-episode-budget", b"%d" % st.budget))
             out.append((b"x-episode-remaining", b"%d" % remaining))
+            if axes.has_axes(st):
+                out.extend(axis_calls.remaining_headers(st, time.time()))
         return out
 
     async def _forward(
@@ -401,16 +464,27 @@ class ModelCalls:
                                              "include_usage": True}
                 drop_usage = True
                 body = b""
+        if upstream.capture_tokens and call.dialect.kind in capture.CAPTURED_KINDS:
+            body, payload = self._capture(call, upstream, body, payload)
         call.conversation = conversation
+        if conversation is not None:
+            call.sent = call.dialect.conversation(payload)  # disclosure texts included
         call.span = self.tracing.start(call.kind, call.model, headers, call.episode_id)
         try:
             if not body:
                 body = self._encode(call, payload)
-            if upstream.kind == "litellm":
-                await self.upstream.litellm(call, upstream, payload, send)
+            grant = call.grant
+            if grant is not None and grant.hold is not None and grant.hold.deadline:
+                sent = body
+                await axis_calls.within_deadline(
+                    call, grant.hold.deadline, lambda out: self._upstream_leg(
+                        call, upstream, headers, sent, payload, receive, out, drop_usage),
+                    send, lambda c, out: axis_calls.time_up(
+                        c, out, self.budget_cfg, self.metrics, self._episode_headers,
+                        refusal_status(headers)))
             else:
-                await self.upstream.http(call, upstream, headers, body, receive, send,
-                                         drop_usage)
+                await self._upstream_leg(call, upstream, headers, body, payload, receive,
+                                         send, drop_usage)
         except asyncio.CancelledError:
             # The server cancels calls still running at its shutdown deadline; one whose answer
             # had not begun gets a 503 (app.py) and, like an upstream failure, its turn back.
@@ -418,8 +492,10 @@ class ModelCalls:
                 call.refuse(503)
             raise
         finally:
-            await self._settle(call)
-            reply = await self._after(call)
+            early = axis_calls.read_reply(call) if (
+                call.grant is not None and call.grant.hold is not None) else None
+            await self._settle(call, early)
+            reply = await self._after(call, early)
             if call.probe is not None and self.recorder.keeps_turns:
                 await self.recorder.probe(probe_record(call, reply))
             if call.ended is not None:  # after its last turn's record
@@ -434,6 +510,29 @@ class ModelCalls:
                     status=call.http_status, error_class=call.error_class, reply=reply,
                     conversation=conversation,
                 )
+
+    def _capture(
+        self, call: ModelCall, upstream: UpstreamConfig, body: bytes, payload: dict[str, Any]
+    ) -> tuple[bytes, dict[str, Any]]:
+        """Ask for token ids and logprobs the client did not ask for (capture_tokens)."""
+        cap, add = capture.plan(payload, call.dialect.kind, upstream.token_server)
+        call.capture = cap
+        if not add:
+            return body, payload
+        if body and any(k in payload for k in add):  # re-encoded: integers must stay exact
+            exact = self._exact(call, body, payload)
+            if exact is not None:
+                payload = exact
+        return capture.add_fields(body, payload, add), payload
+
+    async def _upstream_leg(
+        self, call: ModelCall, upstream: UpstreamConfig, headers: dict[bytes, bytes],
+        body: bytes, payload: dict[str, Any], receive: Receive, send: Send, drop_usage: bool,
+    ) -> None:
+        if upstream.kind == "litellm":
+            await self.upstream.litellm(call, upstream, payload, send)
+        else:
+            await self.upstream.http(call, upstream, headers, body, receive, send, drop_usage)
 
     @staticmethod
     def _exact(call: ModelCall, body: bytes, payload: dict[str, Any]) -> dict[str, Any] | None:
@@ -460,7 +559,7 @@ class ModelCalls:
                               "rewritten (at most 254 levels)")
 
     # -- after the response --------------------------------------------------------------------
-    async def _settle(self, call: ModelCall) -> None:
+    async def _settle(self, call: ModelCall, reply: Reply | None = None) -> None:
         grant = call.grant
         if grant is None or call.episode_id is None or grant.kind is not GrantKind.FORWARD:
             return
@@ -468,26 +567,28 @@ class ModelCalls:
             return
         call.settled = True
         try:
+            now = time.time()
+            spend = axis_calls.spend(self.prices, call, reply) if grant.hold else None
             closed = await self.store.close_turn(
-                call.episode_id, grant, call.result, time.time(),
+                call.episode_id, grant, call.result, now,
                 count_failed=self.budget_cfg.count_failed_turns,
+                spend=spend, timed_out=call.timed_out,
             )
+            if grant.hold is not None and closed.state is not None:
+                call.cumulative = axes.cumulative(closed.state, now)
             if closed.ended:  # the episode ended meanwhile and waited for this turn
                 call.ended = closed.state
         except StoreUnavailable:
             log.warning("store unavailable while settling turn of %s", call.episode_id)
 
-    async def _after(self, call: ModelCall) -> Reply:
-        """Read the reply back for tokens and the log; runs once the client has its answer."""
-        reply: Reply = {"message": None, "finish_reason": None, "usage": None}
-        try:
-            if call.events is not None:
-                reply = call.dialect.read_events(call.events)
-            elif call.data:
-                reply = call.dialect.read_body(call.data)
-        except Exception:  # an odd reply costs its details in the log, never its record
-            log.warning("could not read back the reply to %s (%s); its turn is logged without "
-                        "it", call.route, call.episode_id, exc_info=True)
+    async def _after(self, call: ModelCall, reply: Reply | None = None) -> Reply:
+        """Read the reply back for tokens and the log (unless `reply` is it, read before
+        settling); runs once the client has its answer."""
+        if reply is None:
+            reply = axis_calls.read_reply(call)
+        if call.capture is not None:
+            call.tokens = (capture.read_events(call.events) if call.events is not None
+                           else capture.read_body(call.data) if call.data else None)
         usage = reply.get("usage")
         m = self.metrics
         if m is not None and isinstance(usage, dict):
@@ -517,4 +618,5 @@ class ModelCalls:
         if st is None or call.episode_id is None or not self.recorder.keeps_turns:
             return
         charged, remaining = self._settled(call, charged)
-        await self.recorder.turn(turn_record(call, st, conversation, reply, charged, remaining))
+        await self.recorder.turn(turn_record(call, st, conversation, reply, charged, remaining),
+                                 call.sent)

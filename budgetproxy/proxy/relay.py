@@ -39,9 +39,11 @@ async def relay_stream(
     *,
     drop_usage: bool,
     ends: Callable[[bytes], bool] = lambda ev: event_data(ev) == b"[DONE]",
+    transform: Callable[[bytes], bytes | None] | None = None,
 ) -> Relayed:
     """Send `resp`'s events to the client as they arrive; nothing is held back but a partial
-    event. With `drop_usage`, the usage-only chunk the proxy asked for is not passed on.
+    event. With `drop_usage`, the usage-only chunk the proxy asked for is not passed on;
+    `transform` rewrites each event the client gets (None: it gets none of it).
     `ends` tells the event that ends the stream in its API (chat's `[DONE]`, Messages'
     `message_stop`).
 
@@ -69,8 +71,14 @@ async def relay_stream(
             chunk = []
             for ev in splitter.feed(data):
                 out.events.append(ev)
-                if not (drop_usage and is_usage_only(ev)):
-                    chunk.append(ev)
+                if drop_usage and is_usage_only(ev):
+                    continue
+                if transform is not None:  # what the client gets of it (None: nothing)
+                    out_ev = transform(ev)
+                    if out_ev is not None:
+                        chunk.append(out_ev)
+                    continue
+                chunk.append(ev)
             if not chunk:
                 continue
             if not out.started:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Iterable, Iterator
 from typing import Any
 
 import orjson
@@ -45,6 +46,21 @@ def event_data(event: bytes) -> bytes | None:
     return b"\n".join(parts)
 
 
+def json_objects(events: Iterable[bytes]) -> Iterator[dict[str, Any]]:
+    """The JSON objects the events carry, in order: `[DONE]`, comments, bodies that are not
+    JSON and JSON that is not an object are passed over (upstreams are not all well-formed)."""
+    for event in events:
+        data = event_data(event)
+        if data is None or data == b"[DONE]":
+            continue
+        try:
+            obj = orjson.loads(data)
+        except orjson.JSONDecodeError:
+            continue
+        if isinstance(obj, dict):
+            yield obj
+
+
 def is_usage_only(event: bytes) -> bool:
     """An OpenAI usage-only chunk: `"choices": []` plus `usage` (sent for include_usage)."""
     if b'"usage"' not in event or b'"choices"' not in event:
@@ -66,16 +82,7 @@ def assemble(events: list[bytes]) -> dict[str, Any]:
     finish_reason: str | None = None
     usage: dict[str, Any] | None = None
     role = "assistant"
-    for event in events:
-        data = event_data(event)
-        if data is None or data == b"[DONE]":
-            continue
-        try:
-            obj = orjson.loads(data)
-        except orjson.JSONDecodeError:
-            continue
-        if not isinstance(obj, dict):
-            continue
+    for obj in json_objects(events):
         if isinstance(obj.get("usage"), dict):
             usage = obj["usage"]
         choices = obj.get("choices")

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Awaitable, Callable
+from functools import partial
 from typing import Any
 
 import aiohttp
@@ -15,6 +16,7 @@ from budgetproxy.core.forwarded_headers import HeaderPolicy
 from budgetproxy.errors import ProxyError, upstream_redirect
 from budgetproxy.proxy.asgi import Receive, Send, send_response
 from budgetproxy.proxy.calls import ModelCall
+from budgetproxy.proxy.capture import strip, strip_event
 from budgetproxy.proxy.relay import StreamEnd, relay_stream
 from budgetproxy.proxy.sse import EventSplitter
 from budgetproxy.proxy.upstream import UpstreamPool
@@ -93,7 +95,10 @@ class UpstreamCall:
             call.started = True
             if call.result is SettleResult.REFUNDABLE:
                 await self.settle(call)
-            await send_response(send, resp.status, out, data)
+            cap = call.capture
+            sent = strip(data, cap) if cap is not None and cap.strips and (
+                resp.status == 200) else data
+            await send_response(send, resp.status, out, sent)
             call.sent_body = True
         finally:
             resp.release()
@@ -135,7 +140,7 @@ class UpstreamCall:
             out[name] = value
         elif not self.own_keys:
             auth = headers.get(b"authorization")
-            if auth:
+            if auth and not auth.startswith(b"Bearer bpk."):  # an episode key stays here
                 out["authorization"] = auth.decode("latin-1")
             key = headers.get(b"x-api-key")
             if key:
@@ -147,8 +152,10 @@ class UpstreamCall:
         drop_usage: bool, t_up: float,
     ) -> None:
         head = self._response_headers(resp, call)
+        cap = call.capture
+        transform = partial(strip_event, cap=cap) if cap is not None and cap.strips else None
         relayed = await relay_stream(resp, receive, send, head, drop_usage=drop_usage,
-                                     ends=call.dialect.ends_stream)
+                                     ends=call.dialect.ends_stream, transform=transform)
         call.started = relayed.started
         call.sent_body = relayed.sent_body
         call.events = relayed.events

@@ -46,6 +46,42 @@ def _int_header(headers: dict[bytes, bytes], name: bytes, param: str) -> int | N
     return value
 
 
+def _float_header(headers: dict[bytes, bytes], name: bytes, param: str) -> float | None:
+    raw = headers.get(name)
+    if raw is None or raw == b"":
+        return None
+    try:
+        value = float(raw.strip().decode("latin-1"))
+    except ValueError:
+        value = -1.0
+    if not 0 < value < float("inf"):
+        raise invalid_request(
+            f"Header {name.decode().title()} must be a positive number, "
+            f"got {raw.decode('latin-1')!r}", param)
+    return value
+
+
+# First-call headers of the budgets beside turns: (header, EpisodeSpec field, is a count).
+_AXIS_HEADERS = (
+    (b"x-episode-token-budget", "token_budget", True),
+    (b"x-episode-cost-budget", "cost_budget", False),
+    (b"x-episode-time-budget", "time_budget_s", False),
+    (b"x-episode-announced-tokens", "announced_tokens", True),
+    (b"x-episode-announced-cost", "announced_cost", False),
+    (b"x-episode-announced-time", "announced_time_s", False),
+)
+
+
+def _axis_fields(headers: dict[bytes, bytes]) -> dict[str, Any]:
+    out: dict[str, Any] = {}
+    for name, param, count in _AXIS_HEADERS:
+        if name in headers:
+            value = (_int_header if count else _float_header)(headers, name, param)
+            if value is not None:
+                out[param] = value
+    return out
+
+
 def _text_header(headers: dict[bytes, bytes], name: bytes, param: str) -> str | None:
     raw = headers.get(name)
     if not raw:
@@ -77,6 +113,7 @@ def spec_from_headers(episode_id: str, headers: dict[bytes, bytes]) -> EpisodeSp
         task_id=task,
         group=group,
         disclosure=arm,  # type: ignore[arg-type]
+        **_axis_fields(headers),
     )
 
 

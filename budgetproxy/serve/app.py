@@ -10,6 +10,7 @@ import time
 from collections.abc import Callable
 from typing import Any
 
+from fastapi import FastAPI
 from opentelemetry.sdk.trace import SpanProcessor
 from prometheus_client import CollectorRegistry
 from starlette.exceptions import HTTPException as StarletteHTTPException
@@ -18,6 +19,7 @@ from budgetproxy.config import ENV_MULTIPROC_DIR, Config
 from budgetproxy.core.ids import is_valid_episode_id, split_episode_prefix
 from budgetproxy.core.keys import KeyRing
 from budgetproxy.core.paths import PathRefused, wire_path
+from budgetproxy.core.rollout_ids import ROLLOUT_PREFIX, attempt_episode_id, split_rollout_prefix
 from budgetproxy.errors import (
     ProxyError,
     invalid_api_key,
@@ -25,15 +27,20 @@ from budgetproxy.errors import (
     request_too_large,
 )
 from budgetproxy.proxy.asgi import Receive, Scope, Send, send_error
+from budgetproxy.proxy.episode_keys import EpisodeKeys
 from budgetproxy.proxy.forward import ModelCalls
+from budgetproxy.proxy.grouping import RolloutRecorder, with_rollout_group
 from budgetproxy.proxy.upstream import UpstreamPool
 from budgetproxy.proxy.wire import MODEL_ROUTES
 from budgetproxy.serve.episode_api import build_api
+from budgetproxy.serve.groups_api import add_group_routes
 from budgetproxy.serve.paths import model_route, refused_path, request_path
+from budgetproxy.serve.trajectory_api import add_trajectory_route
 from budgetproxy.store.base import EpisodeStore, StoreUnavailable
+from budgetproxy.store.groups import GroupStore, MemoryGroups, RedisGroups
+from budgetproxy.store.turn_log import MemoryTurnLog, RedisTurnLog, TurnLog
 from budgetproxy.telemetry.metrics import Metrics
 from budgetproxy.telemetry.tracing import Tracing, build_processor, tracing_wanted
-from budgetproxy.trajectories.recorder import Recorder
 from budgetproxy.trajectories.sink import JsonlSink, NullSink, TrajectorySink
 
 log = logging.getLogger("budgetproxy")
@@ -54,6 +61,22 @@ def _make_store(config: Config) -> EpisodeStore:
     from budgetproxy.store.memory import MemoryStore
 
     return MemoryStore()
+
+
+def _make_groups(config: Config) -> GroupStore:
+    if config.store.kind == "redis":
+        return RedisGroups(config.store.url, config.store.key_prefix,
+                           config.episodes.retention_s)
+    return MemoryGroups()
+
+
+def _make_turn_log(config: Config) -> TurnLog | None:
+    if not config.rollouts.keep_turns:
+        return None
+    retention = config.episodes.retention_s + config.episodes.idle_timeout_s
+    if config.store.kind == "redis":
+        return RedisTurnLog(config.store.url, config.store.key_prefix, retention)
+    return MemoryTurnLog(retention, max_bytes=config.rollouts.max_bytes)
 
 
 def _metrics_registries(turn_buckets: int) -> tuple[Metrics, CollectorRegistry]:
@@ -116,19 +139,32 @@ class BudgetProxy:
         if self.metrics is not None:
             for u in config.upstreams:
                 self.metrics.touch_upstream_labels(u.name)
-        self.recorder = Recorder(self.sink, self.metrics, config.trajectories.content == "full")
+        self.groups = _make_groups(config)
+        self.turn_log = _make_turn_log(config)
+        self.recorder = RolloutRecorder(self.sink, self.metrics,
+                                        config.trajectories.content == "full", self.groups,
+                                        self.turn_log)
         litellm_call = None
         if any(u.kind == "litellm" for u in config.upstreams):
             from budgetproxy.proxy.litellm_adapter import call_litellm
 
             litellm_call = call_litellm
+        secret = config.rollouts.key_secret
+        self.episode_keys = EpisodeKeys(secret.encode() if secret else os.urandom(32))
         self.calls = ModelCalls(config, self.pool, self.store, self.recorder, self.metrics,
-                                self.tracing, litellm_call)
+                                self.tracing, litellm_call, groups=self.groups,
+                                episode_keys=self.episode_keys)
         self.api = build_api(config, self.store, self.recorder, self.pool, self.registry,
-                             self.metrics)
+                             self.metrics, extra_routes=self._extra_routes,
+                             mint_key=self.episode_keys.mint)
         self._keys = KeyRing.of(config.auth)
         self._sweeper: asyncio.Task[None] | None = None
         self._flusher: asyncio.Task[None] | None = None
+
+    def _extra_routes(self, app: FastAPI) -> None:
+        """The rollout gateway's routes, registered before the pass-through ones."""
+        add_group_routes(app, self.config, self.store, self.groups)
+        add_trajectory_route(app, self.config, self.store, self.turn_log)
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] != "http":
@@ -157,6 +193,17 @@ class BudgetProxy:
             if route is not None and scope["method"] == "POST":
                 await self.calls.handle(scope, receive, send, route, None)
                 return
+            if path.startswith(ROLLOUT_PREFIX):
+                rollout = split_rollout_prefix(path)
+                if rollout is not None:  # one episode per attempt, the rollout its group
+                    rid, aid, tail = rollout
+                    route = model_route(tail)
+                    if route is not None and scope["method"] == "POST":
+                        await self.calls.handle(with_rollout_group(scope, rid), receive, send,
+                                                route, attempt_episode_id(rid, aid))
+                        return
+                    scope = dict(scope)
+                    scope["path"], scope["raw_path"] = tail, wire_path(tail).encode()
             if path.startswith("/episodes/"):
                 split = split_episode_prefix(path)
                 if split is not None:
@@ -237,6 +284,9 @@ class BudgetProxy:
         await self.sink.close()
         await self.pool.close()
         await self.store.close()
+        await self.groups.close()
+        if self.turn_log is not None:
+            await self.turn_log.close()
         if self.metrics is not None:
             self.metrics.flush()
         if self._own_processor:

@@ -6,6 +6,7 @@ import asyncio
 import logging
 import time
 import uuid
+from collections.abc import Callable
 from typing import Any
 
 import aiohttp
@@ -17,6 +18,7 @@ from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_l
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from budgetproxy.config import Config
+from budgetproxy.core import axes
 from budgetproxy.core.budget import tier_label
 from budgetproxy.core.episode import EpisodeState, FinishStatus, OutcomeReport
 from budgetproxy.core.forwarded_headers import HeaderPolicy
@@ -61,6 +63,7 @@ def episode_view(st: EpisodeState) -> dict[str, Any]:
         # numbers and end reason above are provisional, and the episode is not yet logged.
         "settling": st.end_pending,
         "tags": st.tags,
+        **axes.view(st, time.time()),
     }
     tenant = tenant_of(st.episode_id)
     if tenant is not None:
@@ -114,6 +117,8 @@ def build_api(
     pool: UpstreamPool,
     registry: CollectorRegistry | None,
     families: Metrics | None = None,
+    extra_routes: Callable[[FastAPI], None] | None = None,
+    mint_key: Callable[[str], str] | None = None,
 ) -> FastAPI:
     """The episode API, /v1/models, pass-through routes and the service endpoints. API keys
     (`auth.keys`) are checked by the app before any /v1 route here (app.py)."""
@@ -229,6 +234,9 @@ def build_api(
             task_id=body.task_id,
             group=body.group, disclosure=body.disclosure,
             announced_budget=body.announced_budget, tags=body.tags,
+            token_budget=body.token_budget, cost_budget=body.cost_budget,
+            time_budget_s=body.time_budget_s, announced_tokens=body.announced_tokens,
+            announced_cost=body.announced_cost, announced_time_s=body.announced_time_s,
         )
         try:
             st = new_episode(spec, config.budget, config.disclosure, time.time())
@@ -240,7 +248,10 @@ def build_api(
         await recorder.episode_started(st)
         base = str(request.base_url).rstrip("/")
         # The contract's fields, with the rest of what GET answers: one shape for both.
-        return _json({**episode_view(st), "base_url": f"{base}/episodes/{eid}/v1"}, 201)
+        created = {**episode_view(st), "base_url": f"{base}/episodes/{eid}/v1"}
+        if mint_key is not None:  # a bearer key that names this episode: no other id needed
+            created["api_key"] = mint_key(st.episode_id)
+        return _json(created, 201)
 
     @app.get("/v1/episodes/{episode_id}")
     async def get_episode(request: Request, episode_id: str) -> Response:
@@ -305,6 +316,9 @@ def build_api(
                 merged.setdefault(m["id"], m)
         return _json({"object": "list", "data": list(merged.values())})
 
+    if extra_routes is not None:  # before the pass-through routes, which match any path
+        extra_routes(app)
+
     @app.api_route("/v1/{path:path}", methods=["GET", "POST", "PUT", "PATCH", "DELETE"],
                    include_in_schema=False)
     async def passthrough(request: Request, path: str) -> Response:
@@ -342,7 +356,8 @@ def build_api(
             headers["authorization"] = f"Bearer {upstream.api_key}"
         elif not config.auth.required:
             for name in ("authorization", "x-api-key"):
-                if name in request.headers:
+                if name in request.headers and not request.headers[name].startswith(
+                        "Bearer bpk."):  # an episode key is the proxy's own
                     headers[name] = request.headers[name]
         # the dispatcher made the path canonical (core.paths): it is sent as it was routed
         url = pool.url(upstream, request.scope["path"], wire_query(request.scope["query_string"]))

@@ -77,6 +77,8 @@ def _whole(value: Any) -> Any:
 
 
 Turns = Annotated[int, Field(ge=1, le=TURNS_MAX, strict=True), BeforeValidator(_whole)]
+# A token budget: a whole positive count, within what headers and stores take.
+Tokens = Turns
 _OBJECT = {"type": "object", "additionalProperties": {"$ref": "#/components/schemas/JsonValue"}}
 
 
@@ -95,6 +97,13 @@ class EpisodeCreate(BaseModel):
     disclosure: Literal["hidden", "disclosed"] | None = None
     announced_budget: Turns | None = None
     tags: _json_object(TAGS_MAX_BYTES) = Field(default_factory=dict)  # type: ignore[valid-type]
+    # budgets beside turns (core.axes, docs/budgets.md)
+    token_budget: Tokens | None = None
+    cost_budget: float | None = Field(None, gt=0, allow_inf_nan=False)
+    time_budget_s: float | None = Field(None, gt=0, allow_inf_nan=False)
+    announced_tokens: Tokens | None = None
+    announced_cost: float | None = Field(None, gt=0, allow_inf_nan=False)
+    announced_time_s: float | None = Field(None, gt=0, allow_inf_nan=False)
 
 
 class OutcomeBody(BaseModel):

@@ -6,6 +6,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Protocol
 
+from budgetproxy.core.axes import OUTPUT_HOLD, Spend
 from budgetproxy.core.episode import (
     EpisodeState,
     FinishStatus,
@@ -58,8 +59,12 @@ class EpisodeStore(Protocol):
         disclosure_index: int | None,
         model: str | None = None,
         fingerprint: str | None = None,
+        client_cap: int | None = None,
+        out_rate: float | None = None,
+        output_hold: int = OUTPUT_HOLD,
     ) -> TurnOpen:
-        """Create the episode with `fresh()` if it does not exist, then `core.episode.reserve`.
+        """Create the episode with `fresh()` if it does not exist, then `core.episode.reserve`
+        (`client_cap` and `out_rate` for its other axes, core.axes).
 
         `fresh` is called only for a new episode (its headers are read on the first call only);
         it may raise, and then nothing is stored.
@@ -67,9 +72,15 @@ class EpisodeStore(Protocol):
         ...
 
     async def close_turn(
-        self, episode_id: str, grant: Grant, result: SettleResult, now: float, *, count_failed: bool
+        self, episode_id: str, grant: Grant, result: SettleResult, now: float, *,
+        count_failed: bool, spend: Spend | None = None, timed_out: bool = False,
     ) -> TurnClose:
-        """`core.episode.settle`."""
+        """`core.episode.settle` (`spend`: the call's reported usage, for core.axes)."""
+        ...
+
+    async def keep_told(self, episode_id: str, turn: int, text: str) -> None:
+        """Remember the disclosure text `turn` was given (`EpisodeState.told`); nothing for
+        an unknown or finished episode."""
         ...
 
     async def create(self, fresh: EpisodeState) -> bool:

@@ -1,6 +1,7 @@
 -- Close a forwarded turn: core settle. Returns nil for an unknown episode.
 -- KEYS: episode. ARGV: grant turn, grant charged (0|1), grant body hash,
--- result (ok|refundable|broken), now, count_failed (0|1), active ttl ms, retention ms.
+-- result (ok|refundable|broken), now, count_failed (0|1), active ttl ms, retention ms,
+-- and for a call holding other axes (core.axes) the five axes_settle arguments.
 local ep = KEYS[1]
 local f = redis.call('HMGET', ep, 'status', 'inflight', 'turns_used', 'last_turn', 'last_hash',
   'last_state', 'end_pending')
@@ -26,6 +27,9 @@ if tonumber(ARGV[1]) == tonumber(f[4]) and ARGV[3] == f[5] then
 end
 redis.call('HSET', ep, 'inflight', inflight, 'last_activity', ARGV[5],
   'turns_used', used, 'last_state', state)
+if #ARGV >= 13 and (f[1] == 'active' or pending) then
+  axes_settle(ep, ARGV[4] == 'refundable', 9)
+end
 if f[1] == 'active' or pending then
   redis.call('PEXPIRE', ep, ARGV[7])
 end

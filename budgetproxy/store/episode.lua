@@ -9,10 +9,10 @@ end
 
 -- core.episode.end_reason: success > exhausted > failure > abandoned.
 local function reason_of(ep)
-  local f = redis.call('HMGET', ep, 'outcome', 'refused', 'turns_used', 'budget')
+  local f = redis.call('HMGET', ep, 'outcome', 'refused', 'turns_used', 'budget', 'exhausted_by')
   if f[1] == 'success' then
     return 'success'
-  elseif f[2] == '1' or tonumber(f[3]) >= tonumber(f[4]) then
+  elseif f[2] == '1' or tonumber(f[3]) >= tonumber(f[4]) or f[5] then
     return 'exhausted'
   elseif f[1] == 'failure' then
     return 'failure'

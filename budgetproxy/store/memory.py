@@ -12,6 +12,7 @@ from __future__ import annotations
 from collections import OrderedDict, deque
 from collections.abc import Callable
 
+from budgetproxy.core.axes import OUTPUT_HOLD, Spend
 from budgetproxy.core.episode import (
     EpisodeState,
     FinishStatus,
@@ -41,6 +42,7 @@ def _compact(st: EpisodeState) -> None:
     st.messages_seen = 0
     st.messages_digest = None
     st.metadata = {}
+    st.told = None
 
 
 class ForgottenIds:
@@ -140,6 +142,9 @@ class MemoryStore:
         disclosure_index: int | None,
         model: str | None = None,
         fingerprint: str | None = None,
+        client_cap: int | None = None,
+        out_rate: float | None = None,
+        output_hold: int = OUTPUT_HOLD,
     ) -> TurnOpen:
         st = self._lookup(episode_id)
         created = False
@@ -158,22 +163,32 @@ class MemoryStore:
             disclosure_index=disclosure_index,
             model=model,
             fingerprint=fingerprint,
+            client_cap=client_cap,
+            out_rate=out_rate,
+            output_hold=output_hold,
         )
         return TurnOpen(grant, st.snapshot(), created)
 
     async def close_turn(
-        self, episode_id: str, grant: Grant, result: SettleResult, now: float, *, count_failed: bool
+        self, episode_id: str, grant: Grant, result: SettleResult, now: float, *,
+        count_failed: bool, spend: Spend | None = None, timed_out: bool = False,
     ) -> TurnClose:
         st = self._lookup(episode_id)
         if st is None:
             return TurnClose(False, None)
         pending = st.end_pending
-        refunded = settle(st, grant, result, now, count_failed=count_failed)
+        refunded = settle(st, grant, result, now, count_failed=count_failed, spend=spend,
+                          timed_out=timed_out)
         snap = st.snapshot()
         ended = pending and not st.end_pending
         if ended:
             self._ended(st)
         return TurnClose(refunded, snap, ended)
+
+    async def keep_told(self, episode_id: str, turn: int, text: str) -> None:
+        st = self._active.get(episode_id)
+        if st is not None and st.status == "active":
+            st.told = {**(st.told or {}), str(turn): text}  # snapshots keep the dict they had
 
     async def create(self, fresh: EpisodeState) -> bool:
         eid = fresh.episode_id

@@ -1,7 +1,8 @@
--- Open a turn: create the episode if absent (ARGV[9..] are its fields), then core reserve.
+-- Open a turn: create the episode if absent (ARGV[11..] are its fields), then core reserve.
 -- KEYS: episode, remembered id. ARGV: body_hash, now, free_retries, message_count,
 -- disclosure_index ('' for none), active ttl ms, model ('' for none),
--- fingerprint ('' for none), [field, value, ...].
+-- fingerprint ('' for none), client output cap ('' none), USD per output token ('' unknown),
+-- output tokens held for a call with no cap (core.axes.OUTPUT_HOLD), [field, value, ...].
 local ep, gone = KEYS[1], KEYS[2]
 local body_hash, now = ARGV[1], ARGV[2]
 local free_retries = tonumber(ARGV[3])
@@ -11,17 +12,32 @@ if redis.call('EXISTS', ep) == 0 then
   if redis.call('EXISTS', gone) == 1 then
     return cjson.encode({'gone'})
   end
-  if #ARGV < 9 then
+  if #ARGV < 12 then
     return cjson.encode({'absent'})
   end
-  redis.call('HSET', ep, unpack(ARGV, 9))
+  redis.call('HSET', ep, unpack(ARGV, 12))
   created = 1
 end
 local f = redis.call('HMGET', ep, 'status', 'budget', 'turns_used', 'inflight', 'last_turn',
   'last_attempt', 'last_hash', 'last_state', 'free_retries_used', 'placements',
-  'messages_seen', 'messages_digest', 'disclosure')
+  'messages_seen', 'messages_digest', 'disclosure', 'token_budget', 'cost_budget',
+  'time_budget_s')
 if f[1] == 'finished' then
   return cjson.encode({'finished', created, snapshot(ep)})
+end
+local hold = nil
+if f[14] or f[15] or f[16] then
+  hold = axes_plan(ep, tonumber(ARGV[2]), ARGV[9], ARGV[10], tonumber(ARGV[11]), f[14], f[15],
+    f[16])
+  if hold.need_price then
+    return cjson.encode({'need_price', created, snapshot(ep)})
+  elseif hold.held then
+    return cjson.encode({'held', created, snapshot(ep)})
+  elseif hold.spent then
+    redis.call('HSET', ep, 'refused', '1')
+    redis.call('HSETNX', ep, 'exhausted_by', hold.spent)
+    return cjson.encode({'exhausted', created, snapshot(ep)})
+  end
 end
 local budget, used, inflight = tonumber(f[2]), tonumber(f[3]), tonumber(f[4])
 local last_turn, attempt, last_hash, last_state = tonumber(f[5]), tonumber(f[6]), f[7], f[8]
@@ -81,6 +97,10 @@ if ARGV[7] ~= '' then
   -- the first forwarded turn's model becomes the episode's (API-created episodes have none)
   redis.call('HSETNX', ep, 'model', ARGV[7])
 end
+local held = ''
+if hold then
+  held = axes_apply(ep, hold, ARGV[2])
+end
 redis.call('PEXPIRE', ep, ARGV[6])
 return cjson.encode({'forward', created, snapshot(ep), last_turn, attempt, charged, prior,
-  seen, seen_digest})
+  seen, seen_digest, held})

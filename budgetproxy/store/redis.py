@@ -36,6 +36,7 @@ except ImportError as e:  # pragma: no cover - depends on the install
         "the Redis episode store needs the redis package: pip install 'budgetproxy[redis]'"
     ) from e
 
+from budgetproxy.core.axes import OUTPUT_HOLD, AxisGrant, Spend
 from budgetproxy.core.episode import (
     EpisodeState,
     FinishStatus,
@@ -142,11 +143,13 @@ class RedisStore:
         self._idle: list[Any] = []  # hot-path connections, outside redis-py's pool
         self._conns: list[Any] = []
         prelude = _lua("episode.lua")
-        self._open = self._redis.register_script(prelude + _lua("open_turn.lua"))
-        self._close = self._redis.register_script(prelude + _lua("close_turn.lua"))
+        turns = prelude + _lua("axes.lua")
+        self._open = self._redis.register_script(turns + _lua("open_turn.lua"))
+        self._close = self._redis.register_script(turns + _lua("close_turn.lua"))
         self._create = self._redis.register_script(prelude + _lua("create.lua"))
         self._finish = self._redis.register_script(prelude + _lua("finish.lua"))
         self._expire = self._redis.register_script(prelude + _lua("expire.lua"))
+        self._keep_told = self._redis.register_script(_KEEP_TOLD)
 
     # -- keys ----------------------------------------------------------------------------------
     def episode_key(self, episode_id: str) -> str:
@@ -301,12 +304,16 @@ class RedisStore:
         disclosure_index: int | None,
         model: str | None = None,
         fingerprint: str | None = None,
+        client_cap: int | None = None,
+        out_rate: float | None = None,
+        output_hold: int = OUTPUT_HOLD,
     ) -> TurnOpen:
         keys = self._keys(episode_id)
         args: list[Any] = [
             body_hash, repr(float(now)), free_retries, message_count,
             "" if disclosure_index is None else disclosure_index, self._active_ttl_ms,
-            model or "", fingerprint or "",
+            model or "", fingerprint or "", "" if client_cap is None else client_cap,
+            "" if out_rate is None else repr(float(out_rate)), output_hold,
         ]
         reply = _json(await self._eval(_Eval(self._open, keys, args)))
         if reply[0] == "absent":
@@ -322,18 +329,25 @@ class RedisStore:
         return _turn_open(episode_id, body_hash, reply)
 
     async def close_turn(
-        self, episode_id: str, grant: Grant, result: SettleResult, now: float, *, count_failed: bool
+        self, episode_id: str, grant: Grant, result: SettleResult, now: float, *,
+        count_failed: bool, spend: Spend | None = None, timed_out: bool = False,
     ) -> TurnClose:
         args = [
             grant.turn, 1 if grant.charged else 0, grant.body_hash, result.value,
             repr(float(now)), 1 if count_failed else 0, self._active_ttl_ms, self._retention_ms,
         ]
+        if grant.hold is not None:
+            args += _settle_args(grant.hold, spend, timed_out)
         keys = [self.episode_key(episode_id)]
         raw = await self._eval(_Eval(self._close, keys, args))
         if raw is None:
             return TurnClose(False, None)
         reply = _json(raw)
         return TurnClose(bool(reply[0]), decode_state(reply[1]), bool(reply[2]))
+
+    async def keep_told(self, episode_id: str, turn: int, text: str) -> None:
+        keys = [self.episode_key(episode_id)]
+        await self._eval(_Eval(self._keep_told, keys, [f"told:{turn}", text]))
 
     # -- episodes ------------------------------------------------------------------------------
     async def create(self, fresh: EpisodeState) -> bool:
@@ -478,6 +492,15 @@ class RedisStore:
         await self._redis.aclose()
 
 
+# EpisodeState.told: one hash field per turn, on an active episode only (never a stub hash).
+_KEEP_TOLD = """
+if redis.call('HGET', KEYS[1], 'status') == 'active' then
+  redis.call('HSET', KEYS[1], ARGV[1], ARGV[2])
+end
+return 1
+"""
+
+
 def _ms(seconds: float) -> int:
     return max(1, math.ceil(seconds * 1000))
 
@@ -509,6 +532,10 @@ def _turn_open(episode_id: str, body_hash: str, reply: list[Any]) -> TurnOpen:
         return TurnOpen(Grant(GrantKind.FINISHED, turn=st.last_turn), st, created)
     if kind == "exhausted":
         return TurnOpen(Grant(GrantKind.EXHAUSTED, turn=st.turns_used), st, created)
+    if kind == "need_price":
+        return TurnOpen(Grant(GrantKind.NEED_PRICE), st, created)
+    if kind == "held":
+        return TurnOpen(Grant(GrantKind.HELD, turn=st.turns_used), st, created)
     grant = Grant(
         GrantKind.FORWARD,
         turn=int(reply[3]),
@@ -518,5 +545,19 @@ def _turn_open(episode_id: str, body_hash: str, reply: list[Any]) -> TurnOpen:
         disclosed_at=placed(orjson.loads(reply[6])),
         messages_seen=int(reply[7]),
         messages_digest=reply[8] or None,
+        hold=_hold(reply[9]) if len(reply) > 9 and reply[9] else None,
     )
     return TurnOpen(grant, st, created)
+
+
+def _hold(raw: str) -> AxisGrant:
+    cap, tokens, cost, deadline = orjson.loads(raw)
+    return AxisGrant(cap=cap, tokens=int(tokens), cost=float(cost),
+                     deadline=None if deadline is None else float(deadline))
+
+
+def _settle_args(hold: AxisGrant, spend: Spend | None, timed_out: bool) -> list[Any]:
+    """close_turn.lua's axes_settle arguments (core.axes.settle)."""
+    return [hold.tokens, repr(float(hold.cost)), "" if spend is None else spend.tokens,
+            "" if spend is None or spend.cost is None else repr(float(spend.cost)),
+            1 if timed_out else 0]

@@ -20,6 +20,10 @@ _CODEC: dict[str, str] = {
     "disclosed_at": _JSON, "messages_seen": _INT, "messages_digest": _STR, "status": _STR,
     "outcome": _STR, "success_turn": _INT, "reward": _JSON, "metadata": _JSON,
     "end_reason": _STR, "ended_at": _FLOAT, "end_pending": _BOOL,
+    "token_budget": _INT, "cost_budget": _FLOAT, "time_budget_s": _FLOAT,
+    "announced_tokens": _INT, "announced_cost": _FLOAT, "announced_time_s": _FLOAT,
+    "tokens_used": _INT, "cost_used": _FLOAT, "tokens_reserved": _INT, "cost_reserved": _FLOAT,
+    "first_call_at": _FLOAT, "exhausted_by": _STR, "told": _JSON,
 }
 
 
@@ -43,13 +47,23 @@ _FIELD = {"disclosed_at": "placements"}
 _LEGACY = ["disclosed_at", "[]"]
 
 
+# The axis fields (core.axes) and their values in an episode without budgets beside turns.
+_NO_AXES: dict[str, Any] = {
+    "token_budget": None, "cost_budget": None, "time_budget_s": None, "announced_tokens": None,
+    "announced_cost": None, "announced_time_s": None, "tokens_used": 0, "cost_used": 0.0,
+    "tokens_reserved": 0, "cost_reserved": 0.0, "first_call_at": None, "exhausted_by": None,
+}
+
+
 def encode_state(st: EpisodeState) -> list[str | bytes]:
-    """The episode as flat hash field/value pairs (None fields left out)."""
+    """The episode as flat hash field/value pairs (None fields left out, and the axis fields
+    of an episode with no budget beside turns)."""
     out: list[str | bytes] = []
+    turn_only = st.token_budget is None and st.cost_budget is None and st.time_budget_s is None
     for f in fields(st):
         value = getattr(st, f.name)
-        if value is None:
-            continue
+        if value is None or (turn_only and f.name in _NO_AXES) or f.name == "told":
+            continue  # told: one field per turn (RedisStore.keep_told), none at creation
         out.append(_FIELD.get(f.name, f.name))
         out.append(_encode_value(_CODEC[f.name], value))
     out += _LEGACY
@@ -58,6 +72,10 @@ def encode_state(st: EpisodeState) -> list[str | bytes]:
 
 def _opt_int(raw: str | None) -> int | None:
     return None if raw is None else int(raw)
+
+
+def _opt_float(raw: str | None) -> float | None:
+    return None if raw is None else float(raw)
 
 
 def decode_state(pairs: list[str]) -> EpisodeState:
@@ -103,4 +121,24 @@ def decode_state(pairs: list[str]) -> EpisodeState:
         ended_at=None if ended_at is None else float(ended_at),
         end_pending=g("end_pending") == "1",  # absent in episodes stored by older versions
     )
+    # Budgets beside turns (core.axes): a turn-only episode stores none of their fields
+    # (encode_state), so it takes the defaults without a lookup each.
+    if "token_budget" in d or "cost_budget" in d or "time_budget_s" in d:
+        st.__dict__.update(
+            token_budget=_opt_int(g("token_budget")),
+            cost_budget=_opt_float(g("cost_budget")),
+            time_budget_s=_opt_float(g("time_budget_s")),
+            announced_tokens=_opt_int(g("announced_tokens")),
+            announced_cost=_opt_float(g("announced_cost")),
+            announced_time_s=_opt_float(g("announced_time_s")),
+            tokens_used=int(g("tokens_used") or 0),
+            cost_used=float(g("cost_used") or 0.0),
+            tokens_reserved=int(g("tokens_reserved") or 0),
+            cost_reserved=float(g("cost_reserved") or 0.0),
+            first_call_at=_opt_float(g("first_call_at")),
+            exhausted_by=g("exhausted_by"),
+            told={k[5:]: v for k, v in d.items() if k.startswith("told:")} or None,
+        )
+    # else: a turn-only episode reads the axis fields' defaults from the class (they are plain
+    # values there), without a write each
     return st

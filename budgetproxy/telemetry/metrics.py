@@ -27,6 +27,19 @@ LATENCY_BUCKETS = (
 OVERHEAD_BUCKETS = (
     0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 1.0,
 )
+# Spend per episode on the axes beside turns (core.axes): roughly 1-2.5-5 steps over the
+# ranges agents run at (a 100-token probe to a 10M-token session, a cent's fraction to $100,
+# a second to two hours).
+TOKEN_BUCKETS = (
+    100.0, 250.0, 500.0, 1e3, 2.5e3, 5e3, 1e4, 2.5e4, 5e4, 1e5, 2.5e5, 5e5, 1e6, 2.5e6, 5e6, 1e7,
+)
+COST_BUCKETS = (
+    0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5,
+    5.0, 10.0, 25.0, 100.0,
+)
+SECONDS_BUCKETS = (
+    1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 120.0, 300.0, 600.0, 1200.0, 1800.0, 3600.0, 7200.0,
+)
 MAX_MODEL_LABELS = 32
 # Entries of the per-call-site child caches keyed by client-chosen values (model names,
 # budgets); past this, children are looked up without being remembered under that key.
@@ -129,6 +142,26 @@ class Metrics:
             ep,
             registry=registry,
         )
+        self.episodes_exhausted = Counter(
+            "budgetproxy_episodes_exhausted",
+            "Episodes that ended exhausted, by the budget axis that ran out "
+            "(turns|tokens|cost|time).",
+            (*ep, "axis"),
+            registry=registry,
+        )
+        spend = (*ep, "outcome")
+        self.episode_tokens = Histogram(
+            "budgetproxy_episode_tokens",
+            "Tokens (input + output, cached input included) per finished episode that has a "
+            "budget beside turns.", spend, buckets=TOKEN_BUCKETS, registry=registry)
+        self.episode_cost = Histogram(
+            "budgetproxy_episode_cost_usd",
+            "Cost in USD per finished episode that has a cost budget.", spend,
+            buckets=COST_BUCKETS, registry=registry)
+        self.episode_seconds = Histogram(
+            "budgetproxy_episode_seconds",
+            "Wall-clock seconds from the first call per finished episode that has a budget "
+            "beside turns.", spend, buckets=SECONDS_BUCKETS, registry=registry)
         self.request_duration = Histogram(
             "budgetproxy_request_duration_seconds",
             "Time from request to the last response byte, by route template.",

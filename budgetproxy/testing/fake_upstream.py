@@ -24,7 +24,7 @@ import orjson
 from aiohttp import web
 
 from budgetproxy.serve.local_server import LocalAiohttpServer
-from budgetproxy.testing import fake_messages, fake_responses
+from budgetproxy.testing import fake_messages, fake_responses, fake_tokens
 from budgetproxy.testing.fake_text import dummy_arguments as _dummy_arguments
 from budgetproxy.testing.fake_text import split as _split
 from budgetproxy.testing.fake_text import text_of as _text_of
@@ -87,8 +87,10 @@ class FakeUpstream(LocalAiohttpServer):
         chunks: int = 4,
         chunk_gap_ms: float = 0.0,
         record: bool = True,
+        token_server: str | None = None,
     ) -> None:
         super().__init__(host, port)
+        self.token_server = token_server  # "vllm" | "sglang": token ids as those servers
         self.models = list(models)
         self.default_chunks = max(1, chunks)
         self.default_gap_ms = chunk_gap_ms
@@ -280,6 +282,9 @@ class FakeUpstream(LocalAiohttpServer):
             opts = req.get("stream_options")
             with_usage = isinstance(opts, dict) and opts.get("include_usage") is True
             events = self._chat_events(request, cid, created, model, content, calls, finish)
+            server = self._tokens_of(request)
+            if server is not None:
+                events = fake_tokens.chat_events(events, req, server)
             return await self._sse(
                 request,
                 self._finish_stream(
@@ -304,7 +309,15 @@ class FakeUpstream(LocalAiohttpServer):
             ],
             "usage": usage,
         }
+        server = self._tokens_of(request)
+        if server is not None:
+            body = fake_tokens.chat_body(body, req, server)
         return web.Response(body=orjson.dumps(body), headers=_JSON)
+
+    def _tokens_of(self, request: web.Request) -> str | None:
+        """Whose token fields to answer with: X-Fake-Token-Server, else the constructor's."""
+        server = request.headers.get("X-Fake-Token-Server", self.token_server)
+        return server if server in ("vllm", "sglang") else None
 
     def _chat_events(
         self,
@@ -409,13 +422,20 @@ class FakeUpstream(LocalAiohttpServer):
                     yield b"data: " + orjson.dumps(chunk(piece, None)) + b"\n\n"
                 yield b"data: " + orjson.dumps(chunk("", "stop")) + b"\n\n"
 
+            stream: Iterator[bytes | float] = events()
+            server = self._tokens_of(request)
+            if server is not None:
+                stream = fake_tokens.completion_events(stream, req, server)
             return await self._sse(
                 request,
                 self._finish_stream(
-                    events(), cid, created, model, "text_completion", usage if with_usage else None
+                    stream, cid, created, model, "text_completion", usage if with_usage else None
                 ),
             )
         body = chunk(text, "stop") | {"usage": usage}
+        server = self._tokens_of(request)
+        if server is not None:
+            body = fake_tokens.completion_body(body, req, server)
         return web.Response(body=orjson.dumps(body), headers=_JSON)
 
     async def _list_models(self, request: web.Request) -> web.Response:
@@ -516,6 +536,8 @@ request headers (the proxy forwards them):
   X-Fake-Echo-Request: 1         answer with the request's messages as JSON (to see a rewrite)
   X-Fake-Cache-Read: N           Messages usage: cache_read_input_tokens (default 0)
   X-Fake-Cache-Write: N          Messages usage: cache_creation_input_tokens (default 0)
+  X-Fake-Token-Server: vllm|sglang  chat/completions answer with that server's token ids and
+                                 logprobs fields (return_token_ids, logprobs)
 """
 
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 import time
 from typing import Any
 
+from budgetproxy.core import axes
 from budgetproxy.core.budget import tier_label
 from budgetproxy.core.episode import EpisodeState
 from budgetproxy.telemetry.metrics import Metrics
@@ -12,19 +13,19 @@ from budgetproxy.trajectories.records import SCHEMA_VERSION, rfc3339
 from budgetproxy.trajectories.sink import NullSink, TrajectorySink
 
 
-def _strip_text(value: Any) -> Any:
+def strip_text(value: Any) -> Any:
     """content: none — texts out, lengths kept."""
     if isinstance(value, str):
         return {"length": len(value)}
     if isinstance(value, list):
-        return [_strip_text(v) for v in value]
+        return [strip_text(v) for v in value]
     if isinstance(value, dict):
         out: dict[str, Any] = {}
         for k, v in value.items():
             if k in ("content", "text", "arguments", "input", "output") and v is not None:
-                out[k] = _strip_text(v)
+                out[k] = strip_text(v)
             elif isinstance(v, dict | list):
-                out[k] = _strip_text(v)
+                out[k] = strip_text(v)
             else:
                 out[k] = v
         return out
@@ -63,6 +64,14 @@ class Recorder:
             success_turn = st.settled_success_turn
             used = success_turn if reason == "success" and success_turn else st.turns_used
             m.episode_turns.labels(tier, arm, reason).observe(used)
+            if reason == "exhausted":
+                m.episodes_exhausted.labels(tier, arm, st.spent_axis or "turns").inc()
+            if axes.has_axes(st):
+                end = st.ended_at or time.time()
+                m.episode_tokens.labels(tier, arm, reason).observe(st.tokens_used)
+                m.episode_seconds.labels(tier, arm, reason).observe(axes.time_used(st, end))
+                if st.cost_budget is not None:
+                    m.episode_cost.labels(tier, arm, reason).observe(st.cost_used)
             m.active_episodes.dec()
             tenant = m.tenant_label(st.episode_id)
             if tenant is not None:
@@ -90,6 +99,7 @@ class Recorder:
                 "started_at": rfc3339(st.created_at),
                 "ended_at": rfc3339(st.ended_at or time.time()),
                 "metadata": st.metadata,
+                **axes.view(st, time.time()),
             }
         )
 
@@ -97,11 +107,13 @@ class Recorder:
         """A probe call's record (never an episode's turn), texts left out as turns' are."""
         await self.turn(record)
 
-    async def turn(self, record: dict[str, Any]) -> None:
+    async def turn(self, record: dict[str, Any], sent: list[Any] | None = None) -> None:
+        """Log a turn's record; `sent` is the conversation as the upstream got it (a
+        subclass keeps it, proxy/grouping.py)."""
         if not self.content_full:
             for key in ("request_messages", "response"):
                 if record.get(key) is not None:
-                    record[key] = _strip_text(record[key])
+                    record[key] = strip_text(record[key])
             if record.get("disclosure", {}).get("text") is not None:
-                record["disclosure"]["text"] = _strip_text(record["disclosure"]["text"])
+                record["disclosure"]["text"] = strip_text(record["disclosure"]["text"])
         await self.sink.put(record)  # queue depth is sampled by the sweeper, not per turn

@@ -42,6 +42,8 @@ class TurnRecord(TypedDict, total=False):
     budget: int
     remaining: int
     charged: bool
+    # spend per axis once the call settled: {turns, tokens, cost, seconds} (docs/budgets.md)
+    cumulative: dict[str, Any]
     disclosure: Disclosure
     task_id: str | None
     group: str | None
@@ -69,6 +71,17 @@ class EpisodeRecord(TypedDict, total=False):
     started_at: str
     ended_at: str
     metadata: dict[str, Any]
+    # budgets beside turns (docs/budgets.md); null budgets: no cap on that axis
+    token_budget: int | None
+    tokens_used: int
+    cost_budget: float | None
+    cost_used: float
+    time_budget_s: float | None
+    time_used_s: float
+    exhausted_by: Literal["turns", "tokens", "cost", "time"] | None
+    announced_tokens: int | None
+    announced_cost: float | None
+    announced_time_s: float | None
 
 
 @lru_cache(maxsize=4)

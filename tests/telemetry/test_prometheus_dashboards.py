@@ -176,6 +176,8 @@ def _play(client: openai.OpenAI, http: httpx.Client, ep: Episode, run: Run, tag:
         "X-Episode-Id": eid,
         "X-Episode-Budget": str(ep.budget),
         "X-Episode-Disclosure": ep.arm,
+        # a token budget no episode reaches: the spend-per-episode families are exported
+        "X-Episode-Token-Budget": "1000000",
     }
     if ep.max_turns is not None:
         headers["X-Episode-Max-Turns"] = str(ep.max_turns)
@@ -359,10 +361,10 @@ def test_live_pass_at_t_curve(run: Run) -> None:
         assert curve == pytest.approx({t: success_within(tier, arm, t) for t in range(1, 65)})
 
 
-def test_the_readmes_pass_at_t_query(run: Run) -> None:
-    """The Monitoring section's PromQL for a pooled Pass@(1,T), run as printed (T = 8) and with
+def test_the_docs_pass_at_t_query(run: Run) -> None:
+    """docs/metrics.md's PromQL for a pooled Pass@(1,T), run as printed (T = 8) and with
     other bucket bounds, gives success within T over the finished, non-abandoned episodes."""
-    readme = (Path(__file__).resolve().parents[2] / "README.md").read_text()
+    readme = (Path(__file__).resolve().parents[2] / "docs" / "metrics.md").read_text()
     blocks = re.findall(r"```promql\n(.*?)```", readme, re.S)
     (query,) = [b for b in blocks if "episode_turns_bucket" in b]
     assert 'le="8.0"' in query
@@ -371,6 +373,16 @@ def test_the_readmes_pass_at_t_query(run: Run) -> None:
                for r in run.prom.query(query.replace('le="8.0"', f'le="{t}.0"'), run.at)}
         assert got == pytest.approx({(tier, arm): success_within(tier, arm, t)
                                      for tier, arm in ARMS}), t
+
+
+def test_success_within_b_tokens(run: Run) -> None:
+    """Every episode spends a few dozen tokens: within 100,000 is every success, as within
+    every turn; within 1,000 too (the fake's echo is short)."""
+    got = run.by("Success within B tokens (chosen B)", "tier", "disclosure", "le",
+                 tokens="1000|100000")
+    want = {(t, a, le): success_within(t, a, 64) for t, a in ARMS
+            for le in ("1000.0", "100000.0")}
+    assert got == pytest.approx(want)
 
 
 @pytest.mark.parametrize("title", ["Success within T (chosen T)", "Success within T over time"])
@@ -492,7 +504,8 @@ def test_exported_series_carry_the_contract_labels(run: Run) -> None:
         assert base in METRICS, f"{name} is not among the metrics the dashboards know"
         assert keys == METRICS[base], f"{name} has labels {sorted(keys)}"
         seen.setdefault(base, set())
-    missing = set(METRICS) - set(seen) - {"budgetproxy_store_unavailable_total"}
+    missing = set(METRICS) - set(seen) - {"budgetproxy_store_unavailable_total",
+                                          "budgetproxy_episode_cost_usd"}
     assert not missing, f"never exported under this load: {sorted(missing)}"
     les = {
         float(s["metric"]["le"])

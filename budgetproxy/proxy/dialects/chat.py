@@ -45,35 +45,20 @@ def read_choice_body(data: bytes, text_key: str | None) -> Reply:
     return {**EMPTY_REPLY, "usage": obj.get("usage")}
 
 
-class ChatDialect:
+class ChoicesDialect:
+    """What OpenAI's two choice-shaped APIs (chat and text completions) share: replies read
+    from `choices`, `[DONE]` ending a stream, errors and keys as OpenAI has them."""
+
     kind = "chat"
+    text_key: str | None = None  # where a choice keeps its text; None: in `message`
     heads = 0
-    via_litellm = True
-    discloses = True
     stream_usage = True
-
-    def validate(self, payload: dict[str, Any]) -> None:
-        check_messages(payload)
-
-    def conversation(self, payload: dict[str, Any]) -> list[Any]:
-        msgs: list[Any] = payload["messages"]
-        return msgs
 
     def continues(self, payload: dict[str, Any]) -> str | None:
         return None
 
-    def placement_index(self, placement: Placement, conversation: list[Any]) -> int | None:
-        return disclosure.placement_index(placement, len(conversation))
-
-    def place(
-        self, payload: dict[str, Any], conversation: list[Any], placement: Placement, text: str,
-        again: list[tuple[int, str]],
-    ) -> dict[str, Any]:
-        payload["messages"] = disclosure.apply(conversation, placement, text, again)
-        return payload
-
     def read_body(self, data: bytes) -> Reply:
-        return read_choice_body(data, None)
+        return read_choice_body(data, self.text_key)
 
     def read_events(self, events: list[bytes]) -> Reply:
         return assemble(events)
@@ -84,7 +69,7 @@ class ChatDialect:
     def synthetic(
         self, model: str, finish_reason: str, stream: bool, payload: dict[str, Any]
     ) -> tuple[bytes, bytes]:
-        return synthetic.reply("chat", model, finish_reason, stream,
+        return synthetic.reply(self.kind, model, finish_reason, stream,
                                payload.get("stream_options"))
 
     def error_body(self, err: ProxyError) -> bytes:
@@ -95,3 +80,25 @@ class ChatDialect:
 
     def log_fields(self, conversation: list[Any], seen: int) -> dict[str, Any]:
         return {"request_messages": conversation[seen:], "messages_offset": seen}
+
+
+class ChatDialect(ChoicesDialect):
+    via_litellm = True
+    discloses = True
+
+    def validate(self, payload: dict[str, Any]) -> None:
+        check_messages(payload)
+
+    def conversation(self, payload: dict[str, Any]) -> list[Any]:
+        msgs: list[Any] = payload["messages"]
+        return msgs
+
+    def placement_index(self, placement: Placement, conversation: list[Any]) -> int | None:
+        return disclosure.placement_index(placement, len(conversation))
+
+    def place(
+        self, payload: dict[str, Any], conversation: list[Any], placement: Placement, text: str,
+        again: list[tuple[int, str]],
+    ) -> dict[str, Any]:
+        payload["messages"] = disclosure.apply(conversation, placement, text, again)
+        return payload

@@ -12,7 +12,7 @@ from budgetproxy.errors import ProxyError
 from budgetproxy.proxy.dialects import messages_finish
 from budgetproxy.proxy.dialects.base import EMPTY_REPLY, Reply, head_log_fields
 from budgetproxy.proxy.dialects.chat import check_messages
-from budgetproxy.proxy.sse import event_data
+from budgetproxy.proxy.sse import json_objects
 
 
 def _unmarked(value: Any) -> Any:
@@ -180,16 +180,7 @@ class MessagesDialect:
         partial: dict[int, list[str]] = {}
         usage: dict[str, Any] = {}
         stop: Any = None
-        for event in events:
-            data = event_data(event)
-            if data is None:
-                continue
-            try:
-                obj = orjson.loads(data)
-            except orjson.JSONDecodeError:
-                continue
-            if not isinstance(obj, dict):
-                continue
+        for obj in json_objects(events):
             kind, index = obj.get("type"), obj.get("index")
             if kind == "message_start" and isinstance(obj.get("message"), dict):
                 _merge_usage(usage, obj["message"].get("usage"))

@@ -11,7 +11,7 @@ from budgetproxy.core.disclosure import Placement
 from budgetproxy.errors import ProxyError, invalid_request
 from budgetproxy.proxy.dialects import responses_finish
 from budgetproxy.proxy.dialects.base import EMPTY_REPLY, Reply, head_log_fields
-from budgetproxy.proxy.sse import event_data
+from budgetproxy.proxy.sse import json_objects
 
 _TOOL_OUTPUTS = frozenset({"function_call_output", "custom_tool_call_output",
                            "local_shell_call_output", "computer_call_output"})
@@ -180,16 +180,7 @@ class ResponsesDialect:
     def read_events(self, events: list[bytes]) -> Reply:
         done: dict[int, Any] = {}
         deltas: list[str] = []
-        for event in events:
-            data = event_data(event)
-            if data is None or data == b"[DONE]":
-                continue
-            try:
-                obj = orjson.loads(data)
-            except orjson.JSONDecodeError:
-                continue
-            if not isinstance(obj, dict):
-                continue
+        for obj in json_objects(events):
             kind = obj.get("type")
             if kind in ("response.completed", "response.incomplete", "response.failed"):
                 reply = read_response(obj.get("response"))

@@ -1,0 +1,211 @@
+"""A model call's budgets beside turns: its output cap clamped, its deadline kept, its spend
+settled from the reported usage, and what is left told in headers and the disclosure text."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import dataclasses
+import logging
+import time
+from collections.abc import Awaitable, Callable
+from typing import Any
+
+from budgetproxy.config import BudgetConfig
+from budgetproxy.core import axes
+from budgetproxy.core.budget import tier_label
+from budgetproxy.core.episode import EpisodeState, SettleResult
+from budgetproxy.core.prices import PriceTable
+from budgetproxy.core.tenants import local_id
+from budgetproxy.core.usage import billed_tokens
+from budgetproxy.errors import ProxyError, invalid_request
+from budgetproxy.proxy import output_cap
+from budgetproxy.proxy.asgi import Message, Send, send_response
+from budgetproxy.proxy.calls import ModelCall
+from budgetproxy.proxy.dialects import Reply
+from budgetproxy.store.base import EpisodeStore, StoreUnavailable, TurnOpen
+from budgetproxy.telemetry.metrics import Metrics
+
+log = logging.getLogger("budgetproxy")
+
+_CODES = {"tokens": "token_budget_exhausted", "cost": "cost_budget_exhausted",
+          "time": "time_budget_exhausted"}
+_WHAT = {"tokens": "token budget", "cost": "cost budget", "time": "time budget"}
+
+
+def client_cap(call: ModelCall) -> int | None:
+    return output_cap.client_cap(call.kind, call.payload) if call.payload else None
+
+
+def clamped(call: ModelCall, payload: dict[str, Any], cap: int) -> dict[str, Any]:
+    call.payload = output_cap.with_cap(call.kind, payload, cap)
+    return call.payload
+
+
+async def output_rate(prices: PriceTable, model: str) -> float:
+    """USD per output token for an episode with a cost budget; the first lookup of a model
+    may load the price library, off the event loop."""
+    rates = await asyncio.to_thread(prices.rates, model)
+    if rates is None:
+        raise invalid_request(
+            f"No price is known for model {model!r}, and this episode has a cost budget: "
+            "add the model under `prices` in the proxy's config", "model")
+    return rates[1]
+
+
+async def keep_told(store: EpisodeStore, episode_id: str, turn: int, text: str) -> None:
+    """Keep the text this turn was told, for later turns to re-apply as it was (history:
+    keep with axis fields, whose values change every turn); a store that fails here costs
+    only that (later turns render it afresh)."""
+    try:
+        await store.keep_told(episode_id, turn, text)
+    except StoreUnavailable:
+        log.warning("store unavailable while keeping the disclosure text of %s", episode_id)
+
+
+def reopened(opened: TurnOpen, created: bool) -> TurnOpen:
+    return dataclasses.replace(opened, created=created or opened.created)
+
+
+def axis_exhausted(st: EpisodeState, status: int = 403) -> ProxyError:
+    axis = st.exhausted_by or "turns"
+    return ProxyError(
+        status, _CODES.get(axis, "turn_budget_exhausted"),
+        f"Episode {local_id(st.episode_id)!r} has used its {_WHAT.get(axis, 'budget')}; "
+        "no further model calls are forwarded. Report the outcome or start a new episode.",
+        type_="budget_exhausted")
+
+
+def held(st: EpisodeState) -> ProxyError:
+    """A call that finds what is left of a budget held by calls in flight: a 429 with
+    Retry-After (the episode untouched); like every 4xx here it says x-should-retry: false,
+    so a harness retries it, not the SDK on its own."""
+    return ProxyError(
+        429, "budget_held",
+        f"What is left of episode {local_id(st.episode_id)!r}'s token or cost budget is held "
+        "by its calls in flight; retry once they finish.",
+        type_="rate_limit_error", headers={"retry-after": "1"})
+
+
+async def time_up(
+    call: ModelCall, send: Send, budget_cfg: BudgetConfig, metrics: Metrics | None,
+    episode_headers: Callable[[ModelCall], list[tuple[bytes, bytes]]], refused: int,
+) -> None:
+    """A call its episode's time budget ran out on before any byte was sent: answered as an
+    exhausted episode's (refusal or finish, nothing more from upstream), its turn given back;
+    the turn record follows as for every forwarded call."""
+    st = call.state
+    assert st is not None
+    st.exhausted_by = st.exhausted_by or "time"
+    if metrics is not None:
+        metrics.budget_exhausted.labels(tier_label(st.budget, st.max_turns),
+                                        st.disclosure).inc()
+    finish_mode = budget_cfg.on_exhausted == "finish"
+    call.refuse(200 if finish_mode else refused)
+    if not finish_mode:
+        raise axis_exhausted(st, refused)
+    ctype, data = call.dialect.synthetic(call.model or "", budget_cfg.finish_reason,
+                                         call.stream, call.payload or {})
+    call.started = True
+    await send_response(send, 200, [(b"content-type", ctype), *episode_headers(call),
+                                    (b"x-episode-exhausted", b"true")], data)
+
+
+def read_reply(call: ModelCall) -> Reply:
+    """The reply read back from what the upstream sent (an odd one: an empty reply)."""
+    reply: Reply = {"message": None, "finish_reason": None, "usage": None}
+    try:
+        if call.events is not None:
+            reply = call.dialect.read_events(call.events)
+        elif call.data:
+            reply = call.dialect.read_body(call.data)
+    except Exception:  # an odd reply costs its details in the log, never its record
+        log.warning("could not read back the reply to %s (%s); its turn is logged without "
+                    "it", call.route, call.episode_id, exc_info=True)
+    return reply
+
+
+def spend(prices: PriceTable, call: ModelCall, reply: Reply | None) -> axes.Spend | None:
+    """What the call spent by its reported usage; None when it reported none."""
+    usage = reply.get("usage") if reply else None
+    counts = billed_tokens(usage)
+    if counts is None:
+        return None
+    st = call.state
+    cost = prices.cost(call.model or "", usage) if st is not None and (
+        st.cost_budget is not None) else None
+    return axes.Spend(counts[0] + counts[1], cost)
+
+
+def remaining_headers(st: EpisodeState, now: float) -> list[tuple[bytes, bytes]]:
+    """X-Episode-{Tokens,Cost,Time}-Remaining of the axes the episode has (what is left after
+    the reservations of calls in flight, this one's included)."""
+    left = axes.remaining(st, now)
+    out = []
+    if left["tokens"] is not None:
+        out.append((b"x-episode-tokens-remaining", b"%d" % left["tokens"]))
+    if left["cost"] is not None:
+        out.append((b"x-episode-cost-remaining", b"%.6f" % left["cost"]))
+    if left["seconds"] is not None:
+        out.append((b"x-episode-time-remaining", b"%.3f" % left["seconds"]))
+    return out
+
+
+def template_fields(st: EpisodeState, now: float) -> dict[str, Any]:
+    """The disclosure template's axis fields as this turn starts; totals are the announced
+    ones where set (used stays the real spend). Axes the episode lacks render as "n/a"."""
+    used = {"tokens": st.tokens_used, "cost": round(st.cost_used, 6),
+            "seconds": int(axes.time_used(st, now))}
+    totals = {
+        "tokens": st.announced_tokens if st.announced_tokens is not None else st.token_budget,
+        "cost": st.announced_cost if st.announced_cost is not None else st.cost_budget,
+        "seconds": st.announced_time_s if st.announced_time_s is not None else (
+            st.time_budget_s),
+    }
+    out: dict[str, Any] = {}
+    for axis, total in totals.items():
+        if total is None:
+            out.update({f"{axis}_total": "n/a", f"{axis}_remaining": "n/a",
+                        f"{axis}_used": used[axis]})
+            continue
+        if axis == "seconds" and float(total).is_integer():
+            total = int(total)  # "600s", not "600.0s"
+        left: Any = max(0, total - used[axis])
+        out.update({f"{axis}_total": total, f"{axis}_used": used[axis],
+                    f"{axis}_remaining": int(left) if axis == "seconds" else (
+                        round(left, 6) if axis == "cost" else left)})
+    return out
+
+
+async def within_deadline(
+    call: ModelCall, deadline: float, leg: Callable[[Send], Awaitable[None]], send: Send,
+    time_up: Callable[[ModelCall, Send], Awaitable[None]],
+) -> None:
+    """Run the upstream leg until the episode's time budget ends. Cut before the answer began:
+    `time_up` answers the call as exhausted. Cut mid-answer: the response is closed cleanly
+    where it stands (the client has a well-ended HTTP body) and the turn is charged."""
+    sent = {"start": False, "body": False, "closed": False}
+
+    async def tracked(message: Message) -> None:
+        if message["type"] == "http.response.start":
+            sent["start"] = True
+        elif message["type"] == "http.response.body":
+            sent["body"] = sent["body"] or bool(message.get("body"))
+            sent["closed"] = not message.get("more_body", False)
+        await send(message)
+
+    try:
+        async with asyncio.timeout(max(0.0, deadline - time.time())):
+            await leg(tracked)
+    except TimeoutError:
+        call.timed_out = True
+        call.error_class = "time_budget"
+        if not sent["start"]:
+            await time_up(call, send)
+            return
+        call.started = True
+        call.sent_body = sent["body"]
+        call.result = SettleResult.BROKEN if sent["body"] else SettleResult.REFUNDABLE
+        if not sent["closed"]:
+            with contextlib.suppress(Exception):
+                await send({"type": "http.response.body", "body": b"", "more_body": False})

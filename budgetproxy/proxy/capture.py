@@ -1,0 +1,292 @@
+"""Token capture: ask a vLLM or SGLang server for sampled token ids and logprobs, give the
+client its answer as it would be without them, and read them back for the turn's record."""
+
+from __future__ import annotations
+
+import json
+import re
+from dataclasses import dataclass
+from typing import Any, Literal
+
+import orjson
+
+from budgetproxy.proxy.sse import event_data
+
+Server = Literal["vllm", "sglang"]
+# The APIs whose OpenAI-compatible servers return token ids (vLLM and SGLang both serve
+# chat and text completions with them; neither returns them on /v1/responses or /v1/messages).
+CAPTURED_KINDS = frozenset({"chat", "completions"})
+
+# A JSON string (escapes included) or one bracket: enough to find where a value ends.
+_TOKEN = re.compile(rb'"(?:[^"\\]|\\.)*"|[\[\]{}]')
+_SCALAR_END = re.compile(rb"[,}\]]")
+_WHITESPACE = b" \t\r\n"
+_DECODER = json.JSONDecoder()
+_FIELD = re.compile(rb'"(prompt_token_ids|token_ids|logprobs)":')
+
+
+@dataclass(slots=True)
+class Capture:
+    """One call's capture: what the proxy added to the request, so it is taken out again."""
+
+    kind: str
+    server: Server
+    strip_ids: bool  # the client did not ask for token ids
+    strip_logprobs: bool  # the client did not ask for logprobs
+    # the client did not ask for prompt token ids (vLLM: with the others; SGLang's chat asks
+    # for them apart, with return_prompt_token_ids)
+    strip_prompt_ids: bool | None = None
+    # the fields the server writes as null when not asked for them (set from the above)
+    null_keys: frozenset[bytes] = frozenset()
+
+    @property
+    def strips(self) -> bool:
+        return self.strip_ids or self.strip_logprobs or bool(self.strip_prompt_ids)
+
+    def __post_init__(self) -> None:
+        if self.strip_prompt_ids is None:
+            self.strip_prompt_ids = self.strip_ids
+        keys = {b"logprobs"} if self.strip_logprobs else set()
+        if self.server == "vllm":
+            if self.strip_ids:
+                keys.add(b"token_ids")
+            if self.strip_prompt_ids:
+                keys.add(b"prompt_token_ids")
+        self.null_keys = frozenset(keys)
+
+
+def plan(payload: dict[str, Any], kind: str, server: Server) -> tuple[Capture, dict[str, Any]]:
+    """The capture for a call of `kind`, and the request fields to add (none when the client
+    asked for everything itself)."""
+    add: dict[str, Any] = {}
+    asked_ids = payload.get("return_token_ids") is True
+    if not asked_ids:
+        add["return_token_ids"] = True
+    lp = payload.get("logprobs")
+    if kind == "chat":
+        asked_lp = lp is True
+        if not asked_lp:
+            add["logprobs"] = True
+    else:  # completions: logprobs is the number of alternatives; 0 gives the sampled token's
+        asked_lp = type(lp) is int and lp >= 0
+        if not asked_lp:
+            add["logprobs"] = 0
+    asked_prompt = asked_ids
+    if server == "sglang" and kind == "chat":
+        asked_prompt = payload.get("return_prompt_token_ids") is True
+        if not asked_prompt:
+            add["return_prompt_token_ids"] = True
+    return Capture(kind, server, not asked_ids, not asked_lp, not asked_prompt), add
+
+
+def add_fields(body: bytes, payload: dict[str, Any], add: dict[str, Any]) -> bytes:
+    """The body with `add` as extra members when none of them is in it yet (its other bytes
+    unchanged); b"" when one is there (the caller re-encodes `payload`, now updated)."""
+    present = any(k in payload for k in add)
+    payload.update(add)
+    if present or not body:
+        return b""
+    end = body.rindex(b"}")
+    extra = b"".join(b',"%s":%s' % (k.encode(), orjson.dumps(v)) for k, v in add.items())
+    return body[:end] + extra + body[end:]
+
+
+def _value_end(buf: bytes, start: int) -> int:
+    """The index just past the JSON value that starts at `start`."""
+    first = buf[start:start + 1]
+    if first == b"[":  # token ids: a flat array of numbers, found in one scan
+        close = buf.find(b"]", start)
+        if close >= 0 and not any(c in buf[start + 1:close] for c in (b"[", b"{", b'"')):
+            return close + 1
+    elif first == b"{":  # logprobs: the C decoder finds the end (on text, then in bytes)
+        try:
+            text = buf[start:].decode()
+            _, end = _DECODER.raw_decode(text)
+        except (UnicodeDecodeError, ValueError):
+            pass
+        else:
+            return start + len(text[:end].encode())
+    elif first != b'"':
+        m = _SCALAR_END.search(buf, start)
+        return m.start() if m else len(buf)
+    depth = 0
+    for m in _TOKEN.finditer(buf, start):
+        tok = m.group()
+        if tok in (b"[", b"{"):
+            depth += 1
+        elif tok in (b"]", b"}"):
+            depth -= 1
+        if depth == 0:
+            return m.end()
+    return len(buf)
+
+
+def _members(buf: bytes, key: bytes) -> list[tuple[int, int, int]]:
+    """(member start, value start, value end) of every `"key": value` member, in order. A key
+    can only be matched outside strings: inside one its quotes would be escaped."""
+    needle = b'"' + key + b'":'
+    out = []
+    pos = buf.find(needle)
+    while pos >= 0:
+        vstart = pos + len(needle)
+        while buf[vstart:vstart + 1] in (b" ", b"\t", b"\r", b"\n") and vstart < len(buf):
+            vstart += 1
+        vend = _value_end(buf, vstart)
+        out.append((pos, vstart, vend))
+        pos = buf.find(needle, vend)
+    return out
+
+
+def _null_members(buf: bytes, keys: frozenset[bytes]) -> bytes:
+    """`buf` with the value of every member named in `keys` written as null, in one pass."""
+    out: list[bytes] = []
+    pos = 0
+    for m in _FIELD.finditer(buf):
+        if m.start() < pos or m.group(1) not in keys:
+            continue  # inside a value already replaced, or a field kept
+        vstart = m.end()
+        while buf[vstart:vstart + 1] in (b" ", b"\t", b"\r", b"\n") and vstart < len(buf):
+            vstart += 1
+        if buf.startswith(b"null", vstart):
+            continue
+        out.append(buf[pos:vstart])
+        out.append(b"null")
+        pos = _value_end(buf, vstart)
+    if not out:
+        return buf
+    out.append(buf[pos:])
+    return b"".join(out)
+
+
+def _drop_member(buf: bytes, key: bytes) -> bytes:
+    """`buf` without any `"key": value` member (and the comma that joined it)."""
+    while True:
+        found = _members(buf, key)
+        if not found:
+            return buf
+        start, _, end = found[0]
+        before = buf[:start].rstrip(_WHITESPACE)
+        if before.endswith(b","):
+            buf = before[:-1] + buf[end:]
+        else:
+            after = buf[end:].lstrip(_WHITESPACE)
+            buf = buf[:start] + (after[1:] if after.startswith(b",") else after)
+
+
+def strip(data: bytes, cap: Capture) -> bytes:
+    """A body or event as the server writes it when not asked for what the proxy added:
+    vLLM writes `null` for token ids and logprobs it was not asked for; SGLang leaves token
+    ids out and writes `null` logprobs. (SGLang's chat API asks for prompt ids apart, with
+    `return_prompt_token_ids`, its text completions with `return_token_ids`.)"""
+    if cap.server == "sglang" and b"token_ids\":" in data:
+        if cap.strip_prompt_ids:
+            data = _drop_member(data, b"prompt_token_ids")
+        if cap.strip_ids:
+            data = _drop_member(data, b"token_ids")
+    keys = cap.null_keys
+    return _null_members(data, keys) if keys else data
+
+
+def strip_event(event: bytes, cap: Capture) -> bytes | None:
+    """A stream event as the client would get it without capture; None: the server would not
+    have sent it (vLLM sends a chunk with no text only to carry token ids or logprobs)."""
+    out = strip(event, cap)
+    if b'"delta":{}' in out and b'"finish_reason":null' in out:
+        data = event_data(out)
+        try:
+            obj = orjson.loads(data) if data is not None else None
+        except orjson.JSONDecodeError:
+            return out
+        if isinstance(obj, dict) and not obj.get("usage"):
+            choices = obj.get("choices")
+            if isinstance(choices, list) and choices and all(
+                    isinstance(c, dict) and c.get("delta") == {} and c.get("finish_reason") is None
+                    for c in choices):
+                return None
+    return out
+
+
+@dataclass(slots=True)
+class Tokens:
+    """What a turn's record keeps of a captured call (choice 0)."""
+
+    prompt_token_ids: list[int] | None = None
+    completion_token_ids: list[int] | None = None
+    logprobs: list[float] | None = None
+
+    def fields(self) -> dict[str, Any]:
+        return {"prompt_token_ids": self.prompt_token_ids,
+                "completion_token_ids": self.completion_token_ids, "logprobs": self.logprobs}
+
+
+def _ints(value: Any) -> list[int] | None:
+    if isinstance(value, list) and all(type(v) is int for v in value):
+        return value
+    return None
+
+
+def _logprob_values(lp: Any) -> list[float] | None:
+    """The sampled tokens' logprobs: chat's `content[].logprob` or completions' list."""
+    if not isinstance(lp, dict):
+        return None
+    content = lp.get("content")
+    if isinstance(content, list):
+        return [float(e["logprob"]) for e in content
+                if isinstance(e, dict) and isinstance(e.get("logprob"), int | float)]
+    values = lp.get("token_logprobs")
+    if isinstance(values, list):
+        return [float(v) if isinstance(v, int | float) else 0.0 for v in values]
+    return None
+
+
+def _read(obj: Any, out: Tokens) -> None:
+    """Add one body's or chunk's tokens (choice 0) to `out`."""
+    if not isinstance(obj, dict):
+        return
+    prompt = _ints(obj.get("prompt_token_ids"))
+    choices = obj.get("choices")
+    c0 = None
+    if isinstance(choices, list):
+        for c in choices:
+            if isinstance(c, dict) and c.get("index", 0) == 0:
+                c0 = c
+                break
+    if c0 is not None and prompt is None:
+        prompt = _ints(c0.get("prompt_token_ids"))
+    if prompt is not None and out.prompt_token_ids is None:
+        out.prompt_token_ids = prompt
+    if c0 is None:
+        return
+    ids = _ints(c0.get("token_ids"))
+    if ids is not None:
+        if out.completion_token_ids is None:
+            out.completion_token_ids = []
+        out.completion_token_ids.extend(ids)
+    values = _logprob_values(c0.get("logprobs"))
+    if values is not None:
+        if out.logprobs is None:
+            out.logprobs = []
+        out.logprobs.extend(values)
+
+
+def read_body(data: bytes) -> Tokens:
+    out = Tokens()
+    try:
+        _read(orjson.loads(data), out)
+    except orjson.JSONDecodeError:
+        pass
+    return out
+
+
+def read_events(events: list[bytes]) -> Tokens:
+    out = Tokens()
+    for event in events:
+        data = event_data(event)
+        if data is None or data == b"[DONE]" or b"token_ids" not in data and (
+                b"logprob" not in data):
+            continue
+        try:
+            _read(orjson.loads(data), out)
+        except orjson.JSONDecodeError:
+            continue
+    return out

@@ -1,0 +1,74 @@
+"""GET /v1/episodes/{id}/trajectory: a finished episode's turns as the model saw them."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import orjson
+from fastapi import FastAPI, Request
+from fastapi.responses import Response
+
+from budgetproxy.config import Config
+from budgetproxy.core.rewards import final_reward
+from budgetproxy.core.tenants import local_id
+from budgetproxy.core.tokens import sequence
+from budgetproxy.errors import ProxyError
+from budgetproxy.serve.episode_api import stored_id
+from budgetproxy.store.base import EpisodeStore
+from budgetproxy.store.turn_log import TurnLog
+
+
+def last_attempts(entries: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """One entry per turn, its last answered attempt (the one the agent went on from)."""
+    by_turn: dict[int, dict[str, Any]] = {}
+    for e in entries:
+        by_turn[int(e.get("turn") or 0)] = e
+    return [by_turn[t] for t in sorted(by_turn)]
+
+
+def add_trajectory_route(app: FastAPI, config: Config, store: EpisodeStore,
+                         turns: TurnLog | None) -> None:
+    # (not in the OpenAPI description yet: its error answers are not documented there)
+    @app.get("/v1/episodes/{episode_id}/trajectory", include_in_schema=False)
+    async def trajectory(request: Request, episode_id: str) -> Response:
+        named = episode_id
+        episode_id = stored_id(request, episode_id)  # in the key's tenant namespace
+        st = await store.get(episode_id)
+        if st is None:
+            if await store.is_known(episode_id):
+                raise ProxyError(404, "trajectory_not_found",
+                                 f"Episode {named!r} is past retention; its turns are "
+                                 "only in the trajectory log", param="episode_id")
+            raise ProxyError(404, "episode_not_found", f"No episode with id {named!r}",
+                             param="episode_id")
+        if st.status != "finished" or st.end_pending:
+            raise ProxyError(409, "episode_active",
+                             f"Episode {named!r} has not ended; its trajectory is served "
+                             "once it has (report its outcome or end it)", param="episode_id")
+        if turns is None:
+            raise ProxyError(404, "trajectory_not_found",
+                             "This proxy keeps no trajectories (rollouts.keep_turns: false)",
+                             param="episode_id")
+        raw = await turns.read(episode_id) or []
+        kept = last_attempts([orjson.loads(b) for b in raw])
+        seq = sequence(kept)
+        body: dict[str, Any] = {
+            "episode_id": local_id(st.episode_id),
+            "task_id": st.task_id,
+            "group": st.group,
+            "budget": st.budget,
+            "disclosure": st.disclosure,
+            "end_reason": st.end_reason,
+            "reward": final_reward(st.reward, st.outcome, st.end_reason,
+                                   config.reward.on_exhausted),
+            # every turn's prompt ids extend the previous prompt and completion: the episode
+            # is one token sequence (token_ids, with loss_mask 1 on sampled tokens); None
+            # when no token ids were captured
+            "append_only": (seq is not None) if any(
+                t.get("prompt_token_ids") is not None for t in kept) else None,
+            "turns": kept,
+        }
+        if seq is not None:
+            body["token_ids"] = seq.token_ids
+            body["loss_mask"] = seq.loss_mask
+        return Response(orjson.dumps(body), media_type="application/json")

@@ -1,0 +1,221 @@
+"""Token capture (upstreams[].capture_tokens): ids and logprobs logged, the client's bytes as
+without capture, against a fake that answers with vLLM's and SGLang's fields."""
+
+from __future__ import annotations
+
+import re
+from typing import Any
+
+import httpx
+import orjson
+import pytest
+from conftest import Proxy, ProxyFactory, WatchedUpstream, new_id
+
+from budgetproxy.testing import fake_tokens
+
+_VOLATILE = re.compile(rb'("id":"[a-z]+-fake-)\d+|("created":)\d+')
+
+
+def _normal(data: bytes) -> bytes:
+    """The bytes with the fake's per-answer id and timestamp fixed (they differ per call)."""
+    return _VOLATILE.sub(lambda m: (m.group(1) or m.group(2)) + b"0", data)
+
+
+def _proxies(proxy: ProxyFactory, upstream: WatchedUpstream, server: str) -> tuple[Proxy, Proxy]:
+    base = {"name": "main", "base_url": upstream.base_url}
+    on = proxy({"upstreams": [{**base, "capture_tokens": True, "token_server": server}]})
+    off = proxy({"upstreams": [base]})
+    return on, off
+
+
+def _post(p: Proxy, path: str, body: dict[str, Any], server: str, eid: str) -> httpx.Response:
+    r = p.http().post(path, json=body, headers={"X-Episode-Id": eid,
+                                                "X-Fake-Token-Server": server})
+    assert r.status_code == 200, r.text
+    return r
+
+
+def _turn(p: Proxy, eid: str) -> dict[str, Any]:
+    (rec,) = p.wait_records(1, episode_id=eid, type="turn")
+    return rec
+
+
+CHAT = {"model": "m1", "messages": [{"role": "system", "content": "be brief"},
+                                    {"role": "user", "content": "say three words please"}]}
+
+
+@pytest.mark.parametrize("server", ["vllm", "sglang"])
+@pytest.mark.parametrize("stream", [False, True])
+def test_chat_bytes_unchanged_and_tokens_logged(
+    proxy: ProxyFactory, upstream: WatchedUpstream, server: str, stream: bool
+) -> None:
+    on, off = _proxies(proxy, upstream, server)
+    body = {**CHAT, "stream": stream}
+    e_on, e_off = new_id(), new_id()
+    got_on = _post(on, "/v1/chat/completions", body, server, e_on)
+    got_off = _post(off, "/v1/chat/completions", body, server, e_off)
+    assert _normal(got_on.content) == _normal(got_off.content)
+    assert b"token_ids\":[" not in got_on.content and b"\"content\":[{\"token\"" not in (
+        got_on.content)
+    sent = [r.json for r in upstream.requests if r.headers.get("x-episode-id") is None
+            and r.json and r.json.get("messages") == CHAT["messages"]][-2:]
+    assert sent[0]["return_token_ids"] is True and sent[0]["logprobs"] is True
+    assert sent[0].get("return_prompt_token_ids") is (True if server == "sglang" else None)
+    assert "return_token_ids" not in sent[1] and "logprobs" not in sent[1]
+
+    rec = _turn(on, e_on)
+    answer = "echo: say three words please"
+    want = fake_tokens.completion_ids(answer)
+    if server == "sglang" and stream:  # SGLang's chat streams carry logprobs, no token ids
+        assert rec["prompt_token_ids"] is None and rec["completion_token_ids"] is None
+    else:
+        assert rec["prompt_token_ids"] == fake_tokens.prompt_ids(CHAT["messages"])
+        assert rec["completion_token_ids"] == want
+    assert rec["logprobs"] == [fake_tokens.logprob(t) for t in want]
+    assert "prompt_token_ids" not in _turn(off, e_off)
+
+
+@pytest.mark.parametrize("stream", [False, True])
+def test_client_asking_for_logprobs_keeps_them(
+    proxy: ProxyFactory, upstream: WatchedUpstream, stream: bool
+) -> None:
+    on, off = _proxies(proxy, upstream, "vllm")
+    body = {**CHAT, "stream": stream, "logprobs": True, "top_logprobs": 1}
+    got_on = _post(on, "/v1/chat/completions", body, "vllm", new_id())
+    got_off = _post(off, "/v1/chat/completions", body, "vllm", new_id())
+    assert _normal(got_on.content) == _normal(got_off.content)
+    assert b'"top_logprobs":[{"token"' in got_on.content
+
+
+@pytest.mark.parametrize("server", ["vllm", "sglang"])
+@pytest.mark.parametrize("stream", [False, True])
+def test_completions_bytes_unchanged_and_tokens_logged(
+    proxy: ProxyFactory, upstream: WatchedUpstream, stream: bool, server: str
+) -> None:
+    on, off = _proxies(proxy, upstream, server)
+    body = {"model": "m1", "prompt": "once upon a time", "stream": stream}
+    e_on = new_id()
+    got_on = _post(on, "/v1/completions", body, server, e_on)
+    got_off = _post(off, "/v1/completions", body, server, new_id())
+    assert _normal(got_on.content) == _normal(got_off.content)
+    rec = _turn(on, e_on)
+    want = fake_tokens.completion_ids("echo: once upon a time")
+    assert rec["prompt_token_ids"] == [fake_tokens.BOS, *fake_tokens.ids("once upon a time")]
+    assert rec["completion_token_ids"] == want
+    assert rec["logprobs"] == [fake_tokens.logprob(t) for t in want]
+
+
+def test_openai_client_sees_the_same_answer(
+    proxy: ProxyFactory, upstream: WatchedUpstream
+) -> None:
+    on, _ = _proxies(proxy, upstream, "vllm")
+    client = on.client(default_headers={"X-Fake-Token-Server": "vllm"})
+    eid = new_id()
+    out = client.chat.completions.create(model="m1", messages=CHAT["messages"],  # type: ignore[arg-type]
+                                         extra_headers={"X-Episode-Id": eid})
+    assert out.choices[0].message.content == "echo: say three words please"
+    assert out.choices[0].logprobs is None
+    chunks = list(client.chat.completions.create(
+        model="m1", messages=CHAT["messages"], stream=True,  # type: ignore[arg-type]
+        extra_headers={"X-Episode-Id": eid}))
+    assert "".join(c.choices[0].delta.content or "" for c in chunks if c.choices) == (
+        "echo: say three words please")
+    assert all(c.choices[0].logprobs is None for c in chunks if c.choices)
+
+
+def test_dropped_token_only_chunk() -> None:
+    """vLLM sends a chunk with an empty delta only for token ids or logprobs asked for:
+    one the client did not ask for is not passed on."""
+    from budgetproxy.proxy.capture import Capture, strip_event
+
+    cap = Capture("chat", "vllm", strip_ids=True, strip_logprobs=True)
+    ev = (b'data: {"id":"x","choices":[{"index":0,"delta":{},"logprobs":{"content":[{"token":'
+          b'"a","logprob":-0.1,"bytes":[97],"top_logprobs":[]}]},"finish_reason":null,'
+          b'"token_ids":[5]}]}\n\n')
+    assert strip_event(ev, cap) is None
+    kept = ev.replace(b'"delta":{}', b'"delta":{"content":"a"}')
+    out = strip_event(kept, cap)
+    assert out is not None and orjson.loads(out[6:])["choices"][0] == {
+        "index": 0, "delta": {"content": "a"}, "logprobs": None, "finish_reason": None,
+        "token_ids": None}
+
+
+@pytest.mark.parametrize("history", ["keep", "drop"])
+def test_disclosed_history_keep_gives_append_only_tokens(
+    proxy: ProxyFactory, upstream: WatchedUpstream, history: str
+) -> None:
+    """With history: keep every turn's prompt ids extend the previous prompt and completion;
+    with drop, the earlier texts are gone from the next prompt, so they do not."""
+    from budgetproxy.core.tokens import extends
+
+    p = proxy({"upstreams": [{"name": "main", "base_url": upstream.base_url,
+                              "capture_tokens": True}],
+               "disclosure": {"mode": "disclosed", "history": history}})
+    client = p.client(default_headers={"X-Fake-Token-Server": "vllm"})
+    eid = new_id()
+    messages: list[dict[str, Any]] = [{"role": "user", "content": "start the task"}]
+    for i in range(3):
+        out = client.chat.completions.create(model="m1", messages=messages,  # type: ignore[arg-type]
+                                             extra_headers={"X-Episode-Id": eid})
+        messages.append({"role": "assistant", "content": out.choices[0].message.content})
+        messages.append({"role": "user", "content": f"observation {i}"})
+    recs = sorted(p.wait_records(3, episode_id=eid, type="turn"), key=lambda r: r["turn"])
+    links = [extends(a["prompt_token_ids"], a["completion_token_ids"], b["prompt_token_ids"])
+             for a, b in zip(recs, recs[1:], strict=False)]
+    assert links == ([True, True] if history == "keep" else [False, False])
+
+
+@pytest.mark.parametrize("stream", [False, True])
+def test_field_names_inside_texts_are_left_alone(
+    proxy: ProxyFactory, upstream: WatchedUpstream, stream: bool
+) -> None:
+    """A reply whose text spells the stripped fields' names keeps its text: inside a JSON
+    string their quotes are escaped, so only real members are matched."""
+    on, off = _proxies(proxy, upstream, "vllm")
+    text = 'say "token_ids":[1,2] and "logprobs":{"content":[]} and "prompt_token_ids": ]'
+    body = {"model": "m1", "messages": [{"role": "user", "content": text}], "stream": stream}
+    got_on = _post(on, "/v1/chat/completions", body, "vllm", new_id())
+    got_off = _post(off, "/v1/chat/completions", body, "vllm", new_id())
+    assert _normal(got_on.content) == _normal(got_off.content)
+    if stream:
+        events = [orjson.loads(line[6:]) for line in got_on.content.split(b"\n\n")
+                  if line.startswith(b"data: {")]
+        said = "".join(e["choices"][0]["delta"].get("content") or "" for e in events
+                       if e["choices"])
+    else:
+        said = got_on.json()["choices"][0]["message"]["content"]
+    assert said == "echo: " + text
+
+
+def test_upstream_errors_pass_through_with_capture(
+    proxy: ProxyFactory, upstream: WatchedUpstream
+) -> None:
+    on, off = _proxies(proxy, upstream, "vllm")
+    got = []
+    eid = new_id()
+    for p in (on, off):
+        r = p.http().post("/v1/chat/completions", json=CHAT,
+                          headers={"X-Episode-Id": f"{eid}-{len(got)}", "X-Fake-Status": "400",
+                                   "X-Fake-Token-Server": "vllm"})
+        assert r.status_code == 400
+        got.append(r.content)
+    assert got[0] == got[1]
+    rec = _turn(on, f"{eid}-0")
+    assert rec["http_status"] == 400
+    assert rec["prompt_token_ids"] is None and rec["completion_token_ids"] is None
+
+
+def test_sglang_client_asking_for_token_ids_only(
+    proxy: ProxyFactory, upstream: WatchedUpstream
+) -> None:
+    """SGLang's chat API asks for prompt ids apart: a client that asked for token ids keeps
+    them and gets no prompt ids it did not ask for."""
+    on, off = _proxies(proxy, upstream, "sglang")
+    body = {**CHAT, "return_token_ids": True}
+    e_on = new_id()
+    got_on = _post(on, "/v1/chat/completions", body, "sglang", e_on)
+    got_off = _post(off, "/v1/chat/completions", body, "sglang", new_id())
+    assert _normal(got_on.content) == _normal(got_off.content)
+    choice = got_on.json()["choices"][0]
+    assert "token_ids" in choice and "prompt_token_ids" not in choice
+    assert _turn(on, e_on)["prompt_token_ids"] == fake_tokens.prompt_ids(CHAT["messages"])
