@@ -320,7 +320,9 @@ def main(argv: list[str] | None = None) -> int:
         print(f"\nSlow streams: {args.streams} concurrent, one chunk a second")
         print(slow)
     print()
-    for line in report.verdicts(summary, args.baseline):
+    verdicts = [*report.verdicts(summary, args.baseline),
+                *report.ttft_verdicts(summary, api_rows, args.baseline)]
+    for line in verdicts:
         print(line)
     for note in notes:
         print(f"note: {note}")
@@ -354,7 +356,7 @@ def main(argv: list[str] | None = None) -> int:
         "apis": api_rows,
         "summary": summary,
         "baseline": args.baseline,
-        "verdicts": report.verdicts(summary, args.baseline),
+        "verdicts": verdicts,
     }
     path = args.out / f"bench-{stamp}.json"
     path.write_text(json.dumps(result, indent=2) + "\n")

@@ -350,8 +350,11 @@ def start_budgetproxy(
     if extra is not None or named:
         config = workdir / f"{slug}.yaml"
         # Written per CONTRACT.md's config schema; the upstream comes from --upstream.
-        # each row its own Redis keys: rows at other revisions must not share episodes
-        extra = (extra or "").replace("key_prefix: bench", f"key_prefix: bench-{slug}")
+        # Each row its own Redis keys, and each run: rows at other revisions must not share
+        # episodes, nor a run meet the episodes an earlier one left ended (abandoned after
+        # their idle timeout, so every call to them is refused).
+        extra = (extra or "").replace("key_prefix: bench",
+                                      f"key_prefix: bench-{slug}-{workdir.name}")
         if named:
             extra = f"server: {{forward_headers: [x-fake-*]}}\n{extra}"
         config.write_text(f"# bench/run.py: {description}\nbudget: {{default_turns: 20}}\n{extra}")

@@ -60,3 +60,50 @@ def test_rows_at_a_git_revision_run_that_revisions_package(tmp_path: Path) -> No
     assert tg.source_of("HEAD", tmp_path) == src  # unpacked once per run
     with pytest.raises(SystemExit, match="unknown git revision"):
         tg.source_of("no-such-revision-xyz", tmp_path)
+
+
+def test_throughput_targets_are_the_issues_floors() -> None:
+    summary = {"forwarder": {"rps_vs_baseline_c32": 1.0},
+               "budgetproxy+episodes": {"rps_vs_baseline_c32": 0.85},
+               "budgetproxy+redis": {"rps_vs_baseline_c32": 0.81}}
+    lines = report.verdicts(summary)
+    assert "budgetproxy+episodes: 0.85x forwarder req/s at c=32 (target >= 0.9x) MISSED" in lines
+    assert "budgetproxy+redis: 0.81x forwarder req/s at c=32 (target >= 0.8x) MET" in lines
+
+
+def test_added_ttft_is_judged_over_the_forwarders_on_every_api() -> None:
+    summary = {"forwarder": {"ttft_overhead_p50_ms": 1.4},
+               "budgetproxy+episodes": {"ttft_overhead_p50_ms": 2.0}}
+
+    def streams(ttft: float) -> dict[str, Any]:
+        return {"streams": {"ttft_p50_ms": ttft}}
+
+    api_rows = {"responses": {"direct": streams(3.0), "budgetproxy+episodes": streams(6.0)},
+                "messages": {"direct": streams(3.0)}}
+    chat, responses, messages = report.ttft_verdicts(summary, api_rows)
+    assert chat.endswith("+0.60 ms over the forwarder's +1.40 ms (target <= 1 ms) MET")
+    assert responses.startswith("budgetproxy+episodes TTFT on responses: +3.00 ms over direct")
+    assert responses.endswith("MISSED")
+    assert messages == ("budgetproxy+episodes TTFT on messages: not measured "
+                        "(target <= 1 ms over the forwarder's)")
+    assert report.ttft_verdicts(summary, api_rows, "other") == []
+
+
+def test_a_row_with_errors_is_not_judged_on_its_ratio() -> None:
+    summary = {"forwarder": {"rps_vs_baseline_c32": 1.0},
+               "budgetproxy+redis": {"rps_vs_baseline_c32": 1.51, "errors_c32": 102682}}
+    assert ("budgetproxy+redis: 102682 errors at c=32, ratio 1.51x not judged "
+            "(target >= 0.8x forwarder) MISSED") in report.verdicts(summary)
+    rows = {"forwarder": {"wrk": {"c32": {"rps": 10.0, "errors": 0}}},
+            "row": {"wrk": {"c32": {"rps": 9.0, "errors": 3}}}}
+    assert report.summarize(rows, [32])["row"]["errors_c32"] == 3
+
+
+def test_a_verdict_whose_rounds_straddle_the_floor_says_so() -> None:
+    summary = {"forwarder": {"rps_vs_baseline_c32": 1.0},
+               "budgetproxy+episodes": {"rps_vs_baseline_c32": 0.92,
+                                        "rps_vs_baseline_c32_range": [0.75, 1.62],
+                                        "cpu_capacity_vs_baseline_c32": 0.71}}
+    line = next(v for v in report.verdicts(summary) if v.startswith("budgetproxy+episodes"))
+    assert line == ("budgetproxy+episodes: 0.92x forwarder req/s at c=32 (target >= 0.9x) MET "
+                    "(rounds 0.75x-1.62x: not settled); by CPU time per request 0.71x MISSED")

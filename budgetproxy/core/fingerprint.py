@@ -43,7 +43,7 @@ def _conversation_bytes(messages: list[Any]) -> bytes:
 class Fingerprint:
     """One conversation (a list of messages, as the client sent it), ready to be compared."""
 
-    __slots__ = ("_blob", "_states", "_digests")
+    __slots__ = ("_blob", "_states", "_digests", "_known")
 
     def __init__(self, messages: list[Any]) -> None:
         blob = _conversation_bytes(messages)
@@ -56,6 +56,9 @@ class Fingerprint:
             states.append(h.copy())
         self._states = states
         self._digests: dict[int, str] = {}
+        # Digests already compared: a turn asks about the previous turn's twice (the history
+        # its disclosure texts are re-applied on, and the messages its record leaves out).
+        self._known: dict[str | None, bool] = {}
 
     def digest(self) -> str:
         """The digest of the whole conversation, for later turns to compare with."""
@@ -66,10 +69,14 @@ class Fingerprint:
     def extends_each(self, digests: list[str | None]) -> list[bool]:
         """extends() for each of several digests (an episode's earlier placements), hashing
         the conversation once in order of length instead of up to a stride per digest."""
-        lengths = [self._boundary(d) for d in digests]
-        self._hash_prefixes([n for n in lengths if n is not None])
-        return [n is not None and self._digests[n] == d
-                for n, d in zip(lengths, digests, strict=True)]
+        known = self._known
+        new = [d for d in digests if d not in known]
+        if new:
+            lengths = [self._boundary(d) for d in new]
+            self._hash_prefixes([n for n in lengths if n is not None])
+            for n, d in zip(lengths, new, strict=True):
+                known[d] = n is not None and self._digests[n] == d
+        return [known[d] for d in digests]
 
     def _hash_prefixes(self, lengths: list[int]) -> None:
         """Put the digests of the conversation's first `lengths` bytes in `_digests`: the
@@ -98,4 +105,5 @@ class Fingerprint:
     def extends(self, digest: str | None) -> bool:
         """Whether this conversation starts with every message of the one `digest` was taken
         of, unchanged. An empty or unknown digest matches nothing."""
-        return self.extends_each([digest])[0]
+        known = self._known.get(digest)
+        return self.extends_each([digest])[0] if known is None else known
