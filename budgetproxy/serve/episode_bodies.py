@@ -68,7 +68,7 @@ def _loggable(most: int) -> Callable[[dict[str, Any]], dict[str, Any]]:
     return check
 
 
-def _whole(value: Any) -> Any:
+def whole(value: Any) -> Any:
     """12.0 is a whole number of turns, as JSON Schema's integer type says; 12.5, "12" and
     true are not (the strict check that follows refuses them)."""
     if type(value) is float and value.is_integer():
@@ -76,9 +76,11 @@ def _whole(value: Any) -> Any:
     return value
 
 
-Turns = Annotated[int, Field(ge=1, le=TURNS_MAX, strict=True), BeforeValidator(_whole)]
+Turns = Annotated[int, Field(ge=1, le=TURNS_MAX, strict=True), BeforeValidator(whole)]
 # A token budget: a whole positive count, within what headers and stores take.
 Tokens = Turns
+# A cost or a time: a positive finite JSON number (true and "1.5" are not numbers).
+Amount = Annotated[float, Field(gt=0, allow_inf_nan=False, strict=True)]
 _OBJECT = {"type": "object", "additionalProperties": {"$ref": "#/components/schemas/JsonValue"}}
 
 
@@ -99,11 +101,11 @@ class EpisodeCreate(BaseModel):
     tags: _json_object(TAGS_MAX_BYTES) = Field(default_factory=dict)  # type: ignore[valid-type]
     # budgets beside turns (core.axes, docs/budgets.md)
     token_budget: Tokens | None = None
-    cost_budget: float | None = Field(None, gt=0, allow_inf_nan=False)
-    time_budget_s: float | None = Field(None, gt=0, allow_inf_nan=False)
+    cost_budget: Amount | None = None
+    time_budget_s: Amount | None = None
     announced_tokens: Tokens | None = None
-    announced_cost: float | None = Field(None, gt=0, allow_inf_nan=False)
-    announced_time_s: float | None = Field(None, gt=0, allow_inf_nan=False)
+    announced_cost: Amount | None = None
+    announced_time_s: Amount | None = None
 
 
 class OutcomeBody(BaseModel):

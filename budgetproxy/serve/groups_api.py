@@ -3,12 +3,12 @@
 from __future__ import annotations
 
 import asyncio
-from typing import Any
+from typing import Annotated, Any, Literal
 
 import orjson
-from fastapi import Body, FastAPI, Request
+from fastapi import Body, FastAPI, Query, Request
 from fastapi.responses import Response
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, BeforeValidator, ConfigDict, Field
 
 from budgetproxy.config import Config
 from budgetproxy.core.episode import EpisodeState
@@ -17,6 +17,7 @@ from budgetproxy.core.rewards import advantages, final_reward
 from budgetproxy.core.tenants import local_id, tenant_for
 from budgetproxy.errors import ProxyError
 from budgetproxy.proxy.grouping import GROUP_SIZE_MAX, tenant_group
+from budgetproxy.serve.episode_bodies import whole
 from budgetproxy.store.base import EpisodeStore
 from budgetproxy.store.groups import GroupKey, GroupStore
 
@@ -28,7 +29,30 @@ class GroupCreate(BaseModel):
     model_config = ConfigDict(extra="forbid")
     task_id: str = Field(min_length=1, max_length=256, pattern=r"^[^\x00]*$")
     group: str = Field(min_length=1, max_length=256)
-    size: int = Field(ge=1, le=GROUP_SIZE_MAX, strict=True)
+    size: Annotated[int, Field(ge=1, le=GROUP_SIZE_MAX, strict=True), BeforeValidator(whole)]
+
+
+class GroupMember(BaseModel):
+    """One episode of a group, as the group view shows it (the schema its answers follow)."""
+    episode_id: str
+    budget: int | None
+    disclosure: str | None
+    status: Literal["active", "finished"]
+    end_reason: str | None
+    reward: float | None
+    advantage: float | None
+
+
+class GroupView(BaseModel):
+    task_id: str
+    group: str
+    size: int | None
+    done: bool
+    finished: int
+    episodes: list[GroupMember]
+
+
+_VIEW = {"model": GroupView}
 
 
 def _json(data: Any, status: int = 200) -> Response:
@@ -85,8 +109,10 @@ async def group_view(key: GroupKey, groups: GroupStore, store: EpisodeStore,
 
 def add_group_routes(app: FastAPI, config: Config, store: EpisodeStore,
                      groups: GroupStore) -> None:
-    # (not in the OpenAPI description yet: its error answers are not documented there)
-    @app.post("/v1/groups", status_code=201, include_in_schema=False)
+    @app.post("/v1/groups", status_code=201, responses={
+        201: {**_VIEW, "description": "The group is declared: its view"},
+        200: {**_VIEW, "description": "The group was already declared with this size (or its "
+                                      "episodes named it first): its view"}})
     async def create_group(request: Request,
                            body: GroupCreate = Body()) -> Response:  # noqa: B008
         key = tenant_group(request_tenant(request), body.task_id, body.group)
@@ -99,9 +125,12 @@ def add_group_routes(app: FastAPI, config: Config, store: EpisodeStore,
         view = await group_view(key, groups, store, config)
         return _json(view, 201 if before is None else 200)
 
-    @app.get("/v1/groups/{task_id}/{group}", include_in_schema=False)
+    @app.get("/v1/groups/{task_id}/{group}", responses={
+        200: {**_VIEW, "description": "The group's view; with `wait`, once it is done or "
+                                      "`timeout_s` has passed"}})
     async def get_group(request: Request, task_id: str, group: str, wait: bool = False,
-                        timeout_s: float = 30.0) -> Response:
+                        timeout_s: float = Query(30.0, json_schema_extra={  # noqa: B008
+                            "minimum": 0, "maximum": WAIT_MAX_S})) -> Response:
         if not 0 <= timeout_s <= WAIT_MAX_S:
             raise ProxyError(400, "invalid_request",
                              f"timeout_s must be between 0 and {WAIT_MAX_S:g}",

@@ -8,7 +8,15 @@ from typing import Any
 from fastapi import FastAPI
 from fastapi.openapi.utils import get_openapi
 
+from budgetproxy.core.spec import GROUP_MAX_CHARS, TASK_ID_MAX_CHARS
 from budgetproxy.serve.episode_bodies import EPISODE_ID_PATTERN, JSON_VALUE_SCHEMA
+
+# A path segment the proxy routes (core.paths): printable ASCII less "/" "\\" "%" ";", and
+# not "." or ".." (which the path resolves away): a character that is not a dot, or 3+ dots.
+_SEG = r"[\x20-\x24\x26-\x2e\x30-\x3a\x3c-\x5b\x5d-\x7e]"
+SEGMENT_PATTERN = (rf"^({_SEG}*[\x20-\x24\x26-\x2d\x30-\x3a\x3c-\x5b\x5d-\x7e]{_SEG}*"
+                   r"|\.{3,})$")
+_SEGMENT_MAX = {"task_id": TASK_ID_MAX_CHARS, "group": GROUP_MAX_CHARS}
 
 _ERROR = {
     "type": "object",
@@ -36,15 +44,36 @@ _WHEN = {
     502: "No upstream answered (`upstream_unreachable`)",
     503: "The episode store is unavailable (`store_unavailable`)",
 }
-# What each route of the episode API can answer besides its success.
+_GROUPS = "/v1/groups/{task_id}/{group}"
+_TRAJECTORY = "/v1/episodes/{episode_id}/trajectory"
+# What each route of the API can answer besides its success.
 _ERRORS: dict[tuple[str, str], tuple[int, ...]] = {
     ("post", "/v1/episodes"): (400, 401, 409, 413, 503),
     ("get", "/v1/episodes/{episode_id}"): (400, 401, 404, 503),
     ("post", "/v1/episodes/{episode_id}/outcome"): (400, 401, 404, 409, 413, 503),
     ("post", "/v1/episodes/{episode_id}/end"): (400, 401, 404, 503),
+    ("get", _TRAJECTORY): (400, 401, 404, 409, 503),
+    ("post", "/v1/groups"): (400, 401, 409, 413, 503),
+    ("get", _GROUPS): (400, 401, 404, 503),
     ("get", "/v1/models"): (401, 502),
 }
-
+# Where a route's error means something else than _WHEN says.
+_WHEN_HERE: dict[tuple[str, str, int], str] = {
+    ("get", _TRAJECTORY, 404): "No episode with this id in the caller's tenant "
+        "(`episode_not_found`), or its turns are not kept: it is past retention, or "
+        "`rollouts.keep_turns` is false (`trajectory_not_found`)",
+    ("get", _TRAJECTORY, 409): "The episode has not ended (`episode_active`)",
+    ("post", "/v1/groups", 400): "Malformed JSON, or a missing, wrong-typed or out-of-bounds "
+        "field (`invalid_request`)",
+    ("post", "/v1/groups", 409): "The group was declared with another size (`group_conflict`)",
+    ("post", "/v1/groups", 503): "The group store is unavailable (`store_unavailable`)",
+    ("get", _GROUPS, 400): "`wait` is not a boolean, `timeout_s` is not a number from 0 "
+        "to 600 (`invalid_request`), or the path holds what no path segment may "
+        "(`invalid_path`)",
+    ("get", _GROUPS, 404): "No group with this task id and name in the caller's tenant "
+        "(`group_not_found`)",
+    ("get", _GROUPS, 503): "The group or episode store is unavailable (`store_unavailable`)",
+}
 
 def describe(app: FastAPI) -> dict[str, Any]:
     """The app's OpenAPI document, with the proxy's error answers in place of FastAPI's
@@ -62,7 +91,7 @@ def describe(app: FastAPI) -> dict[str, Any]:
             responses.pop("422", None)
             for status in _ERRORS.get((method, path), ()):
                 responses[str(status)] = {
-                    "description": _WHEN[status],
+                    "description": _WHEN_HERE.get((method, path, status), _WHEN[status]),
                     "content": {"application/json": {
                         "schema": {"$ref": "#/components/schemas/Error"}}},
                 }
@@ -74,8 +103,13 @@ def describe(app: FastAPI) -> dict[str, Any]:
                 body["schema"] = ref
                 op["requestBody"]["required"] = False
             for param in op.get("parameters", ()):
-                if param.get("name") == "episode_id" and param.get("in") == "path":
+                if param.get("in") != "path":
+                    continue
+                if param["name"] == "episode_id":
                     param["schema"] = {"type": "string", "pattern": EPISODE_ID_PATTERN}
+                elif param["name"] in _SEGMENT_MAX:  # a group's names, as a path carries them
+                    param["schema"] = {"type": "string", "pattern": SEGMENT_PATTERN,
+                                       "maxLength": _SEGMENT_MAX[param["name"]]}
     return spec
 
 

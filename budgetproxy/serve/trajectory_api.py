@@ -28,8 +28,9 @@ def last_attempts(entries: list[dict[str, Any]]) -> list[dict[str, Any]]:
 
 def add_trajectory_route(app: FastAPI, config: Config, store: EpisodeStore,
                          turns: TurnLog | None) -> None:
-    # (not in the OpenAPI description yet: its error answers are not documented there)
-    @app.get("/v1/episodes/{episode_id}/trajectory", include_in_schema=False)
+    @app.get("/v1/episodes/{episode_id}/trajectory", responses={
+        200: {"description": "The ended episode's turns, one per turn (its last answered "
+                             "attempt), and its token sequence when the turns extend one another"}})
     async def trajectory(request: Request, episode_id: str) -> Response:
         named = episode_id
         episode_id = stored_id(request, episode_id)  # in the key's tenant namespace
