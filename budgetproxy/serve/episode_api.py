@@ -98,15 +98,25 @@ def _not_found(episode_id: str) -> ProxyError:
                       param="episode_id")
 
 
-def _episode_route_methods(path: str) -> str | None:
-    """The method the episode API route matching `path` (under /v1/) takes, or None."""
+_OWN_PREFIXES = ("episodes", "groups")  # the proxy's own APIs under /v1: never sent upstream
+
+
+def _own_route_methods(path: str) -> str | None:
+    """The method the proxy's own route matching `path` (under /v1/) takes, or None: the
+    episode API, the trajectory route and the group API."""
     parts = path.split("/")
+    if parts[0] == "groups":
+        if parts == ["groups"]:
+            return "POST"
+        return "GET" if len(parts) == 3 and all(parts[1:]) else None
     if parts == ["episodes"]:
         return "POST"
     if len(parts) == 2 and parts[1]:
         return "GET"
     if len(parts) == 3 and parts[1] and parts[2] in ("outcome", "end"):
         return "POST"
+    if len(parts) == 3 and parts[1] and parts[2] == "trajectory":
+        return "GET"
     return None
 
 
@@ -322,10 +332,10 @@ def build_api(
     @app.api_route("/v1/{path:path}", methods=["GET", "POST", "PUT", "PATCH", "DELETE"],
                    include_in_schema=False)
     async def passthrough(request: Request, path: str) -> Response:
-        if path == "episodes" or path.startswith("episodes/"):
-            # The episode API is the proxy's own: a wrong method or an unknown sub-route is
-            # answered here, never sent upstream.
-            allowed = _episode_route_methods(path)
+        if path.split("/", 1)[0] in _OWN_PREFIXES:
+            # The episode and group APIs are the proxy's own: a wrong method or an unknown
+            # sub-route is answered here, never sent upstream.
+            allowed = _own_route_methods(path)
             if allowed is None:
                 raise ProxyError(404, "not_found", f"No route /v1/{path}")
             raise ProxyError(405, "method_not_allowed",

@@ -250,13 +250,17 @@ def test_the_proxys_own_route_errors_are_openai_shaped(
      ("GET", "/episodes/e-1/v1/episodes/e-1/outcome", 405, "POST"),
      ("POST", "/v1/episodes/e-1/nothing", 404, None),
      # a trailing slash is dropped before routing (core.paths): the route itself answers
-     ("GET", "/v1/episodes/", 405, "POST"), ("POST", "/v1/episodes/e-1//x", 404, None)],
+     ("GET", "/v1/episodes/", 405, "POST"), ("POST", "/v1/episodes/e-1//x", 404, None),
+     # the trajectory route and the group API are the proxy's own too
+     ("POST", "/v1/episodes/e-1/trajectory", 405, "GET"), ("GET", "/v1/groups", 405, "POST"),
+     ("POST", "/v1/groups/t/g", 405, "GET"), ("GET", "/v1/groups/t", 404, None),
+     ("GET", "/v1/groups/./t", 404, None), ("DELETE", "/v1/groups/t/g/x", 404, None)],
 )
 def test_the_episode_api_is_never_sent_upstream(
     faulty: Proxy, upstream: FakeUpstream, method: str, path: str, status: int, allow: str | None
 ) -> None:
-    """/v1/episodes is the proxy's own: a wrong method or sub-route is its error, not a
-    pass-through call the upstream answers."""
+    """/v1/episodes and /v1/groups are the proxy's own: a wrong method or sub-route is its
+    error, not a pass-through call the upstream answers."""
     before = len(upstream.requests)
     with faulty.http() as http:
         r = http.request(method, path, json={} if method in ("POST", "PUT") else None)
