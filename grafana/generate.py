@@ -23,6 +23,8 @@ EPISODE = 'tier=~"$tier",disclosure=~"$arm"'
 # (Prometheus 2 keeps le="5.0" as exposed, Prometheus 3 normalises it to le="5").
 LE_T = 'le=~"(${turns:pipe})(\\\\.0)?"'
 LE_TOKENS = 'le=~"(${tokens:pipe})(\\\\.0)?"'
+LE_COST = 'le=~"(${cost:pipe})(\\\\.0)?"'
+LE_SECONDS = 'le=~"(${seconds:pipe})(\\\\.0)?"'
 
 Json = dict[str, Any]
 
@@ -788,6 +790,35 @@ def agent_budgets() -> Json:
         ),
         (
             bargauge(
+                "Success within B dollars (chosen B)",
+                "Live Pass@(1,B) along cost at the B values (USD) picked in the `cost` variable: "
+                "successes that spent at most B dollars (up to their report) over judged "
+                "episodes, per tier and arm, over the time range. Episodes without a cost "
+                "budget are not in the numerator; `analyze --axis cost` is exact.",
+                [target(success_within("$__range", LE_COST, "budgetproxy_episode_cost_usd"),
+                        "{{tier}} · {{disclosure}} · B≤{{le}} USD", instant=True)],
+                "percentunit",
+                max_=1,
+            ),
+            6,
+        ),
+        (
+            bargauge(
+                "Success within B seconds (chosen B)",
+                "Live Pass@(1,B) along wall-clock time at the B values picked in the `seconds` "
+                "variable: "
+                "successes within B seconds of their first call (up to their report) over judged "
+                "episodes, per tier and arm, over the time range. Episodes with no budget "
+                "beside turns are not in the numerator; `analyze --axis seconds` is exact.",
+                [target(success_within("$__range", LE_SECONDS, "budgetproxy_episode_seconds"),
+                        "{{tier}} · {{disclosure}} · B≤{{le}} s", instant=True)],
+                "percentunit",
+                max_=1,
+            ),
+            6,
+        ),
+        (
+            bargauge(
                 "Mean tokens per episode",
                 "Tokens (input + output, cached input included) per finished episode with a "
                 "budget beside turns, in the time range, by tier, arm and end reason.",
@@ -809,6 +840,7 @@ def agent_budgets() -> Json:
             6,
         ),
     ]
+    spend = [(panel, 24 // len(spend)) for panel, _ in spend]  # one row of equal panels
     panels = layout(
         (1, [(row("Overview"), 24)]),
         (4, stats),
@@ -860,6 +892,22 @@ def agent_budgets() -> Json:
             ["1000", "10000", "100000"],
             "Token budgets B for the success-within-B panel (bucket bounds of "
             "budgetproxy_episode_tokens).",
+        ),
+        custom_var(
+            "cost",
+            "B (USD)",
+            ["0.01", "0.025", "0.05", "0.1", "0.25", "0.5", "1.0", "2.5", "5.0", "10.0"],
+            ["0.1", "1.0"],
+            "Cost budgets B in USD for the success-within-B panel (bucket bounds of "
+            "budgetproxy_episode_cost_usd).",
+        ),
+        custom_var(
+            "seconds",
+            "B (seconds)",
+            ["10", "30", "60", "120", "300", "600", "1200", "1800", "3600", "7200"],
+            ["60", "600"],
+            "Time budgets B in seconds for the success-within-B panel (bucket bounds of "
+            "budgetproxy_episode_seconds).",
         ),
         custom_var(
             "window",

@@ -43,6 +43,8 @@ QUERIES = panel_queries()
 # Panels that may rightly be empty after this run, and why.
 MAY_BE_EMPTY = {
     "Store unavailable": "the in-memory store is never unavailable",
+    "Success within B dollars (chosen B)": "no episode of the load has a cost budget (checked "
+    "apart: test_success_within_b_dollars_counts_only_episodes_with_a_cost_budget)",
 }
 
 
@@ -383,6 +385,23 @@ def test_success_within_b_tokens(run: Run) -> None:
     want = {(t, a, le): success_within(t, a, 64) for t, a in ARMS
             for le in ("1000.0", "100000.0")}
     assert got == pytest.approx(want)
+
+
+def test_success_within_b_seconds(run: Run) -> None:
+    """Every episode of the load ends within seconds of its first call: within 60 s and
+    within 600 s is every success, as within every turn."""
+    got = run.by("Success within B seconds (chosen B)", "tier", "disclosure", "le",
+                 seconds="60|600")
+    want = {(t, a, le): success_within(t, a, 64) for t, a in ARMS for le in ("60.0", "600.0")}
+    assert got == pytest.approx(want)
+
+
+def test_success_within_b_dollars_counts_only_episodes_with_a_cost_budget(run: Run) -> None:
+    """The load gives no episode a cost budget, so the panel has no series rather than a
+    success rate of 0 (its numerator counts only episodes with a cost budget)."""
+    assert run.evaluate("Success within B dollars (chosen B)", cost="0.1|1.0") == []
+    assert "budgetproxy_episode_cost_usd_bucket" in run.panel(
+        "Success within B dollars (chosen B)").target["expr"]
 
 
 @pytest.mark.parametrize("title", ["Success within T (chosen T)", "Success within T over time"])
