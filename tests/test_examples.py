@@ -106,7 +106,8 @@ def test_grpo_loop_example(stack: Stack, tmp_path: Path) -> None:
     rows = [line for line in out.splitlines() if line.startswith("  ep-")]
     assert len(rows) == 3
     advantages = [float(line.split(" advantage ")[1].split()[0]) for line in rows]
-    assert abs(sum(advantages)) < 1e-3  # GRPO: rewards minus the group mean
+    # GRPO: rewards minus the group mean; each is printed to 3 decimals (±0.0005 apiece)
+    assert abs(sum(advantages)) <= 0.0005 * len(advantages) + 1e-9
     assert "episodes -> " in out and (tmp_path / "episodes.parquet").is_file()
     episodes = stack.episodes("grpo-loop", n=3)
     assert len({e["budget"] for e in episodes}) == 1  # one BudgetMix budget for the group
