@@ -115,6 +115,32 @@ class RedisCluster:
             return bool(replicas) and all(r["offset"] >= offset for r in replicas)
         self._wait(caught_up, timeout)
 
+    def replicated(self, master: int) -> bool:
+        """Whether `master` has a replica that is online and follows it (its link up)."""
+        info = self.node(master).info("replication")
+        for k, v in info.items():
+            if k.startswith("slave") and v.get("state") == "online":
+                mine = self.node(int(v["port"])).info("replication")
+                if mine.get("master_link_status") == "up" and int(mine["master_port"]) == master:
+                    return True
+        return False
+
+    def replicas_hold(self, master: int, key: str, want: dict[str, str],
+                      timeout: float = 10.0) -> None:
+        """Until every replica of `master` holds `want` in the hash `key`, read on the replica
+        itself (its replication offset alone can be read before the data is applied)."""
+        def held() -> bool:
+            info = self.node(master).info("replication")
+            ports = [int(v["port"]) for k, v in info.items() if k.startswith("slave")]
+            for port in ports:
+                replica = self.node(port)
+                replica.execute_command("READONLY")
+                got = replica.hmget(key, list(want))
+                if [g.decode() if isinstance(g, bytes) else g for g in got] != list(want.values()):
+                    return False
+            return bool(ports)
+        self._wait(held, timeout)
+
     def kill(self, port: int) -> None:
         self.procs[port].send_signal(signal.SIGKILL)
         self.procs[port].wait(10)

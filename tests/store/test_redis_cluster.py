@@ -103,10 +103,22 @@ def test_a_master_failover_is_survived_without_over_spending(
     prefix = f"c17f-{uuid.uuid4().hex[:6]}"
     p = proxy(_store_over(cluster, prefix), fresh=True)
     http = p.http()
-    eid = new_id("fail")
+    # an episode on a master whose replica follows it (what a failover needs to keep data)
+    for _ in range(50):
+        eid = new_id("fail")
+        key = f"{prefix}:ep:{{{eid}}}"
+        master = cluster.owner_of(key)
+        if cluster.replicated(master):
+            break
+        time.sleep(0.2)
+    else:
+        raise AssertionError("no master of the cluster has a replica following it")
     assert [_turn(http, eid, 4) for _ in range(2)] == [200, 200]
-    master = cluster.owner_of(f"{prefix}:ep:{{{eid}}}")
-    cluster.synced(master)  # (writes not yet replicated at a failover are Redis's to lose)
+    # Writes not yet replicated at a failover are Redis's to lose (replication is asynchronous),
+    # not the proxy's: wait until the replica itself holds the episode as the master has it.
+    # (a new cluster's replicas may still be in their first full sync: allow for it)
+    cluster.replicas_hold(master, key, {"turns_used": "2", "inflight": "0", "budget": "4"},
+                          timeout=45)
     cluster.kill(master)
     # until a replica takes over: the store is unavailable, answered 503, never a 500
     seen: set[int] = set()
