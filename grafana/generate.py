@@ -761,6 +761,17 @@ def agent_budgets() -> Json:
         return (f"sum by ({per_outcome}) ({count_in(sel % 'sum', '$__range')})\n/\n"
                 f"(sum by ({per_outcome}) ({count_in(sel % 'count', '$__range')}) > 0)")
 
+    def within_b(unit: str, le: str, metric: str, suffix: str, text: str) -> tuple[Json, int]:
+        """A live success-within-B panel along one budget axis (one spend histogram)."""
+        return (
+            bargauge(f"Success within B {unit} (chosen B)", text,
+                     [target(success_within("$__range", le, metric),
+                             f"{{{{tier}}}} · {{{{disclosure}}}} · B≤{{{{le}}}}{suffix}",
+                             instant=True)],
+                     "percentunit", max_=1),
+            6,
+        )
+
     exhausted_sel = f"budgetproxy_episodes_exhausted_total{{{EPISODE}}}"
     spend = [
         (
@@ -774,49 +785,22 @@ def agent_budgets() -> Json:
             ),
             6,
         ),
-        (
-            bargauge(
-                "Success within B tokens (chosen B)",
-                "Live Pass@(1,B) along tokens at the B values picked in the `tokens` variable: "
-                "successes that spent at most B tokens (up to their report) over judged "
-                "episodes, per tier and arm, over the time range. Episodes with no budget "
-                "beside turns are not in the numerator; `analyze --axis tokens` is exact.",
-                [target(success_within("$__range", LE_TOKENS, "budgetproxy_episode_tokens"),
-                        "{{tier}} · {{disclosure}} · B≤{{le}}", instant=True)],
-                "percentunit",
-                max_=1,
-            ),
-            6,
-        ),
-        (
-            bargauge(
-                "Success within B dollars (chosen B)",
-                "Live Pass@(1,B) along cost at the B values (USD) picked in the `cost` variable: "
-                "successes that spent at most B dollars (up to their report) over judged "
-                "episodes, per tier and arm, over the time range. Episodes without a cost "
-                "budget are not in the numerator; `analyze --axis cost` is exact.",
-                [target(success_within("$__range", LE_COST, "budgetproxy_episode_cost_usd"),
-                        "{{tier}} · {{disclosure}} · B≤{{le}} USD", instant=True)],
-                "percentunit",
-                max_=1,
-            ),
-            6,
-        ),
-        (
-            bargauge(
-                "Success within B seconds (chosen B)",
-                "Live Pass@(1,B) along wall-clock time at the B values picked in the `seconds` "
-                "variable: "
-                "successes within B seconds of their first call (up to their report) over judged "
-                "episodes, per tier and arm, over the time range. Episodes with no budget "
-                "beside turns are not in the numerator; `analyze --axis seconds` is exact.",
-                [target(success_within("$__range", LE_SECONDS, "budgetproxy_episode_seconds"),
-                        "{{tier}} · {{disclosure}} · B≤{{le}} s", instant=True)],
-                "percentunit",
-                max_=1,
-            ),
-            6,
-        ),
+        within_b("tokens", LE_TOKENS, "budgetproxy_episode_tokens", "",
+                 "Live Pass@(1,B) along tokens at the B values picked in the `tokens` variable: "
+                 "successes that spent at most B tokens (up to their report) over judged "
+                 "episodes, per tier and arm, over the time range. Episodes with no budget "
+                 "beside turns are not in the numerator; `analyze --axis tokens` is exact."),
+        within_b("dollars", LE_COST, "budgetproxy_episode_cost_usd", " USD",
+                 "Live Pass@(1,B) along cost at the B values (USD) picked in the `cost` variable: "
+                 "successes that spent at most B dollars (up to their report) over judged "
+                 "episodes, per tier and arm, over the time range. Episodes without a cost "
+                 "budget are not in the numerator; `analyze --axis cost` is exact."),
+        within_b("seconds", LE_SECONDS, "budgetproxy_episode_seconds", " s",
+                 "Live Pass@(1,B) along wall-clock time at the B values picked in the `seconds` "
+                 "variable: "
+                 "successes within B seconds of their first call (up to their report) over judged "
+                 "episodes, per tier and arm, over the time range. Episodes with no budget "
+                 "beside turns are not in the numerator; `analyze --axis seconds` is exact."),
         (
             bargauge(
                 "Mean tokens per episode",
