@@ -18,3 +18,21 @@ def episode_record(eid: str, **fields: Any) -> dict[str, Any]:
     }  # fmt: skip
     record.update(fields)
     return record
+
+
+class BytesEntry:
+    """A turn log entry (store/turn_log.py's Entry) that is its bytes, with a small form."""
+
+    def __init__(self, data: bytes, small: bytes) -> None:
+        self.data, self._small, self.encoded = data, small, 0
+
+    @property
+    def size(self) -> int:
+        return len(self.data)
+
+    def encode(self) -> bytes:
+        self.encoded += 1
+        return self.data
+
+    def small(self) -> bytes:
+        return self._small

@@ -46,7 +46,7 @@ class ModelCall:
         "upstream", "t_upstream", "started", "sent_body", "status", "disclosure_text",
         "result", "http_status", "ttft", "error_class", "conversation", "data", "events",
         "settled", "span", "prints", "previous_response", "exact", "ended", "probe", "query",
-        "payload", "timed_out", "cumulative", "capture", "tokens", "sent",
+        "payload", "timed_out", "cumulative", "capture", "tokens", "sent", "upstream_body",
     )
 
     def __init__(self, route: str, dialect: Dialect) -> None:
@@ -87,6 +87,9 @@ class ModelCall:
         self.capture: Capture | None = None  # token capture asked of the upstream
         self.tokens: Tokens | None = None  # what it sampled, read back
         self.sent: list[Any] | None = None  # the conversation as the upstream got it
+        # The request body the upstream got: `sent` is the dialect's conversation of it read
+        # back (the turn log keeps it instead of writing `sent` again, proxy/grouping.py).
+        self.upstream_body: bytes | None = None
 
     def refuse(self, http_status: int) -> None:
         """The proxy answers this forwarded call itself, with `http_status`: its turn is
@@ -96,6 +99,14 @@ class ModelCall:
         self.http_status = http_status
 
 
+def turn_numbers(call: ModelCall, st: EpisodeState) -> tuple[int, int]:
+    """The call's turn and attempt; a call refused is the turn it would have been."""
+    grant = call.grant
+    if grant is not None and grant.kind is GrantKind.FORWARD:
+        return grant.turn, grant.attempt
+    return st.turns_used + 1, 1 if grant is None else grant.attempt
+
+
 def turn_record(
     call: ModelCall, st: EpisodeState, conversation: list[Any] | None,
     reply: dict[str, Any] | None, charged: bool, remaining: int | None,
@@ -103,30 +114,32 @@ def turn_record(
     """The call's turn record (CONTRACT "Trajectory log"), with `charged` and `remaining` as
     its turn settled."""
     grant = call.grant
-    forwarded = grant is not None and grant.kind is GrantKind.FORWARD
-    seen, digest = (
-        (grant.messages_seen, grant.messages_digest) if grant is not None and forwarded
-        else (st.messages_seen, st.messages_digest)
-    )
+    if grant is not None and grant.kind is GrantKind.FORWARD:
+        seen, digest, turn = grant.messages_seen, grant.messages_digest, grant.turn
+    else:
+        seen, digest, turn = st.messages_seen, st.messages_digest, st.turns_used + 1
+    attempt = 1 if grant is None else grant.attempt
     msgs = conversation or []
     # Only what is new since the previous turn, while the conversation grows append-only;
     # one rewritten or shrunk is logged whole, from 0. So is the input of a call that
     # continues a stored response: the client sends only what is new, all of it. And so is
     # a retry (a later attempt of a turn), which would otherwise log nothing new: each
     # record reads on its own.
-    if seen and (call.previous_response is not None or call.prints is None
-                 or seen > len(msgs) or (grant is not None and grant.attempt > 1)
-                 or not call.prints.extends(digest)):
+    prints = call.prints
+    if seen and (attempt > 1 or prints is None or call.previous_response is not None
+                 or seen > len(msgs) or not prints.extends(digest)):
         seen = 0
-    turn = grant.turn if grant is not None and grant.kind is GrantKind.FORWARD else (
-        st.turns_used + 1)
-    reply = reply or {}
+    if reply is None:
+        response = finish_reason = usage = None
+    else:
+        response, finish_reason, usage = (
+            reply.get("message"), reply.get("finish_reason"), reply.get("usage"))
     record: dict[str, Any] = {
         "schema": SCHEMA_VERSION,
         "type": "turn",
         "episode_id": call.episode_id,
         "turn": turn,
-        "attempt": grant.attempt if grant is not None else 1,
+        "attempt": attempt,
         "ts": rfc3339(time.time()),
         "latency_s": round(time.perf_counter() - call.t0, 6),
         "model": call.model,
@@ -135,9 +148,9 @@ def turn_record(
         "status": call.status,
         "http_status": call.http_status,
         **call.dialect.log_fields(msgs, seen),
-        "response": reply.get("message"),
-        "finish_reason": reply.get("finish_reason"),
-        "usage": reply.get("usage"),
+        "response": response,
+        "finish_reason": finish_reason,
+        "usage": usage,
         "budget": st.budget,
         "remaining": remaining,
         "cumulative": call.cumulative or {

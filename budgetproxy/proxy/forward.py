@@ -54,7 +54,7 @@ from budgetproxy.proxy.calls import (
 from budgetproxy.proxy.dialects import DIALECTS, Reply
 from budgetproxy.proxy.dialects.base import lone_text
 from budgetproxy.proxy.episode_keys import EpisodeKeys
-from budgetproxy.proxy.grouping import group_key, group_size
+from budgetproxy.proxy.grouping import RolloutRecorder, group_key, group_size
 from budgetproxy.proxy.refusal import refusal_status
 from budgetproxy.proxy.upstream import UpstreamPool
 from budgetproxy.proxy.upstream_call import UpstreamCall
@@ -473,6 +473,7 @@ class ModelCalls:
         try:
             if not body:
                 body = self._encode(call, payload)
+            call.upstream_body = body
             grant = call.grant
             if grant is not None and grant.hold is not None and grant.hold.deadline:
                 sent = body
@@ -615,8 +616,11 @@ class ModelCalls:
         *, charged: bool,
     ) -> None:
         st = call.state
-        if st is None or call.episode_id is None or not self.recorder.keeps_turns:
+        rec = self.recorder
+        if st is None or call.episode_id is None or not rec.keeps_turns:
             return
-        charged, remaining = self._settled(call, charged)
-        await self.recorder.turn(turn_record(call, st, conversation, reply, charged, remaining),
-                                 call.sent)
+        if rec.writes_turns:  # the trajectory log's record
+            charged, remaining = self._settled(call, charged)
+            await rec.turn(turn_record(call, st, conversation, reply, charged, remaining))
+        if call.status == "ok" and isinstance(rec, RolloutRecorder):  # the trajectory API's
+            await rec.keep(call, st, reply)

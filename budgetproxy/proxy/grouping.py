@@ -4,7 +4,7 @@
 from __future__ import annotations
 
 import logging
-from collections.abc import MutableMapping
+from collections.abc import Callable, MutableMapping
 from typing import Any
 
 import orjson
@@ -12,9 +12,10 @@ import orjson
 from budgetproxy.core.episode import EpisodeState
 from budgetproxy.core.tenants import tenant_of
 from budgetproxy.errors import invalid_request
+from budgetproxy.proxy.calls import ModelCall, turn_numbers
 from budgetproxy.store.base import StoreUnavailable
 from budgetproxy.store.groups import GroupKey, GroupStore
-from budgetproxy.store.turn_log import TurnLog
+from budgetproxy.store.turn_log import MemoryTurnLog, TurnLog
 from budgetproxy.telemetry.metrics import Metrics
 from budgetproxy.trajectories.recorder import Recorder, strip_text
 from budgetproxy.trajectories.sink import TrajectorySink
@@ -50,19 +51,83 @@ def group_size(headers: dict[bytes, bytes]) -> int | None:
     return int(digits)
 
 
-TURN_FIELDS = ("turn", "attempt", "response", "finish_reason", "usage")
-TOKEN_FIELDS = ("prompt_token_ids", "completion_token_ids", "logprobs")
+class KeptTurn:
+    """A turn as GET /v1/episodes/{id}/trajectory gives it (store/turn_log.py): `{turn,
+    attempt, response, finish_reason, usage, messages, disclosure_text}` and, when tokens were
+    captured, `prompt_token_ids, completion_token_ids, logprobs`; `messages` is the
+    conversation as the upstream got it.
 
+    Kept as bytes: the fields around the messages as JSON (`head`, `tail`), and either the
+    whole entry's JSON (`data`) or the request body the upstream got (`body`), which `read`
+    (its dialect's conversation) turns back into the messages when the entry is read. So the
+    memory log writes no messages per turn, and what it keeps is the body already sent."""
 
-def turn_entry(record: dict[str, Any], sent: list[Any] | None) -> dict[str, Any]:
-    """A turn as GET /v1/episodes/{id}/trajectory gives it: the messages the model got."""
-    entry = {k: record.get(k) for k in TURN_FIELDS}
-    entry["messages"] = sent
-    entry["disclosure_text"] = (record.get("disclosure") or {}).get("text")
-    for k in TOKEN_FIELDS:
-        if k in record:
-            entry[k] = record[k]
-    return entry
+    __slots__ = ("head", "tail", "data", "body", "read", "full")
+
+    def __init__(self, head: bytes, tail: bytes, *, data: bytes | None = None,
+                 body: bytes | None = None,
+                 read: Callable[[dict[str, Any]], list[Any]] | None = None,
+                 full: bool = True) -> None:
+        self.head = head  # {"turn":..,"attempt":..,"response":..,"finish_reason":..,"usage":..}
+        self.tail = tail  # {"disclosure_text":..[,"prompt_token_ids":..,...]}
+        self.data = data
+        self.body = body
+        self.read = read
+        self.full = full  # content: full (else texts are left out of the messages)
+
+    @property
+    def size(self) -> int:
+        if self.data is not None:
+            return len(self.data)
+        return len(self.head) + len(self.tail) + (0 if self.body is None else len(self.body))
+
+    def encode(self) -> bytes:
+        if self.data is not None:
+            return self.data
+        messages = None
+        if self.body is not None and self.read is not None:
+            messages = self.read(orjson.loads(self.body))
+        return self.written(messages)
+
+    def written(self, messages: list[Any] | None) -> bytes:
+        """The entry's JSON with these messages (texts left out unless `full`)."""
+        if messages is not None and not self.full:
+            messages = strip_text(messages)
+        try:
+            text = orjson.dumps(messages)
+        except (TypeError, ValueError):  # nesting past orjson's depth: kept without messages
+            return self.small()
+        return b'%b,"messages":%b,%b' % (self.head[:-1], text, self.tail[1:])
+
+    def small(self) -> bytes:
+        return b'%b,"messages":null,%b,"truncated":true}' % (self.head[:-1], self.tail[1:-1])
+
+    @classmethod
+    def of(cls, call: ModelCall, st: EpisodeState, reply: dict[str, Any] | None, *,
+           full: bool, lazy: bool) -> KeptTurn:
+        """An answered call's turn. `lazy`: its messages are read back from the body it was
+        sent when they are asked for (when that body reads as the conversation it carried);
+        otherwise they are written now."""
+        turn, attempt = turn_numbers(call, st)
+        response = finish_reason = usage = None
+        if reply is not None:
+            response, finish_reason, usage = (
+                reply.get("message"), reply.get("finish_reason"), reply.get("usage"))
+        text = call.disclosure_text
+        if not full:
+            response, text = strip_text(response), strip_text(text)
+        head = orjson.dumps({"turn": turn, "attempt": attempt, "response": response,
+                             "finish_reason": finish_reason, "usage": usage})
+        tail = orjson.dumps({"disclosure_text": text} if call.tokens is None else
+                            {"disclosure_text": text, **call.tokens.fields()})
+        body = call.upstream_body
+        # A body with integers orjson reads as floats (call.exact) is not read back: those
+        # messages are written from the objects sent, as they always were.
+        if lazy and body is not None and call.sent is not None and not call.exact:
+            return cls(head, tail, body=body, read=call.dialect.conversation, full=full)
+        kept = cls(head, tail, full=full)
+        kept.data = kept.written(call.sent)
+        return kept
 
 
 def with_rollout_group(scope: MutableMapping[str, Any], rollout_id: str) -> dict[str, Any]:
@@ -87,29 +152,29 @@ class RolloutRecorder(Recorder):
         super().__init__(sink, metrics, content_full)
         self.groups = groups
         self.turns = turns
+        # The memory log keeps entries as they are (bytes they share with the call): their
+        # messages are read back from the body sent when the trajectory is asked for.
+        self.lazy = isinstance(turns, MemoryTurnLog)
         if turns is not None:
             self.keeps_turns = True
 
-    async def turn(self, record: dict[str, Any], sent: list[Any] | None = None) -> None:
-        await super().turn(record, sent)
-        if self.turns is None or record.get("type") != "turn" or record.get("status") != "ok":
-            return  # (a probe call's record is no episode's turn)
-        if sent is not None and not self.content_full:
-            sent = strip_text(sent)
-        entry = turn_entry(record, sent)
-
-        def small() -> bytes:  # past the episode's byte bound: the turn without its messages
-            return orjson.dumps({**turn_entry(record, None), "truncated": True})
-
+    async def keep(self, call: ModelCall, st: EpisodeState,
+                   reply: dict[str, Any] | None) -> None:
+        """Keep an answered turn for its episode's trajectory (with a turn log)."""
+        eid = call.episode_id
+        if self.turns is None or eid is None:
+            return
         try:
-            data = orjson.dumps(entry)
-        except (TypeError, ValueError):  # nesting past orjson's depth: kept without messages
-            data = small()
+            kept = KeptTurn.of(call, st, reply, full=self.content_full, lazy=self.lazy)
+        except (TypeError, ValueError):  # a reply orjson cannot write (nested too deep)
+            log.warning("turn of %s not kept for its trajectory: its reply cannot be "
+                        "written as JSON", eid)
+            return
         try:
-            await self.turns.append(str(record["episode_id"]), data, small)
+            await self.turns.append(eid, kept)
         except StoreUnavailable:
             log.warning("store unavailable: turn %s of %s not kept for its trajectory",
-                        record.get("turn"), record.get("episode_id"))
+                        turn_numbers(call, st)[0], eid)
 
     async def episode_started(self, st: EpisodeState) -> None:
         await super().episode_started(st)

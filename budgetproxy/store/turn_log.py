@@ -1,17 +1,19 @@
 """Each episode's turns as the model saw them, kept for GET /v1/episodes/{id}/trajectory.
 
-Entries are JSON bytes, one per answered turn. Bounded: at most `max_turns` entries and
+An entry is one answered turn, read as JSON bytes. Bounded: at most `max_turns` entries and
 `max_episode_bytes` per episode (later turns are kept without their messages, marked
 `truncated`), `retention_s` after an episode's last turn, and in memory at most `max_bytes`
-in all (the episodes written least recently are dropped first). Redis keeps
-``{prefix}:turns:{<id>}``, a list expiring `retention_s` after its last write.
+in all (the episodes written least recently are dropped first). In memory an entry is kept
+as the bytes it is made of (proxy/grouping.py: the request body the upstream got, and the
+turn's other fields) and written out when it is read; its size is theirs. Redis keeps
+``{prefix}:turns:{<id>}``, a list of the entries' JSON expiring `retention_s` after its last
+write.
 """
 
 from __future__ import annotations
 
 import time
 from collections import OrderedDict
-from collections.abc import Callable
 from typing import Any, Protocol
 
 from budgetproxy.store.base import StoreUnavailable
@@ -21,10 +23,26 @@ MAX_EPISODE_BYTES = 16 * 1024 * 1024
 MAX_BYTES = 256 * 1024 * 1024
 
 
+class Entry(Protocol):
+    """One turn to keep: its JSON, made when it is asked for."""
+
+    @property
+    def size(self) -> int:
+        """The bytes it keeps while in memory (what the byte bounds count)."""
+        ...
+
+    def encode(self) -> bytes:
+        """The turn's JSON (its small form when its messages cannot be written)."""
+        ...
+
+    def small(self) -> bytes:
+        """The turn's JSON without its messages, marked truncated."""
+        ...
+
+
 class TurnLog(Protocol):
-    async def append(self, episode_id: str, entry: bytes, small: Callable[[], bytes]) -> None:
-        """Keep `entry`, or `small()` (the entry without its messages) when the episode is
-        past its byte bound."""
+    async def append(self, episode_id: str, entry: Entry) -> None:
+        """Keep `entry`, or its small form when the episode is past its byte bound."""
         ...
 
     async def read(self, episode_id: str) -> list[bytes] | None: ...
@@ -36,7 +54,7 @@ class _Kept:
     __slots__ = ("entries", "size", "at")
 
     def __init__(self) -> None:
-        self.entries: list[bytes] = []
+        self.entries: list[Entry | bytes] = []  # bytes: a small form
         self.size = 0
         self.at = 0.0
 
@@ -44,38 +62,59 @@ class _Kept:
 class MemoryTurnLog:
     def __init__(self, retention_s: float, max_bytes: int = MAX_BYTES,
                  max_episode_bytes: int = MAX_EPISODE_BYTES, max_turns: int = MAX_TURNS) -> None:
-        self._eps: OrderedDict[str, _Kept] = OrderedDict()
+        self._eps: OrderedDict[str, _Kept] = OrderedDict()  # least recently written first
         self._retention = retention_s
         self._max_bytes = max_bytes
         self._max_episode = max_episode_bytes
         self._max_turns = max_turns
         self._total = 0
+        # When the least recently written episode is past retention at the earliest: no
+        # sweep before then (its `at` only grows, and any other is later).
+        self._expires = float("inf")
 
-    async def append(self, episode_id: str, entry: bytes, small: Callable[[], bytes]) -> None:
+    async def append(self, episode_id: str, entry: Entry) -> None:
         now = time.monotonic()
-        kept = self._eps.pop(episode_id, None) or _Kept()
-        self._eps[episode_id] = kept  # now the most recently written
+        eps = self._eps
+        kept = eps.get(episode_id)
+        if kept is None:
+            kept = eps[episode_id] = _Kept()
+            if len(eps) == 1:
+                self._expires = now + self._retention
+        else:
+            eps.move_to_end(episode_id)  # now the most recently written
         if len(kept.entries) < self._max_turns:
-            data = entry if kept.size + len(entry) <= self._max_episode else small()
-            kept.entries.append(data)
-            kept.size += len(data)
-            self._total += len(data)
+            size = entry.size
+            if kept.size + size <= self._max_episode:
+                kept.entries.append(entry)
+            else:
+                small = entry.small()
+                size = len(small)
+                kept.entries.append(small)
+            kept.size += size
+            self._total += size
         kept.at = now
+        if self._total > self._max_bytes or now >= self._expires:
+            self._evict(episode_id, now)
+
+    def _evict(self, episode_id: str, now: float) -> None:
         eps = self._eps
         while eps:
             eid, oldest = next(iter(eps.items()))
-            if self._total <= self._max_bytes and now - oldest.at < self._retention:
-                break
-            if eid == episode_id and len(eps) == 1 and now - oldest.at < self._retention:
-                break
+            fresh = now - oldest.at < self._retention
+            if fresh and (self._total <= self._max_bytes
+                          or (eid == episode_id and len(eps) == 1)):
+                self._expires = oldest.at + self._retention
+                return
             eps.popitem(last=False)
             self._total -= oldest.size
+        self._expires = float("inf")
 
     async def read(self, episode_id: str) -> list[bytes] | None:
         kept = self._eps.get(episode_id)
         if kept is None or time.monotonic() - kept.at >= self._retention:
             return None
-        return list(kept.entries)
+        return [e if isinstance(e, bytes) else e.encode()
+                for e in kept.entries]
 
     async def close(self) -> None:
         return None
@@ -105,8 +144,9 @@ class RedisTurnLog:
         base = f"{self._prefix}:turns:{{{episode_id}}}"
         return base, base + ":bytes"
 
-    async def append(self, episode_id: str, entry: bytes, small: Callable[[], bytes]) -> None:
+    async def append(self, episode_id: str, turn: Entry) -> None:
         key, size_key = self._key(episode_id)
+        entry, small = turn.encode(), turn.small
         # One round trip as a rule: the entry goes in, and is swapped for its small form only
         # when the episode's bytes turn out to be past the bound.
         pipe = self._redis.pipeline(transaction=True)

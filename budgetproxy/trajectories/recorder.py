@@ -40,7 +40,9 @@ class Recorder:
         self.metrics = metrics
         self.content_full = content_full
         # With trajectories off, a turn's record is not even built (~13 us a call).
-        self.keeps_turns = not isinstance(sink, NullSink)
+        self.writes_turns = not isinstance(sink, NullSink)
+        # Whether anything is kept of a turn (a subclass may keep turns without the log).
+        self.keeps_turns = self.writes_turns
 
     def labels(self, st: EpisodeState) -> tuple[str, str]:
         return tier_label(st.budget, st.max_turns), st.disclosure
@@ -107,9 +109,8 @@ class Recorder:
         """A probe call's record (never an episode's turn), texts left out as turns' are."""
         await self.turn(record)
 
-    async def turn(self, record: dict[str, Any], sent: list[Any] | None = None) -> None:
-        """Log a turn's record; `sent` is the conversation as the upstream got it (a
-        subclass keeps it, proxy/grouping.py)."""
+    async def turn(self, record: dict[str, Any]) -> None:
+        """Log a turn's record."""
         if not self.content_full:
             for key in ("request_messages", "response"):
                 if record.get(key) is not None:

@@ -89,7 +89,20 @@ def _whole_second(sec: int) -> str:
     return datetime.fromtimestamp(sec, UTC).strftime("%Y-%m-%dT%H:%M:%S")
 
 
+# The last millisecond written and its text: turns end several to a millisecond under load,
+# and each is stamped with the time it ended. One tuple, swapped whole: threads read a pair.
+_last_ms: tuple[int, str] = (-1, "")
+
+
 def rfc3339(ts: float) -> str:
-    """RFC 3339 UTC timestamp with millisecond precision, e.g. 2026-11-30T10:04:15.123Z."""
-    sec, us = divmod(round(ts * 1_000_000), 1_000_000)
-    return f"{_whole_second(sec)}.{us // 1000:03d}Z"
+    """RFC 3339 UTC timestamp with millisecond precision, e.g. 2026-11-30T10:04:15.123Z
+    (rounded to the microsecond, then cut to the millisecond)."""
+    global _last_ms
+    ms = round(ts * 1_000_000) // 1000
+    last, text = _last_ms
+    if ms == last:
+        return text
+    sec, frac = divmod(ms, 1000)
+    text = f"{_whole_second(sec)}.{frac:03d}Z"
+    _last_ms = (ms, text)
+    return text

@@ -11,6 +11,7 @@ from typing import Any
 
 import httpx
 import pytest
+from records_support import BytesEntry
 from redis_support import (
     REDIS_URL,
     ProxyProcess,
@@ -115,8 +116,8 @@ async def test_redis_turn_log_bounds() -> None:
     log = RedisTurnLog(REDIS_URL, prefix, retention_s=60, max_episode_bytes=100, max_turns=3)
     try:
         for i in range(5):
-            await log.append("ep", b'{"turn":%d,"messages":"%s"}' % (i, b"x" * 40),
-                             lambda i=i: b'{"turn":%d,"truncated":true}' % i)
+            await log.append("ep", BytesEntry(b'{"turn":%d,"messages":"%s"}' % (i, b"x" * 40),
+                                              b'{"turn":%d,"truncated":true}' % i))
         got = await log.read("ep")
         assert got == [b'{"turn":0,"messages":"' + b"x" * 40 + b'"}',
                        b'{"turn":1,"truncated":true}', b'{"turn":2,"truncated":true}']
