@@ -99,6 +99,12 @@ class ModelCall:
         self.http_status = http_status
 
 
+def micros(seconds: float) -> float:
+    """Seconds to the microsecond: what round(seconds, 6) gives (but on a tie the float
+    product rounds), at a fraction of its cost (no decimal conversion)."""
+    return round(seconds * 1_000_000) / 1_000_000
+
+
 def turn_numbers(call: ModelCall, st: EpisodeState) -> tuple[int, int]:
     """The call's turn and attempt; a call refused is the turn it would have been."""
     grant = call.grant
@@ -141,7 +147,7 @@ def turn_record(
         "turn": turn,
         "attempt": attempt,
         "ts": rfc3339(time.time()),
-        "latency_s": round(time.perf_counter() - call.t0, 6),
+        "latency_s": round((time.perf_counter() - call.t0) * 1_000_000) / 1_000_000,  # micros
         "model": call.model,
         "route": call.route,
         "stream": call.stream,
@@ -175,7 +181,7 @@ def probe_record(call: ModelCall, reply: dict[str, Any]) -> dict[str, Any]:
         "type": "probe",
         "probe_id": call.probe,
         "ts": rfc3339(time.time()),
-        "latency_s": round(time.perf_counter() - call.t0, 6),
+        "latency_s": micros(time.perf_counter() - call.t0),
         "model": call.model,
         "route": call.route,
         "stream": call.stream,

@@ -1,16 +1,18 @@
 """Trajectory sink: JSONL records written off the request path by one writer task.
 
 Back-pressure: the queue is bounded; when it is full, `put` waits, so calls slow down instead of
-records being dropped. The writer lets records gather for a few milliseconds, then writes and
-flushes the batch to the OS (small batches inline, large ones and rotations from a thread); a
-SIGKILL loses only what was still queued, never a written line. SIGTERM drains the queue before
-the process exits.
+records being dropped. The writer lets records gather for a few milliseconds, takes them all at
+once, encodes them in one pass and writes and flushes the batch to the OS (small batches inline,
+large ones and rotations from a thread); a SIGKILL loses only what was still queued, never a
+written line. SIGTERM drains the queue before the process exits.
 """
 
 from __future__ import annotations
 
 import asyncio
+import collections
 import contextlib
+import functools
 import gzip
 import json
 import logging
@@ -23,6 +25,8 @@ from typing import Any, Protocol
 import orjson
 
 _INLINE_MAX_RECORDS = 256
+_BATCH_MAX = 4096  # records encoded in one go on the event loop, at most
+_line = functools.partial(orjson.dumps, option=orjson.OPT_APPEND_NEWLINE)
 
 log = logging.getLogger("budgetproxy.trajectories.sink")
 
@@ -117,7 +121,13 @@ class JsonlSink:
         self._dir = Path(directory)
         self._max_bytes = max_file_bytes
         self._gzip = gzip_rotated
-        self._queue: asyncio.Queue[dict[str, Any] | None] = asyncio.Queue(maxsize=queue_size)
+        # The queue: records wait in a list the writer takes whole, so a call's `put` is an
+        # append, and a batch costs no step per record before it is encoded.
+        self._records: list[dict[str, Any]] = []
+        self._max_queued = queue_size
+        self._wake: asyncio.Future[None] | None = None  # the writer, waiting for a record
+        self._space: collections.deque[asyncio.Future[None]] = collections.deque()  # callers
+        self._closing = False
         self._task: asyncio.Task[None] | None = None
         self._file: Any = None
         self._path: Path | None = None
@@ -150,13 +160,48 @@ class JsonlSink:
             old.unlink()
 
     def depth(self) -> int:
-        return self._queue.qsize()
+        return len(self._records)
 
     async def put(self, record: dict[str, Any]) -> None:
-        await self._queue.put(record)
+        if len(self._records) >= self._max_queued or self._space:  # full, or others first
+            await self._wait_for_space()
+        self._records.append(record)  # (the list the writer takes next)
+        wake = self._wake
+        if wake is not None:
+            self._wake = None
+            if not wake.done():
+                wake.set_result(None)
 
-    def _write_batch(self, lines: list[bytes]) -> None:
-        data = b"".join(lines)
+    async def _wait_for_space(self) -> None:
+        loop = asyncio.get_running_loop()
+        while True:
+            waiter: asyncio.Future[None] = loop.create_future()
+            self._space.append(waiter)
+            try:
+                await waiter
+            finally:
+                # A caller that gives up still lets those behind it in (they are woken whole).
+                if waiter in self._space:
+                    self._space.remove(waiter)
+            if len(self._records) < self._max_queued:
+                return
+
+    def _let_in(self) -> None:
+        """Wake every caller waiting for room, in the order they came."""
+        space = self._space
+        while space:
+            waiter = space.popleft()
+            if not waiter.done():
+                waiter.set_result(None)
+
+    @staticmethod
+    def _encode(batch: list[dict[str, Any]]) -> bytes:
+        try:  # one pass in C: records as orjson writes them, each with its newline
+            return b"".join(map(_line, batch))
+        except (TypeError, ValueError):  # one it cannot write: each on its own
+            return b"".join([record_line(r) for r in batch])
+
+    def _write_batch(self, data: bytes) -> None:
         self._file.write(data)
         self._file.flush()
         self._written += len(data)
@@ -164,36 +209,41 @@ class JsonlSink:
             self._rotate()
 
     async def _run(self) -> None:
-        queue = self._queue
+        loop = asyncio.get_running_loop()
         while True:
-            record = await queue.get()
-            batch: list[dict[str, Any] | None] = [record]
-            if record is not None and self._linger:
+            if not self._records:
+                if self._closing:
+                    return
+                self._wake = loop.create_future()
+                await self._wake
+                continue
+            if self._linger and not self._closing:
                 await asyncio.sleep(self._linger)
-            while not queue.empty() and len(batch) < 4096:
-                batch.append(queue.get_nowait())
+            batch = self._records
+            if len(batch) > _BATCH_MAX:
+                batch, self._records = batch[:_BATCH_MAX], batch[_BATCH_MAX:]
+            else:
+                self._records = []
+            self._let_in()
             try:
-                lines = [record_line(r) for r in batch if r is not None]
-                if lines and (
-                    self._written + sum(map(len, lines)) >= self._max_bytes
-                    or len(lines) > _INLINE_MAX_RECORDS
-                ):
+                data = self._encode(batch)
+                if self._written + len(data) >= self._max_bytes or (
+                        len(batch) > _INLINE_MAX_RECORDS):
                     # Rotation (maybe gzip) or a large batch: keep the event loop free.
-                    await asyncio.to_thread(self._write_batch, lines)
-                elif lines:
+                    await asyncio.to_thread(self._write_batch, data)
+                else:
                     # A small batch is one write to the page cache: cheaper inline than the
                     # thread hand-off and GIL ping-pong a worker thread would cost per batch.
-                    self._write_batch(lines)
+                    self._write_batch(data)
             except Exception:  # the writer outlives a failed batch: later records still land
                 log.exception("could not write %d trajectory records", len(batch))
-            for _ in batch:
-                queue.task_done()
-            if None in batch:
-                return
 
     async def close(self) -> None:
         if self._task is not None:
-            await self._queue.put(None)
+            self._closing = True
+            wake = self._wake
+            if wake is not None and not wake.done():
+                wake.set_result(None)
             with contextlib.suppress(asyncio.CancelledError):
                 await self._task
             self._task = None
