@@ -99,7 +99,8 @@ def pinned(core: str, argv: list[str]) -> list[str]:
 
 
 def spawn(
-    argv: list[str], log_path: Path, env: dict[str, str] | None = None, core: str = SERVER_CORE
+    argv: list[str], log_path: Path, env: dict[str, str] | None = None, core: str = SERVER_CORE,
+    cwd: Path | None = None,
 ) -> subprocess.Popen[bytes]:
     log = log_path.open("wb")
     try:
@@ -110,6 +111,7 @@ def spawn(
             stdin=subprocess.DEVNULL,
             env={**os.environ, **(env or {})},
             start_new_session=True,
+            cwd=cwd,
         )
     finally:
         log.close()
@@ -361,19 +363,19 @@ def start_budgetproxy(
         argv += ["--config", str(config)]
     # --log-dir merges into the config's trajectories section (it keeps `enabled: false`).
     argv += ["--log-dir", str(log_dir), "--upstream", upstream]
-    env: dict[str, str] | None = None
-    if rev is not None:
-        env = {"PYTHONPATH": str(source_of(rev, workdir))}
+    # `python -m` puts its working directory first on sys.path: run from the work folder, or a
+    # benchmark started in a checkout would run that checkout's package in every row.
+    env: dict[str, str] = {"PYTHONPATH": str(src)}
     if variant.startswith("bp+episodes-traced"):
         # The fake upstream doubles as the OTLP/HTTP receiver (POST /v1/traces).
-        env = (env or {}) | {"OTEL_EXPORTER_OTLP_ENDPOINT": upstream.rsplit("/v1", 1)[0],
-                             "OTEL_SERVICE_NAME": "budgetproxy-bench"}
+        env |= {"OTEL_EXPORTER_OTLP_ENDPOINT": upstream.rsplit("/v1", 1)[0],
+                "OTEL_SERVICE_NAME": "budgetproxy-bench"}
         if variant.endswith("-10pct"):
             env |= {"OTEL_TRACES_SAMPLER": "parentbased_traceidratio",
                     "OTEL_TRACES_SAMPLER_ARG": "0.1"}
         elif variant.endswith("-unsampled"):
             env |= {"OTEL_TRACES_SAMPLER": "always_off"}
-    target.proc = spawn([*(wrapper or []), *argv], target.log_path, env)
+    target.proc = spawn([*(wrapper or []), *argv], target.log_path, env, cwd=workdir)
     wait_ready(target, ready_timeout)
     return target
 
