@@ -1,10 +1,11 @@
 """Trajectory sink: JSONL records written off the request path by one writer task.
 
-Back-pressure: the queue is bounded; when it is full, `put` waits, so calls slow down instead of
-records being dropped. The writer lets records gather for a few milliseconds, takes them all at
-once, encodes them in one pass and writes and flushes the batch to the OS (small batches inline,
-large ones and rotations from a thread); a SIGKILL loses only what was still queued, never a
-written line. SIGTERM drains the queue before the process exits.
+A record is encoded as it is put (once its call has answered, while what it holds is still in
+the CPU's caches) and waits as its line. Back-pressure: the queue is bounded; when it is full,
+`put` waits, so calls slow down instead of records being dropped. The writer lets lines gather
+for a few milliseconds, takes them all at once and writes and flushes the batch to the OS (small
+batches inline, large ones and rotations from a thread); a SIGKILL loses only what was still
+queued, never a written line. SIGTERM drains the queue before the process exits.
 """
 
 from __future__ import annotations
@@ -121,9 +122,9 @@ class JsonlSink:
         self._dir = Path(directory)
         self._max_bytes = max_file_bytes
         self._gzip = gzip_rotated
-        # The queue: records wait in a list the writer takes whole, so a call's `put` is an
-        # append, and a batch costs no step per record before it is encoded.
-        self._records: list[dict[str, Any]] = []
+        # The queue: lines wait in a list the writer takes whole, so a call's `put` is an
+        # append, and a batch costs no step per record.
+        self._records: list[bytes] = []
         self._max_queued = queue_size
         self._wake: asyncio.Future[None] | None = None  # the writer, waiting for a record
         self._space: collections.deque[asyncio.Future[None]] = collections.deque()  # callers
@@ -163,9 +164,13 @@ class JsonlSink:
         return len(self._records)
 
     async def put(self, record: dict[str, Any]) -> None:
+        try:
+            line = _line(record)
+        except (TypeError, ValueError):  # what orjson cannot write
+            line = record_line(record)
         if len(self._records) >= self._max_queued or self._space:  # full, or others first
             await self._wait_for_space()
-        self._records.append(record)  # (the list the writer takes next)
+        self._records.append(line)  # (the list the writer takes next)
         wake = self._wake
         if wake is not None:
             self._wake = None
@@ -194,13 +199,6 @@ class JsonlSink:
             if not waiter.done():
                 waiter.set_result(None)
 
-    @staticmethod
-    def _encode(batch: list[dict[str, Any]]) -> bytes:
-        try:  # one pass in C: records as orjson writes them, each with its newline
-            return b"".join(map(_line, batch))
-        except (TypeError, ValueError):  # one it cannot write: each on its own
-            return b"".join([record_line(r) for r in batch])
-
     def _write_batch(self, data: bytes) -> None:
         self._file.write(data)
         self._file.flush()
@@ -226,7 +224,7 @@ class JsonlSink:
                 self._records = []
             self._let_in()
             try:
-                data = self._encode(batch)
+                data = b"".join(batch)
                 if self._written + len(data) >= self._max_bytes or (
                         len(batch) > _INLINE_MAX_RECORDS):
                     # Rotation (maybe gzip) or a large batch: keep the event loop free.
