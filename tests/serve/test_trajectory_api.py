@@ -86,3 +86,49 @@ def test_bounded_memory_keeps_newest(proxy: ProxyFactory, upstream: WatchedUpstr
         p.http().post(f"/v1/episodes/{eid}/end")
     got = [len(p.http().get(f"/v1/episodes/{eid}/trajectory").json()["turns"]) for eid in ids]
     assert got[-1] == 1 and got[0] == 0, got
+
+
+def test_messages_and_responses_turns_are_what_the_upstream_got(
+        proxy: ProxyFactory, upstream: WatchedUpstream) -> None:
+    """The memory log reads each turn's messages back from the body the upstream got: the
+    dialect's conversation of it (Anthropic cache_control markers left out, the system prompt
+    or instructions its head), with the disclosure text in place."""
+    import anthropic
+
+    p = proxy({"disclosure": {"mode": "disclosed", "template": TEMPLATE}})
+    eid = new_id()
+    claude = anthropic.Anthropic(base_url=p.url, api_key="sk-client-key", max_retries=0,
+                                 timeout=20.0, default_headers={"X-Episode-Id": eid,
+                                                                "X-Episode-Budget": "4"})
+    block = {"type": "text", "text": "hello", "cache_control": {"type": "ephemeral"}}
+    claude.messages.create(model="m1", max_tokens=16, system="Be brief.",
+                           messages=[{"role": "user", "content": [block]}])  # type: ignore[list-item]
+    p.http().post(f"/v1/episodes/{eid}/end")
+    turn = p.http().get(f"/v1/episodes/{eid}/trajectory").json()["turns"][0]
+    assert turn["messages"] == [
+        {"system": "Be brief."},
+        {"role": "user", "content": [{"type": "text", "text": "hello"},
+                                     {"type": "text", "text": "[Turn budget] Turn 1 of 4."}]}]
+    assert turn["disclosure_text"] == "[Turn budget] Turn 1 of 4."
+
+    rid = new_id()
+    p.client().responses.create(model="m1", instructions="Be brief.", input="hi",
+                                extra_headers={"X-Episode-Id": rid})
+    p.http().post(f"/v1/episodes/{rid}/end")
+    turn = p.http().get(f"/v1/episodes/{rid}/trajectory").json()["turns"][0]
+    assert turn["messages"][0] == {"instructions": "Be brief."}
+    assert turn["messages"][1]["content"].startswith("hi")
+    assert turn["messages"][1]["content"].endswith("[Turn budget] Turn 1 of 20.")
+
+
+def test_content_none_leaves_texts_out_of_kept_turns(proxy: ProxyFactory,
+                                                     upstream: WatchedUpstream) -> None:
+    p = _proxy(proxy, upstream, trajectories={"content": "none"})
+    eid = new_id()
+    _rollout(p, eid, 1)
+    p.http().post(f"/v1/episodes/{eid}/end")
+    turn = p.http().get(f"/v1/episodes/{eid}/trajectory").json()["turns"][0]
+    sent = "begin\n\n[Turn budget] Turn 1 of 4."
+    assert turn["messages"] == [{"role": "user", "content": {"length": len(sent)}}]
+    assert turn["disclosure_text"] == {"length": len("[Turn budget] Turn 1 of 4.")}
+    assert set(turn["response"]["content"]) == {"length"}
