@@ -132,7 +132,8 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
     p.add_argument(
         "--tiers",
         type=_list_of(_percent, "percentages in (0, 100] like 25,50,75,100"),
-        help="budget tiers in %% of each task's max_turns (default 25,50,75,100)",
+        help="budget tiers in %% of each task's max_turns (default 25,50,75,100); with "
+        "--axis, of each episode's full budget on that axis",
     )
     p.add_argument(
         "--turns",
@@ -216,20 +217,20 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
     p.add_argument(
         "--axis",
         choices=["turns", "tokens", "cost", "seconds"],
-        default="turns",
-        help="the budget axis of --budgets: success within B = spend on it at the success "
-        "turn <= B (default turns)",
+        help="Pass@(K,B) along this axis, at --budgets and/or --tiers (of each episode's full "
+        "budget on it): success within B = spend on it at the success turn <= B",
     )
     p.add_argument(
         "--budgets",
         type=_list_of(_positive_float, "budgets like 2000,4000,8000"),
-        help="budgets B along --axis (Pass@(K,B); see docs/budgets.md for who counts)",
+        help="budgets B along --axis (default turns; Pass@(K,B); see docs/budgets.md for "
+        "who counts)",
     )
     p.add_argument(
         "--hold",
         type=_list_of(str.strip, "AXIS=VALUE pairs"),
         default=[],
-        help="with --budgets: levels of the other axes, e.g. turns=20,tokens=none (default: "
+        help="with --axis: levels of the other axes, e.g. turns=20,tokens=none (default: "
         "each level the episodes were run at)",
     )
     _one_line_errors(p)
@@ -244,38 +245,82 @@ def _positive_float(text: str) -> float:
 
 
 def _run_axis(args: argparse.Namespace) -> int:
-    from budgetproxy.analysis import axis, load
+    from budgetproxy.analysis import axis, axis_table, load
+    from budgetproxy.analysis.axis_rule import Column
     from budgetproxy.core.prices import PriceTable
 
-    inputs = load.discover(args.paths)
-    if not inputs.jsonl:
-        raise load.InputError(f"no JSONL trajectory logs in {', '.join(args.paths)} "
-                              "(--budgets reads *.jsonl and *.jsonl.gz)")
-    try:
-        fixed = axis.parse_hold(args.hold)
-    except ValueError as e:
-        raise load.InputError(str(e), exit_code=2) from None
+    name = args.axis or "turns"
     others = [flag for flag, on in (
         ("--report", args.report is not None), ("--to-parquet", args.to_parquet is not None),
         ("--error-pattern", args.error_pattern is not None),
         ("--audit-budgetmix", args.audit_budgetmix or args.audit_groups is not None),
-        ("--tiers/--turns", args.tiers is not None or bool(args.turns))) if on]
+        ("--turns (give --budgets)", bool(args.turns))) if on]
     if others:
-        raise load.InputError(f"--budgets does not combine with {', '.join(others)}",
+        raise load.InputError("Pass@(K,B) along an axis (--axis, --budgets, --hold) does not "
+                              f"combine with {', '.join(others)}", exit_code=2)
+    if not args.budgets and args.tiers is None:
+        raise load.InputError(f"--axis {name} needs --budgets B1,B2,... or --tiers P1,P2,...",
                               exit_code=2)
-    episodes, left_out = axis.load(inputs.jsonl, PriceTable(), args.by)
+    try:
+        fixed = axis.parse_hold(args.hold)
+    except ValueError as e:
+        raise load.InputError(str(e), exit_code=2) from None
+    if name in fixed:
+        raise load.InputError(f"--hold {name}=...: {name} is the analysed axis (--axis)",
+                              exit_code=2)
+    inputs = load.discover(args.paths)
+    if not inputs.jsonl:
+        raise load.InputError(f"no JSONL trajectory logs in {', '.join(args.paths)} "
+                              "(--axis reads *.jsonl and *.jsonl.gz)")
+    columns = [Column("tier", p) for p in args.tiers or []]
+    columns += [Column("budget", Fraction(b)) for b in args.budgets or []]
+    fields = list(dict.fromkeys([*args.by, *(c.field for c in args.compare)]))
+    episodes, left_out = axis.load(inputs.jsonl, PriceTable(), fields)
     if not episodes:
         raise load.InputError(f"no finished episodes with a task_id in {inputs.files} file(s)")
-    cells = axis.compute(episodes, args.axis, args.budgets, args.k, fixed, args.resamples,
-                         args.seed)
+    cells = axis_table.compute(episodes, name, columns, args.k, fixed, args.by, args.resamples,
+                               args.seed)
+    for field in args.by:
+        if all(dict(ep.by).get(field) is None for ep in episodes):
+            print(f"budgetproxy analyze: --by {field}: no episode has this field or tag",
+                  file=sys.stderr)
+    differences = []
+    for comparison in args.compare:
+        seen = {dict(ep.by).get(comparison.field) for ep in episodes}
+        for value in (comparison.a, comparison.b):
+            if value not in seen:
+                print(f"budgetproxy analyze: --compare {comparison.field}={comparison.a},"
+                      f"{comparison.b}: no episode has {comparison.field} = {value!r}",
+                      file=sys.stderr)
+        differences.append(axis_table.compute_differences(
+            episodes, comparison, name, columns, args.k, fixed, args.by, args.resamples,
+            args.seed))
+    counts: dict[str, int] = {"counted": len(episodes), "left_out": left_out}
+    if args.tiers:
+        counts["not_in_tiers"] = sum(ep.full.get(name) is None for ep in episodes)
     if args.json:
-        print(json.dumps({"pass_at": [c.as_json() for c in cells],
-                          "episodes": {"counted": len(episodes), "left_out": left_out},
-                          "settings": {"k": args.k, "axis": args.axis, "budgets": args.budgets,
-                                       "hold": fixed, "resamples": args.resamples,
-                                       "seed": args.seed, "confidence": 0.95}}, indent=2))
+        out: dict[str, Any] = {"pass_at": [c.as_json() for c in cells]}
+        if args.compare:
+            out["compare"] = [d.as_json() for ds in differences for d in ds]
+        out["episodes"] = counts
+        out["settings"] = {
+            "k": args.k, "axis": name, "budgets": args.budgets or [],
+            "tiers": [c.label for c in columns if c.kind == "tier"], "hold": fixed,
+            "by": args.by, "compare": [f"{c.field}={c.a},{c.b}" for c in args.compare],
+            "resamples": args.resamples, "seed": args.seed, "confidence": 0.95}
+        print(json.dumps(out, indent=2, ensure_ascii=False))
     else:
-        print(axis.format_cells(cells), end="")
+        lines = [f"episodes: {counts['counted']:,} counted; left out: {left_out:,} abandoned "
+                 "or without task_id"]
+        if counts.get("not_in_tiers"):
+            what = "max_turns" if name == "turns" else f"budget on {name}"
+            lines.append(f"{counts['not_in_tiers']:,} episodes without a {what}: not in tier "
+                         "columns (give --budgets)")
+        text = ["\n".join(lines) + "\n",
+                axis_table.format_axis_cells(cells, args.resamples, args.seed)]
+        text += [axis_table.format_axis_differences(ds, args.resamples, args.seed)
+                 for ds in differences]
+        print("\n".join(text), end="")
     if all(c.value is None for c in cells):
         print("budgetproxy analyze: no eligible episodes at any B (see docs/budgets.md)",
               file=sys.stderr)
@@ -306,12 +351,8 @@ def run(args: argparse.Namespace) -> int:
 
 
 def _run(args: argparse.Namespace) -> int:
-    if args.budgets:
+    if args.budgets or args.axis is not None or args.hold:
         return _run_axis(args)
-    if args.axis != "turns" or args.hold:
-        from budgetproxy.analysis.load import InputError
-
-        raise InputError("--axis and --hold need --budgets B1,B2,...", exit_code=2)
     from budgetproxy.analysis import load
     from budgetproxy.analysis.compare import format_differences
     from budgetproxy.analysis.progress import Progress
