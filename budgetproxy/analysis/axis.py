@@ -134,8 +134,18 @@ def parse_hold(items: Sequence[str]) -> dict[str, float | None]:
     out: dict[str, float | None] = {}
     for item in items:
         name, _, value = item.partition("=")
+        what = (f"--hold: expected AXIS=VALUE with AXIS in {', '.join(AXES)} and VALUE a "
+                f"positive number or none, got {item!r}")
         if name not in AXES or not value:
-            raise ValueError(f"--hold: expected AXIS=VALUE with AXIS in {', '.join(AXES)}, "
-                             f"got {item!r}")
-        out[name] = None if value.lower() == "none" else float(value)
+            raise ValueError(what)
+        if value.lower() == "none":
+            out[name] = None
+            continue
+        try:
+            level = float(value)
+        except ValueError:
+            raise ValueError(what) from None
+        if not 0 < level < float("inf"):
+            raise ValueError(what)
+        out[name] = level
     return out

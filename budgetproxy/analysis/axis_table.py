@@ -108,12 +108,12 @@ class AxisDifference:
 
 
 def _budget_json(cell: AxisCell | AxisDifference) -> dict[str, Any]:
-    """"budget": B (null in a tier: B is per episode), "tier": "25%" in a tier, and
-    "turns": T on the turns axis at an absolute B."""
+    """"budget": B and "tier": null at an absolute B (and "turns": T on the turns axis);
+    "budget": null and "tier": "25%" in a tier (B is per episode there)."""
     col = cell.budget
     if col.kind == "tier":
         return {"budget": None, "tier": col.label}
-    out: dict[str, Any] = {"budget": float(col.value)}
+    out: dict[str, Any] = {"budget": float(col.value), "tier": None}
     if cell.axis == "turns":
         out["turns"] = int(col.value)
     return out
