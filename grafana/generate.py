@@ -880,8 +880,10 @@ def agent_budgets() -> Json:
         custom_var(
             "cost",
             "B (USD)",
-            ["0.01", "0.025", "0.05", "0.1", "0.25", "0.5", "1.0", "2.5", "5.0", "10.0"],
-            ["0.1", "1.0"],
+            # No ".0" on whole numbers: the values go into a regex, where "1.0" would match
+            # le="100.0" too (the dot matches any character); "1" with (\.0)? matches only 1.
+            ["0.01", "0.025", "0.05", "0.1", "0.25", "0.5", "1", "2.5", "5", "10"],
+            ["0.1", "1"],
             "Cost budgets B in USD for the success-within-B panel (bucket bounds of "
             "budgetproxy_episode_cost_usd).",
         ),
