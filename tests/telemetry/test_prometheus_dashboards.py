@@ -413,22 +413,24 @@ def test_success_within_b_seconds(run: Run) -> None:
 
 def test_success_within_b_dollars(run: Run) -> None:
     """Successes with a cost budget whose whole cost (priced from their usage at the configured
-    rates, up to their report) is at most B, over every judged episode of the tier and arm;
-    a tier and arm none of whose successes had a cost budget has no series, not a 0."""
+    rates, up to their report) is at most B, over the judged episodes with a cost budget of
+    the tier and arm (an episode whose cost was not measured is in neither); a tier and arm
+    with no cost budget anywhere has no series, not a 0."""
     bounds = (0.025, 0.1, 0.25, 1)  # as the dashboard's variable writes them
     got = run.by("Success within B dollars (chosen B)", "tier", "disclosure", "le",
                  cost="|".join(map(str, bounds)))
     want = {}
     for tier, arm in ARMS:
-        mine = [e for e in judged(tier, arm) if e.end_reason == "success" and e.cost_budget]
-        if mine:
+        priced = [e for e in judged(tier, arm) if e.cost_budget]
+        won = [e for e in priced if e.end_reason == "success"]
+        if won:
             for b in bounds:
-                assert all(abs(run.cost[e.name] - b) > 1e-9 for e in mine), "cost on a bound"
-                within = sum(run.cost[e.name] <= b for e in mine)
-                want[(tier, arm, b)] = within / len(judged(tier, arm))
+                assert all(abs(run.cost[e.name] - b) > 1e-9 for e in won), "cost on a bound"
+                want[(tier, arm, b)] = sum(run.cost[e.name] <= b for e in won) / len(priced)
     assert {(t, a, float(le)): v for (t, a, le), v in got.items()} == pytest.approx(want)
     # the bounds split the load: some successes cost more than the lowest, all fit the highest
     assert len({round(v, 9) for (t, a, b), v in want.items() if (t, a) == ("25%", "hidden")}) > 1
+    assert want[("25%", "hidden", 1)] == pytest.approx(2 / 3)  # h25-c failed
     assert "budgetproxy_episode_cost_usd_bucket" in run.panel(
         "Success within B dollars (chosen B)").target["expr"]
 
