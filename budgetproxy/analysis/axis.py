@@ -6,9 +6,11 @@ written without it (turn-only episodes), summed from the turn records: tokens fr
 usage (cached input included), cost from the price table, seconds from their timestamps.
 The eligibility rule is `axis_rule`'s; the cells are `axis_table`'s.
 
-The full budget of an episode on an axis (the base of its tiers) is `max_turns` on turns.
-The logs hold no full budget on the other axes, so there it is the episode's own budget on
-that axis: a tier along tokens truncates an episode run at its full token budget.
+The full budget of an episode on an axis (the base of its tiers) is `max_turns` on turns, and
+on the other axes the BudgetMix full budget its record names (`full_token_budget`,
+`full_cost_budget`, `full_time_budget_s`: `budget.budgetmix.max_*` of the proxy that ran it),
+else the episode's own budget on that axis (a tier then truncates an episode run at its full
+budget).
 """
 
 from __future__ import annotations
@@ -120,9 +122,20 @@ def load(files: Sequence[str], prices: PriceTable, by: Sequence[str] = ()
             success=success, spend_at_success=spend,
             announced={a: _num(ep.get(f)) for a, f in ANNOUNCED_FIELDS.items()},
             by=tuple((name, _by_value(ep, name)) for name in by),
-            full={a: _num(ep.get("max_turns" if a == "turns" else f))
-                  for a, f in BUDGET_FIELDS.items()}))
+            full={a: _full(ep, a) for a in BUDGET_FIELDS}))
     return out, left_out
+
+
+FULL_FIELDS = {"turns": "max_turns", "tokens": "full_token_budget",
+               "cost": "full_cost_budget", "seconds": "full_time_budget_s"}
+
+
+def _full(ep: dict[str, Any], axis: str) -> float | None:
+    """The base of an episode's tiers on `axis` (module docstring)."""
+    full = _num(ep.get(FULL_FIELDS[axis]))
+    if full is None and axis != "turns":
+        full = _num(ep.get(BUDGET_FIELDS[axis]))
+    return full
 
 
 def _num(v: Any) -> float | None:

@@ -81,7 +81,9 @@ class Column:
             return None
         if axis == "turns":
             return float(tier_to_turns(self.value, int(full)))
-        return float(self.value / 100 * Fraction(full))
+        # as BudgetMix draws it: decimal fractions of the full budget as written, tokens whole
+        b = self.value / 100 * Fraction(repr(full))
+        return float(max(1, round(b))) if axis == "tokens" else float(b)
 
 
 def eligible(ep: AxisEpisode, axis: str, b: float, hold: Mapping[str, float | None]) -> bool:

@@ -70,6 +70,17 @@ def _make_groups(config: Config) -> GroupStore:
     return MemoryGroups()
 
 
+def full_budgets(config: Config) -> dict[str, float]:
+    """`budget.budgetmix.max_*` of the axes beside turns, as episode record fields, when the
+    BudgetMix sampler draws over them."""
+    if config.budget.sampler != "budgetmix":
+        return {}
+    bm = config.budget.budgetmix
+    return {name: value for name, value in (
+        ("full_token_budget", bm.max_tokens), ("full_cost_budget", bm.max_cost_usd),
+        ("full_time_budget_s", bm.max_time_s)) if value is not None}
+
+
 def _make_turn_log(config: Config) -> TurnLog | None:
     if not config.rollouts.keep_turns:
         return None
@@ -144,6 +155,7 @@ class BudgetProxy:
         self.recorder = RolloutRecorder(self.sink, self.metrics,
                                         config.trajectories.content == "full", self.groups,
                                         self.turn_log)
+        self.recorder.full_budgets = full_budgets(config)
         litellm_call = None
         if any(u.kind == "litellm" for u in config.upstreams):
             from budgetproxy.proxy.litellm_adapter import call_litellm

@@ -117,6 +117,34 @@ def test_tiers_and_paired_differences_along_tokens(
     assert "-8.3 [" in line, line
 
 
+def test_tiers_along_tokens_are_of_the_budgetmix_full_budget(
+        proxy: ProxyFactory, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """With BudgetMix drawing over tokens, the episode record names the full token budget
+    (budget.budgetmix.max_tokens) and tiers are of it, as turn tiers are of max_turns."""
+    p = proxy({"trajectories": {"dir": str(tmp_path)},
+               "budget": {"sampler": "budgetmix",
+                          "budgetmix": {"max_turns": 20, "step": 0.5, "max_tokens": 40}}},
+              fresh=True)
+    turns = {"X-Episode-Budget": "20"}
+    _run_episode(p, "a", 2, True, **turns, **{"X-Episode-Token-Budget": "40"})  # 14 tokens
+    _run_episode(p, "a", 4, True, **turns, **{"X-Episode-Token-Budget": "40"})  # 28
+    _run_episode(p, "a", 2, True, **turns, **{"X-Episode-Token-Budget": "20"})  # 14
+    records = p.wait_records(3, type="episode")
+    assert {r["full_token_budget"] for r in records} == {40}
+    assert not any("full_cost_budget" in r or "full_time_budget_s" in r for r in records)
+    code = main([str(tmp_path), "--axis", "tokens", "--tiers", "50,100", "--k", "1",
+                 "--json"])
+    out = json.loads(capsys.readouterr().out)
+    assert code == 0
+    cells = {c["tier"]: c for c in out["pass_at"]}
+    # 50% of 40 = 20 tokens: all three count (budgets 40, 40, 20 >= 20), two spent <= 20;
+    # 100% = 40: the episode capped at 20 could have been cut before 40, so it is left out
+    assert cells["50%"]["value"] == pytest.approx(2 / 3)
+    assert cells["50%"]["n_episodes"] == 3
+    assert cells["100%"]["value"] == pytest.approx(1.0)
+    assert cells["100%"]["n_episodes"] == 2
+
+
 @pytest.mark.parametrize("argv, message", [
     (["--axis", "tokens"], "--axis tokens needs --budgets B1,B2,... or --tiers P1,P2,..."),
     (["--budgets", "10", "--report", "r.html"], "does not combine with --report"),

@@ -117,11 +117,15 @@ MAX_TURNS = [3, 4]  # the full budget on turns; on tokens and seconds it is the 
 
 def tier_b(axis: str, p: Fraction, budgets: dict[str, float | None], max_turns: int
            ) -> float | None:
-    """B of tier p for one episode, from the definition (turns as the turn table rounds)."""
+    """B of tier p for one episode, from the definition (turns as the turn table rounds,
+    tokens as BudgetMix rounds its draws: to the nearest whole token, at least 1)."""
     if axis == "turns":
         return max(1, math.floor(p * max_turns / 100 + Fraction(1, 2)))
     own = budgets[axis]
-    return None if own is None else float(p * Fraction(own) / 100)
+    if own is None:
+        return None
+    b = p * Fraction(str(own)) / 100
+    return float(max(1, round(b))) if axis == "tokens" else float(b)
 
 
 def observed(steps: list[Turn], success: int | None, budgets: dict[str, float | None],
