@@ -139,6 +139,7 @@ class RedisStore:
                 protocol=2,
             )
         self._queue: list[tuple[_Eval, asyncio.Future[Any]]] = []
+        self._closed = False
         self._sending: set[asyncio.Future[None]] = set()
         self._idle: list[Any] = []  # hot-path connections, outside redis-py's pool
         self._conns: list[Any] = []
@@ -212,24 +213,38 @@ class RedisStore:
                         results[i] = e
         return results
 
-    async def _eval(self, op: _Eval) -> Any:
-        """Run one script, sent with the others issued in the same event-loop iteration.
+    def register(self, source: str) -> Any:
+        """A Lua script for `submit` and `run` (sent by EVALSHA, loaded again on NOSCRIPT)."""
+        return self._redis.register_script(source)
 
-        Each script stays its own atomic step; batching the turns of concurrent requests into
+    def submit(self, script: Any, keys: list[str], args: list[Any]) -> asyncio.Future[Any]:
+        """Send `script` with the others issued in this event-loop iteration; the future gets
+        its reply, or the exception (as its result, not raised) when it failed.
+
+        Each script stays its own atomic step; batching the calls of concurrent requests into
         one write saves the client's per-command cost, which dominates at high concurrency.
+        Scripts submitted in one iteration run in the order submitted.
         """
         loop = asyncio.get_running_loop()
         fut: asyncio.Future[Any] = loop.create_future()
-        self._queue.append((op, fut))
+        if self._closed:
+            fut.set_result(StoreUnavailable("the Redis store was closed"))
+            return fut
+        self._queue.append((_Eval(script, keys, args), fut))
         if len(self._queue) == 1:
             loop.call_soon(self._flush)
-        result = await fut
-        if isinstance(result, Exception):
-            with _store_errors():
-                raise result
-        return result
+        return fut
+
+    async def run(self, script: Any, keys: list[str], args: list[Any]) -> Any:
+        """`submit`, awaited: the reply, or StoreUnavailable."""
+        return _raised(await self.submit(script, keys, args))
+
+    async def _eval(self, op: _Eval) -> Any:
+        return _raised(await self.submit(op.script, op.keys, op.args))
 
     def _flush(self) -> None:
+        if not self._queue:  # flushed already (close)
+            return
         batch, self._queue = self._queue, []
         task = asyncio.ensure_future(self._send(batch))
         self._sending.add(task)
@@ -485,8 +500,12 @@ class RedisStore:
             return False
 
     async def close(self) -> None:
-        if self._sending:
+        self._flush()  # what was submitted goes out; nothing submitted is dropped
+        while self._sending:  # (replies may submit more: a turn log's swap)
             await asyncio.gather(*self._sending, return_exceptions=True)
+            await asyncio.sleep(0)
+            self._flush()
+        self._closed = True
         for conn in self._conns:
             await conn.disconnect()
         await self._redis.aclose()
@@ -499,6 +518,14 @@ if redis.call('HGET', KEYS[1], 'status') == 'active' then
 end
 return 1
 """
+
+
+def _raised(result: Any) -> Any:
+    """A batched script's reply, or its error raised (as StoreUnavailable when Redis is down)."""
+    if isinstance(result, Exception):
+        with _store_errors():
+            raise result
+    return result
 
 
 def _ms(seconds: float) -> int:
