@@ -30,7 +30,9 @@ class TurnOpen:
 @dataclass(frozen=True)
 class TurnClose:
     refunded: bool
-    state: EpisodeState | None  # a snapshot after settling; None: unknown episode
+    # A snapshot after settling, for a call holding other axes (core.axes) or one that ended
+    # its episode (`ended`); a store may leave it None otherwise (as for an unknown episode).
+    state: EpisodeState | None
     # This settle was the last in-flight turn of an episode ended meanwhile (`end_pending`):
     # the caller records the episode now. True for exactly one caller across replicas.
     ended: bool = False

@@ -357,6 +357,8 @@ class RedisStore:
         raw = await self._eval(_Eval(self._close, keys, args))
         if raw is None:
             return TurnClose(False, None)
+        if type(raw) is int:  # a turn-only call, its episode not ended: no snapshot
+            return TurnClose(raw == 1, None)
         reply = _json(raw)
         return TurnClose(bool(reply[0]), decode_state(reply[1]), bool(reply[2]))
 
