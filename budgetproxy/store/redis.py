@@ -138,7 +138,7 @@ class RedisStore:
                 # server closed, and the first command after a Redis restart would fail.
                 protocol=2,
             )
-        self._queue: list[tuple[_Eval, asyncio.Future[Any]]] = []
+        self._queue: list[tuple[_Eval, asyncio.Future[Any], Callable[[Any], Any] | None]] = []
         self._closed = False
         self._sending: set[asyncio.Future[None]] = set()
         self._idle: list[Any] = []  # hot-path connections, outside redis-py's pool
@@ -217,20 +217,22 @@ class RedisStore:
         """A Lua script for `submit` and `run` (sent by EVALSHA, loaded again on NOSCRIPT)."""
         return self._redis.register_script(source)
 
-    def submit(self, script: Any, keys: list[str], args: list[Any]) -> asyncio.Future[Any]:
+    def submit(self, script: Any, keys: list[str], args: list[Any],
+               convert: Callable[[Any], Any] | None = None) -> asyncio.Future[Any]:
         """Send `script` with the others issued in this event-loop iteration; the future gets
         its reply, or the exception (as its result, not raised) when it failed.
 
         Each script stays its own atomic step; batching the calls of concurrent requests into
         one write saves the client's per-command cost, which dominates at high concurrency.
-        Scripts submitted in one iteration run in the order submitted.
+        Scripts submitted in one iteration run in the order submitted. With `convert`, the
+        future gets `convert(reply)` instead, or the exception it raises (given the error).
         """
         loop = asyncio.get_running_loop()
         fut: asyncio.Future[Any] = loop.create_future()
         if self._closed:
             fut.set_result(StoreUnavailable("the Redis store was closed"))
             return fut
-        self._queue.append((_Eval(script, keys, args), fut))
+        self._queue.append((_Eval(script, keys, args), fut, convert))
         if len(self._queue) == 1:
             loop.call_soon(self._flush)
         return fut
@@ -250,17 +252,26 @@ class RedisStore:
         self._sending.add(task)
         task.add_done_callback(self._sending.discard)
 
-    async def _send(self, batch: list[tuple[_Eval, asyncio.Future[Any]]]) -> None:
+    async def _send(
+        self, batch: list[tuple[_Eval, asyncio.Future[Any], Callable[[Any], Any] | None]]
+    ) -> None:
         try:
             try:
-                results = await self._evalsha_batch([op for op, _ in batch])
+                results = await self._evalsha_batch([op for op, _, _ in batch])
             except Exception as e:  # the whole batch failed (connection lost): all see it
                 results = [e] * len(batch)
-            for (_, fut), r in zip(batch, results, strict=True):
-                if not fut.done():
+            for (_, fut, convert), r in zip(batch, results, strict=True):
+                if fut.done():
+                    continue
+                if convert is None:
                     fut.set_result(r)
+                    continue
+                try:
+                    fut.set_result(convert(r))
+                except Exception as e:
+                    fut.set_exception(e)
         finally:
-            for _, fut in batch:  # cancelled mid-batch (shutdown): nobody is left waiting
+            for _, fut, _ in batch:  # cancelled mid-batch (shutdown): nobody is left waiting
                 if not fut.done():
                     fut.set_exception(StoreUnavailable("the Redis store was closed"))
 
@@ -343,24 +354,19 @@ class RedisStore:
             reply = _json(reply)
         return _turn_open(episode_id, body_hash, reply)
 
-    async def close_turn(
+    def close_turn(
         self, episode_id: str, grant: Grant, result: SettleResult, now: float, *,
         count_failed: bool, spend: Spend | None = None, timed_out: bool = False,
-    ) -> TurnClose:
+    ) -> asyncio.Future[TurnClose]:
+        """Sent at once, with the scripts of this event-loop iteration (a turn log's append
+        issued before the caller awaits rides in the same write); the future has the reply."""
         args = [
             grant.turn, 1 if grant.charged else 0, grant.body_hash, result.value,
             repr(float(now)), 1 if count_failed else 0, self._active_ttl_ms, self._retention_ms,
         ]
         if grant.hold is not None:
             args += _settle_args(grant.hold, spend, timed_out)
-        keys = [self.episode_key(episode_id)]
-        raw = await self._eval(_Eval(self._close, keys, args))
-        if raw is None:
-            return TurnClose(False, None)
-        if type(raw) is int:  # a turn-only call, its episode not ended: no snapshot
-            return TurnClose(raw == 1, None)
-        reply = _json(raw)
-        return TurnClose(bool(reply[0]), decode_state(reply[1]), bool(reply[2]))
+        return self.submit(self._close, [self.episode_key(episode_id)], args, _turn_close)
 
     async def keep_told(self, episode_id: str, turn: int, text: str) -> None:
         keys = [self.episode_key(episode_id)]
@@ -549,6 +555,17 @@ def _pack_evalsha(op: _Eval) -> bytes:
 def _json(raw: str | bytes) -> list[Any]:
     reply: list[Any] = orjson.loads(raw)
     return reply
+
+
+def _turn_close(raw: Any) -> TurnClose:
+    """close_turn.lua's reply: nil (unknown episode), the refund alone (a turn-only call
+    that did not end its episode), or [refunded, snapshot, ended]."""
+    if type(raw) is int:
+        return TurnClose(raw == 1, None)
+    if raw is None:
+        return TurnClose(False, None)
+    reply = _json(_raised(raw))
+    return TurnClose(bool(reply[0]), decode_state(reply[1]), bool(reply[2]))
 
 
 def _turn_open(episode_id: str, body_hash: str, reply: list[Any]) -> TurnOpen:
