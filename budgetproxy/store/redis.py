@@ -50,6 +50,7 @@ from budgetproxy.core.episode import (
 from budgetproxy.store.base import FinishOutcome, StoreUnavailable, TurnClose, TurnOpen
 from budgetproxy.store.redis_cluster import CLUSTER_UNAVAILABLE, cluster_client, eval_each, run_each
 from budgetproxy.store.redis_codec import decode_state, encode_state
+from budgetproxy.store.redis_pipe import Pending, ScriptPipe, resolve
 
 __all__ = ["RedisStore", "decode_state", "encode_state"]
 
@@ -138,11 +139,10 @@ class RedisStore:
                 # server closed, and the first command after a Redis restart would fail.
                 protocol=2,
             )
-        self._queue: list[tuple[_Eval, asyncio.Future[Any], Callable[[Any], Any] | None]] = []
+        self._queue: list[Pending] = []  # a cluster's scripts of this iteration
         self._closed = False
         self._sending: set[asyncio.Future[None]] = set()
-        self._idle: list[Any] = []  # hot-path connections, outside redis-py's pool
-        self._conns: list[Any] = []
+        self._pipe = ScriptPipe(self._redis, _pack_evalsha, socket_timeout_s)  # single node
         prelude = _lua("episode.lua")
         turns = prelude + _lua("axes.lua")
         self._open = self._redis.register_script(turns + _lua("open_turn.lua"))
@@ -224,13 +224,17 @@ class RedisStore:
 
         Each script stays its own atomic step; batching the calls of concurrent requests into
         one write saves the client's per-command cost, which dominates at high concurrency.
-        Scripts submitted in one iteration run in the order submitted. With `convert`, the
+        On a single node scripts run in the order submitted (one pipelined connection,
+        redis_pipe.py); on a cluster, those of one iteration run concurrently. With `convert`, the
         future gets `convert(reply)` instead, or the exception it raises (given the error).
         """
         loop = asyncio.get_running_loop()
         fut: asyncio.Future[Any] = loop.create_future()
         if self._closed:
             fut.set_result(StoreUnavailable("the Redis store was closed"))
+            return fut
+        if not self._cluster:
+            self._pipe.submit(_Eval(script, keys, args), fut, convert)
             return fut
         self._queue.append((_Eval(script, keys, args), fut, convert))
         if len(self._queue) == 1:
@@ -245,6 +249,7 @@ class RedisStore:
         return _raised(await self.submit(op.script, op.keys, op.args))
 
     def _flush(self) -> None:
+        """A cluster's batch: each script to its slot's node (redis_cluster.eval_each)."""
         if not self._queue:  # flushed already (close)
             return
         batch, self._queue = self._queue, []
@@ -252,70 +257,20 @@ class RedisStore:
         self._sending.add(task)
         task.add_done_callback(self._sending.discard)
 
-    async def _send(
-        self, batch: list[tuple[_Eval, asyncio.Future[Any], Callable[[Any], Any] | None]]
-    ) -> None:
+    async def _send(self, batch: list[Pending]) -> None:
         try:
             try:
-                results = await self._evalsha_batch([op for op, _, _ in batch])
+                async with asyncio.timeout(self._socket_timeout_s):
+                    await self._discover()
+                    results = await eval_each([op for op, _, _ in batch])
             except Exception as e:  # the whole batch failed (connection lost): all see it
                 results = [e] * len(batch)
             for (_, fut, convert), r in zip(batch, results, strict=True):
-                if fut.done():
-                    continue
-                if convert is None:
-                    fut.set_result(r)
-                    continue
-                try:
-                    fut.set_result(convert(r))
-                except Exception as e:
-                    fut.set_exception(e)
+                resolve(fut, convert, r)
         finally:
             for _, fut, _ in batch:  # cancelled mid-batch (shutdown): nobody is left waiting
                 if not fut.done():
                     fut.set_exception(StoreUnavailable("the Redis store was closed"))
-
-    async def _evalsha_batch(self, ops: list[_Eval]) -> list[Any]:
-        """EVALSHA each op on one connection, written at once; replies or errors in order.
-
-        The hot path, so it packs commands and keeps its connections itself: redis-py's
-        pipeline and pool bookkeeping cost more CPU per turn than the rest of the store.
-        """
-        if self._cluster:
-            async with asyncio.timeout(self._socket_timeout_s):
-                await self._discover()
-                return await eval_each(ops)
-        conn = self._idle.pop() if self._idle else self._new_connection()
-        results: list[Any] = []
-        try:
-            async with asyncio.timeout(self._socket_timeout_s):  # one timer for the batch
-                await self._redis.connection_pool.ensure_connection(conn)  # replaced if stale
-                await conn.send_packed_command(b"".join(map(_pack_evalsha, ops)),
-                                               check_health=False)
-                for _ in ops:
-                    try:
-                        results.append(await conn.read_response(disable_decoding=True))
-                    except rexc.ResponseError as e:  # this op's error; the next reply follows
-                        results.append(e)
-        except BaseException:
-            await conn.disconnect()  # replies may be left unread: never reuse it as it is
-            raise
-        finally:
-            self._idle.append(conn)
-        for i, (op, r) in enumerate(zip(ops, results, strict=True)):
-            if isinstance(r, rexc.NoScriptError):  # a restarted or flushed Redis
-                try:
-                    results[i] = await op.script(keys=op.keys, args=op.args)
-                except rexc.ResponseError as e:
-                    results[i] = e
-        return results
-
-    def _new_connection(self) -> Any:
-        """A connection like the pool's, without per-read timers (the batch has one)."""
-        pool = self._redis.connection_pool
-        conn = pool.connection_class(**{**pool.connection_kwargs, "socket_timeout": None})
-        self._conns.append(conn)
-        return conn
 
     # -- turns ---------------------------------------------------------------------------------
     async def open_turn(
@@ -508,14 +463,15 @@ class RedisStore:
             return False
 
     async def close(self) -> None:
-        self._flush()  # what was submitted goes out; nothing submitted is dropped
+        # What was submitted goes out and is answered; nothing submitted is dropped.
+        self._flush()
         while self._sending:  # (replies may submit more: a turn log's swap)
             await asyncio.gather(*self._sending, return_exceptions=True)
             await asyncio.sleep(0)
             self._flush()
+        await self._pipe.drain()
         self._closed = True
-        for conn in self._conns:
-            await conn.disconnect()
+        self._pipe.close()
         await self._redis.aclose()
 
 
