@@ -27,13 +27,15 @@ from typing import Any, TypeVar
 import orjson
 
 try:
+    import hiredis
     import redis.asyncio as aioredis
     from redis import exceptions as rexc
     from redis.asyncio.retry import Retry
     from redis.backoff import NoBackoff
 except ImportError as e:  # pragma: no cover - depends on the install
     raise ImportError(
-        "the Redis episode store needs the redis package: pip install 'budgetproxy[redis]'"
+        "the Redis episode store needs the redis and hiredis packages: "
+        "pip install 'budgetproxy[redis]'"
     ) from e
 
 from budgetproxy.core.axes import OUTPUT_HOLD, AxisGrant, Spend
@@ -501,11 +503,19 @@ def _lua(name: str) -> str:
 
 
 def _pack_evalsha(op: _Eval) -> bytes:
-    """EVALSHA sha numkeys keys... args... in the Redis protocol (RESP)."""
-    raw = [a if type(a) is bytes else str(a).encode()
-           for a in (op.script.sha, len(op.keys), *op.keys, *op.args)]
-    return b"*%d\r\n$7\r\nEVALSHA\r\n" % (len(raw) + 1) + b"".join(
-        [b"$%d\r\n%s\r\n" % (len(a), a) for a in raw])
+    """EVALSHA sha numkeys keys... args... in the Redis protocol (RESP), packed by hiredis.
+    Floats are passed as their repr (strings), which round-trips them."""
+    packed: bytes = _pack(("EVALSHA", op.script.sha, len(op.keys), *op.keys, *op.args))
+    return packed
+
+
+def _pack_in_python(command: tuple[Any, ...]) -> bytes:
+    """hiredis.pack_command for hiredis releases before 2.1."""
+    raw = [a if type(a) is bytes else str(a).encode() for a in command]
+    return b"*%d\r\n" % len(raw) + b"".join([b"$%d\r\n%s\r\n" % (len(a), a) for a in raw])
+
+
+_pack: Callable[[tuple[Any, ...]], bytes] = getattr(hiredis, "pack_command", _pack_in_python)
 
 
 def _json(raw: str | bytes) -> list[Any]:
