@@ -233,7 +233,7 @@ class RedisStore:
         loop = asyncio.get_running_loop()
         fut: asyncio.Future[Any] = loop.create_future()
         if self._closed:
-            fut.set_result(StoreUnavailable("the Redis store was closed"))
+            resolve(fut, convert, StoreUnavailable("the Redis store was closed"))
             return fut
         if not self._cluster:
             self._pipe.submit(_Eval(script, keys, args), fut, convert)
