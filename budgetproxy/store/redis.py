@@ -20,7 +20,6 @@ import asyncio
 import math
 from collections.abc import Awaitable, Callable, Iterator, Sequence
 from contextlib import contextmanager
-from dataclasses import dataclass
 from importlib import resources
 from typing import Any, TypeVar
 
@@ -70,13 +69,15 @@ _UNAVAILABLE: tuple[type[BaseException], ...] = (
 )
 _SWEEP_BATCH = 256
 
-@dataclass(frozen=True)
 class _Eval:
-    """One script call inside a pipeline."""
+    """One script call inside a pipeline (a plain class: one is made per call)."""
 
-    script: Any
-    keys: list[str]
-    args: list[Any]
+    __slots__ = ("script", "keys", "args")
+
+    def __init__(self, script: Any, keys: list[str], args: list[Any]) -> None:
+        self.script = script
+        self.keys = keys
+        self.args = args
 
 
 def _remembered_state(episode_id: str) -> EpisodeState:
