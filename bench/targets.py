@@ -99,7 +99,8 @@ def pinned(core: str, argv: list[str]) -> list[str]:
 
 
 def spawn(
-    argv: list[str], log_path: Path, env: dict[str, str] | None = None, core: str = SERVER_CORE
+    argv: list[str], log_path: Path, env: dict[str, str] | None = None, core: str = SERVER_CORE,
+    cwd: Path | None = None,
 ) -> subprocess.Popen[bytes]:
     log = log_path.open("wb")
     try:
@@ -109,6 +110,7 @@ def spawn(
             stderr=subprocess.STDOUT,
             stdin=subprocess.DEVNULL,
             env={**os.environ, **(env or {})},
+            cwd=cwd,
             start_new_session=True,
         )
     finally:
@@ -361,9 +363,10 @@ def start_budgetproxy(
         argv += ["--config", str(config)]
     # --log-dir merges into the config's trajectories section (it keeps `enabled: false`).
     argv += ["--log-dir", str(log_dir), "--upstream", upstream]
-    env: dict[str, str] | None = None
-    if rev is not None:
-        env = {"PYTHONPATH": str(source_of(rev, workdir))}
+    # The row's own source first on the path, and the server started from the run's temp dir:
+    # `python -m` puts the working directory before PYTHONPATH, so a row at another revision
+    # started from the repository would import the working tree's package instead.
+    env: dict[str, str] | None = {"PYTHONPATH": str(src)}
     if variant.startswith("bp+episodes-traced"):
         # The fake upstream doubles as the OTLP/HTTP receiver (POST /v1/traces).
         env = (env or {}) | {"OTEL_EXPORTER_OTLP_ENDPOINT": upstream.rsplit("/v1", 1)[0],
@@ -373,7 +376,7 @@ def start_budgetproxy(
                     "OTEL_TRACES_SAMPLER_ARG": "0.1"}
         elif variant.endswith("-unsampled"):
             env |= {"OTEL_TRACES_SAMPLER": "always_off"}
-    target.proc = spawn([*(wrapper or []), *argv], target.log_path, env)
+    target.proc = spawn([*(wrapper or []), *argv], target.log_path, env, cwd=workdir)
     wait_ready(target, ready_timeout)
     return target
 
