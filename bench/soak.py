@@ -3,10 +3,11 @@
     python bench/soak.py                              # 15 min, 300 calls/s, 1,000 episode slots
     python bench/soak.py --minutes 1 --rate 200       # a quick check of the rate first
 
-Starts the fake upstream and `budgetproxy serve` (memory store, disclosed arm, trajectories to a
-temp dir, metrics on), drives agents through rotating episodes at a fixed rate (open loop, see
-soak_agents.py), samples the proxy every few seconds, then stops it with SIGTERM and checks the
-trajectory log against what the agents were answered. Writes soak-<stamp>.json and .svg to
+Starts the fake upstream and `budgetproxy serve` (memory store or --store redis://..., disclosed
+arm, trajectories to a temp dir, metrics on), drives agents through rotating episodes at a fixed
+rate (open loop, see soak_agents.py), samples the proxy every few seconds, then stops it with
+SIGTERM and checks the trajectory log against what the agents were answered. Writes
+soak-<stamp>.json and .svg to
 --out. Exit status 0 when memory is flat, nothing was lost and no call failed; 1 otherwise.
 """
 
@@ -38,6 +39,7 @@ import targets as tg  # noqa: E402
 from soak_agents import AgentLoad  # noqa: E402
 
 MIB = 1024 * 1024
+SOAK_PREFIX = f"bpsoak{os.getpid()}"
 
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
@@ -59,6 +61,9 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
                    help="MiB the RSS may peak above its post-warm-up median")
     p.add_argument("--retention-s", type=float, default=None,
                    help="episodes.retention_s for the proxy (default: the proxy's own)")
+    p.add_argument("--store", default="memory", metavar="memory|redis://HOST:PORT/DB",
+                   help="the proxy's episode store (default memory); with a Redis URL the "
+                        "soak uses its own key prefix and deletes its keys at the end")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--out", type=Path, default=tg.BENCH_DIR / "results")
     p.add_argument("--keep", action="store_true", help="keep the temp dir (logs, trajectories)")
@@ -75,6 +80,8 @@ def start_proxy(workdir: Path, upstream: str, args: argparse.Namespace) -> tg.Ta
     ]
     if args.retention_s is not None:
         lines.append(f"episodes: {{retention_s: {args.retention_s}}}")
+    if args.store != "memory":
+        lines.append(f"store: {{kind: redis, url: '{args.store}', key_prefix: '{SOAK_PREFIX}'}}")
     config.write_text("\n".join(lines) + "\n")
     target = tg.Target("budgetproxy", "budgetproxy serve, disclosed arm",
                        f"http://127.0.0.1:{port}/v1", log_path=workdir / "budgetproxy.log")
@@ -174,7 +181,8 @@ async def drive(
     args: argparse.Namespace, proxy: tg.Target, traj: Path, samples_path: Path
 ) -> tuple[AgentLoad, list[dict[str, Any]]]:
     load = AgentLoad(proxy.base_url, rate=args.rate, slots=args.episodes,
-                     stream_share=args.stream_share, seed=args.seed)
+                     stream_share=args.stream_share, seed=args.seed,
+                     shutdown_ends_episodes=args.store == "memory")
     rows: list[dict[str, Any]] = []
     assert proxy.pid is not None
     async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=10)) as session:
@@ -307,6 +315,20 @@ def git_revision() -> dict[str, Any]:
     return {"head": "unknown", "changed": []}
 
 
+def drop_keys(url: str) -> None:
+    """Delete the soak's keys from Redis (its own prefix: nothing else is touched)."""
+    import redis
+
+    client = redis.Redis.from_url(url)
+    try:
+        for key in client.scan_iter(match=f"{SOAK_PREFIX}:*", count=1000):
+            client.unlink(key)
+    except redis.RedisError as e:
+        print(f"soak: could not delete the {SOAK_PREFIX}:* keys: {e}", file=sys.stderr)
+    finally:
+        client.close()
+
+
 def run_loop(coro: Any) -> Any:
     try:
         import uvloop
@@ -343,6 +365,8 @@ def main(argv: list[str] | None = None) -> int:
         if proxy is not None:
             tg.stop(proxy.proc)
         tg.stop(upstream.proc)
+        if args.store != "memory":
+            drop_keys(args.store)
     records = check_records(load, traj)
     warmup_s = 60 * (args.warmup_minutes if args.warmup_minutes is not None
                      else min(3.0, args.minutes / 5))

@@ -87,6 +87,7 @@ class AgentLoad:
         seed: int = 0,
         prefix: str = "soak",
         timeout_s: float = 30.0,
+        shutdown_ends_episodes: bool = True,
     ) -> None:
         self.base_url = base_url.rstrip("/")
         self.rate = rate
@@ -96,6 +97,7 @@ class AgentLoad:
         self.rng = random.Random(seed)
         self.prefix = prefix
         self.timeout_s = timeout_s
+        self.shutdown_ends_episodes = shutdown_ends_episodes
         self.ledger = Ledger()
         self.window = Window(time.monotonic())
         self.totals = Window(time.monotonic())  # the whole run, latencies not kept
@@ -290,8 +292,9 @@ class AgentLoad:
                 await asyncio.sleep(max(0.0, start + sent / self.rate - time.monotonic()))
             if self._tasks:
                 await asyncio.wait(set(self._tasks), timeout=self.timeout_s + 5)
-            # Episodes still in the slots are ended by the proxy at SIGTERM.
-            for ep in self._ready:
+            # Episodes still in the slots are ended by the proxy at SIGTERM (memory store; the
+            # Redis store leaves them to the other replicas, so no record is due for them).
+            for ep in self._ready if self.shutdown_ends_episodes else ():
                 if ep.turns_ok:
                     self.ledger.ended[ep.episode_id] = (
                         "exhausted" if ep.turns_ok >= ep.budget else "abandoned"

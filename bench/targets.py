@@ -110,8 +110,8 @@ def spawn(
             stderr=subprocess.STDOUT,
             stdin=subprocess.DEVNULL,
             env={**os.environ, **(env or {})},
-            start_new_session=True,
             cwd=cwd,
+            start_new_session=True,
         )
     finally:
         log.close()
@@ -363,13 +363,14 @@ def start_budgetproxy(
         argv += ["--config", str(config)]
     # --log-dir merges into the config's trajectories section (it keeps `enabled: false`).
     argv += ["--log-dir", str(log_dir), "--upstream", upstream]
-    # `python -m` puts its working directory first on sys.path: run from the work folder, or a
-    # benchmark started in a checkout would run that checkout's package in every row.
-    env: dict[str, str] = {"PYTHONPATH": str(src)}
+    # The row's own source first on the path, and the server started from the run's temp dir:
+    # `python -m` puts the working directory before PYTHONPATH, so a row at another revision
+    # started from the repository would import the working tree's package instead.
+    env: dict[str, str] | None = {"PYTHONPATH": str(src)}
     if variant.startswith("bp+episodes-traced"):
         # The fake upstream doubles as the OTLP/HTTP receiver (POST /v1/traces).
-        env |= {"OTEL_EXPORTER_OTLP_ENDPOINT": upstream.rsplit("/v1", 1)[0],
-                "OTEL_SERVICE_NAME": "budgetproxy-bench"}
+        env = (env or {}) | {"OTEL_EXPORTER_OTLP_ENDPOINT": upstream.rsplit("/v1", 1)[0],
+                             "OTEL_SERVICE_NAME": "budgetproxy-bench"}
         if variant.endswith("-10pct"):
             env |= {"OTEL_TRACES_SAMPLER": "parentbased_traceidratio",
                     "OTEL_TRACES_SAMPLER_ARG": "0.1"}

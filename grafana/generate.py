@@ -67,11 +67,17 @@ def share(
 
 def success_within(window: str, le_matcher: str, metric: str = "budgetproxy_episode_turns"
                    ) -> str:
-    """Pooled success-within-T (live Pass@(1,T)): successes at turn <= T over judged episodes
-    (or, with another spend histogram, successes that spent at most B)."""
+    """Pooled success-within-T (live Pass@(1,T)): successes at turn <= T over judged episodes.
+    With another spend histogram, successes that spent at most B over the judged episodes that
+    histogram observed (those with a budget on its axis): an episode whose spend was not
+    measured is neither a success nor a failure within B."""
     bucket = f'{metric}_bucket{{{EPISODE},outcome="success",{le_matcher}}}'
     num = f"sum by (tier, disclosure, le) ({count_in(bucket, window)})"
-    den = finished(f'{EPISODE},outcome!="abandoned"', window)
+    if metric == "budgetproxy_episode_turns":
+        den = finished(f'{EPISODE},outcome!="abandoned"', window)
+    else:
+        observed = f'{metric}_count{{{EPISODE},outcome!="abandoned"}}'
+        den = f"sum by (tier, disclosure) ({count_in(observed, window)})"
     return f"{num}\n/ ignoring(le) group_left()\n({den} > 0)"
 
 
@@ -787,20 +793,20 @@ def agent_budgets() -> Json:
         ),
         within_b("tokens", LE_TOKENS, "budgetproxy_episode_tokens", "",
                  "Live Pass@(1,B) along tokens at the B values picked in the `tokens` variable: "
-                 "successes that spent at most B tokens (up to their report) over judged "
-                 "episodes, per tier and arm, over the time range. Episodes with no budget "
-                 "beside turns are not in the numerator; `analyze --axis tokens` is exact."),
+                 "successes that spent at most B tokens (up to their outcome report) over the "
+                 "judged episodes with a budget beside turns, per tier and arm, over the time "
+                 "range. `analyze --axis tokens` is exact (spend at the success turn)."),
         within_b("dollars", LE_COST, "budgetproxy_episode_cost_usd", " USD",
                  "Live Pass@(1,B) along cost at the B values (USD) picked in the `cost` variable: "
-                 "successes that spent at most B dollars (up to their report) over judged "
-                 "episodes, per tier and arm, over the time range. Episodes without a cost "
-                 "budget are not in the numerator; `analyze --axis cost` is exact."),
+                 "successes that spent at most B dollars (up to their outcome report) over the "
+                 "judged episodes with a cost budget, per tier and arm, over the time range. "
+                 "`analyze --axis cost` is exact (spend at the success turn)."),
         within_b("seconds", LE_SECONDS, "budgetproxy_episode_seconds", " s",
                  "Live Pass@(1,B) along wall-clock time at the B values picked in the `seconds` "
                  "variable: "
-                 "successes within B seconds of their first call (up to their report) over judged "
-                 "episodes, per tier and arm, over the time range. Episodes with no budget "
-                 "beside turns are not in the numerator; `analyze --axis seconds` is exact."),
+                 "successes reported within B seconds of their first call over the judged "
+                 "episodes with a budget beside turns, per tier and arm, over the time range. "
+                 "`analyze --axis seconds` is exact (time at the success turn)."),
         (
             bargauge(
                 "Mean tokens per episode",
@@ -880,8 +886,10 @@ def agent_budgets() -> Json:
         custom_var(
             "cost",
             "B (USD)",
-            ["0.01", "0.025", "0.05", "0.1", "0.25", "0.5", "1.0", "2.5", "5.0", "10.0"],
-            ["0.1", "1.0"],
+            # No ".0" on whole numbers: the values go into a regex, where "1.0" would match
+            # le="100.0" too (the dot matches any character); "1" with (\.0)? matches only 1.
+            ["0.01", "0.025", "0.05", "0.1", "0.25", "0.5", "1", "2.5", "5", "10"],
+            ["0.1", "1"],
             "Cost budgets B in USD for the success-within-B panel (bucket bounds of "
             "budgetproxy_episode_cost_usd).",
         ),

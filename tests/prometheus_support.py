@@ -36,7 +36,7 @@ SAMPLE_VALUES: dict[str, str] = {
     "upstream": ".*",
     "turns": "5|10|20",
     "tokens": "1000|10000|100000",
-    "cost": "0.1|1.0",
+    "cost": "0.1|1",
     "seconds": "60|600",
     "window": "10m",
     "__range": "10m",

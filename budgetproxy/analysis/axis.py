@@ -1,26 +1,29 @@
-"""`analyze --axis`: Pass@(K,B) along turns, tokens, cost or seconds from trajectory logs.
+"""`analyze --axis`: the episodes of trajectory logs as the rule along any axis needs them.
 
 Reads JSONL logs (plain or gzipped) itself: each episode's budgets from its episode record,
 and its spend at the success turn from that turn's record (`cumulative`), or, for records
 written without it (turn-only episodes), summed from the turn records: tokens from their
 usage (cached input included), cost from the price table, seconds from their timestamps.
-The eligibility rule is `axis_rule`'s.
+The eligibility rule is `axis_rule`'s; the cells are `axis_table`'s.
+
+The full budget of an episode on an axis (the base of its tiers) is `max_turns` on turns, and
+on the other axes the BudgetMix full budget its record names (`full_token_budget`,
+`full_cost_budget`, `full_time_budget_s`: `budget.budgetmix.max_*` of the proxy that ran it),
+else the episode's own budget on that axis (a tier then truncates an episode run at its full
+budget).
 """
 
 from __future__ import annotations
 
 import gzip
 from collections import defaultdict
-from collections.abc import Iterator, Mapping, Sequence
-from dataclasses import dataclass
+from collections.abc import Iterator, Sequence
 from datetime import datetime
 from typing import Any
 
 import orjson
 
-from budgetproxy.analysis.axis_rule import AXES, AxisEpisode, eligible, holds_of, succeeded_within
-from budgetproxy.analysis.passk import pass_at_k
-from budgetproxy.analysis.stats import bootstrap_ci
+from budgetproxy.analysis.axis_rule import AXES, AxisEpisode
 from budgetproxy.core.prices import PriceTable
 from budgetproxy.core.usage import billed_tokens
 
@@ -28,30 +31,6 @@ BUDGET_FIELDS = {"turns": "budget", "tokens": "token_budget", "cost": "cost_budg
                  "seconds": "time_budget_s"}
 ANNOUNCED_FIELDS = {"turns": "announced_budget", "tokens": "announced_tokens",
                     "cost": "announced_cost", "seconds": "announced_time_s"}
-
-
-@dataclass(frozen=True)
-class AxisCell:
-    k: int
-    axis: str
-    budget: float
-    hold: dict[str, float | None]
-    value: float | None
-    ci_low: float | None
-    ci_high: float | None
-    n_tasks: int
-    n_tasks_left_out: int
-    n_episodes: int
-    by: tuple[tuple[str, str | None], ...] = ()
-
-    def as_json(self) -> dict[str, Any]:
-        row: dict[str, Any] = {"k": self.k, "axis": self.axis, "budget": self.budget}
-        if self.axis == "turns":
-            row["turns"] = int(self.budget)
-        row.update(value=self.value, ci_low=self.ci_low, ci_high=self.ci_high,
-                   n_tasks=self.n_tasks, n_tasks_left_out=self.n_tasks_left_out,
-                   n_episodes=self.n_episodes, by=dict(self.by), hold=self.hold)
-        return row
 
 
 def _records(files: Sequence[str]) -> Iterator[dict[str, Any]]:
@@ -142,73 +121,25 @@ def load(files: Sequence[str], prices: PriceTable, by: Sequence[str] = ()
             budgets={a: _num(ep.get(f)) for a, f in BUDGET_FIELDS.items()},
             success=success, spend_at_success=spend,
             announced={a: _num(ep.get(f)) for a, f in ANNOUNCED_FIELDS.items()},
-            by=tuple((name, _by_value(ep, name)) for name in by)))
+            by=tuple((name, _by_value(ep, name)) for name in by),
+            full={a: _full(ep, a) for a in BUDGET_FIELDS}))
     return out, left_out
+
+
+FULL_FIELDS = {"turns": "max_turns", "tokens": "full_token_budget",
+               "cost": "full_cost_budget", "seconds": "full_time_budget_s"}
+
+
+def _full(ep: dict[str, Any], axis: str) -> float | None:
+    """The base of an episode's tiers on `axis` (module docstring)."""
+    full = _num(ep.get(FULL_FIELDS[axis]))
+    if full is None and axis != "turns":
+        full = _num(ep.get(BUDGET_FIELDS[axis]))
+    return full
 
 
 def _num(v: Any) -> float | None:
     return float(v) if isinstance(v, int | float) and not isinstance(v, bool) else None
-
-
-def compute(episodes: list[AxisEpisode], axis: str, budgets: Sequence[float],
-            ks: Sequence[int], fixed: Mapping[str, float | None], resamples: int = 1000,
-            seed: int = 0) -> list[AxisCell]:
-    """Every (hold, B, K) cell: per task n eligible and c succeeded within, Pass@K averaged
-    over the tasks with n >= K, with bootstrap CIs over tasks."""
-    slices: dict[tuple[tuple[str, str | None], ...], list[AxisEpisode]] = defaultdict(list)
-    for ep in episodes:
-        slices[ep.by].append(ep)
-    cells = []
-    for key in sorted(slices, key=lambda k: [(v is None, v or "") for _, v in k]):
-        cells += _slice_cells(slices[key], key, axis, budgets, ks, fixed, resamples, seed)
-    return cells
-
-
-def _slice_cells(episodes: list[AxisEpisode], key: tuple[tuple[str, str | None], ...],
-                 axis: str, budgets: Sequence[float], ks: Sequence[int],
-                 fixed: Mapping[str, float | None], resamples: int, seed: int
-                 ) -> list[AxisCell]:
-    by_task: dict[str, list[AxisEpisode]] = defaultdict(list)
-    for ep in episodes:
-        by_task[ep.task_id].append(ep)
-    cells = []
-    for hold in holds_of(episodes, axis, fixed):
-        for b in budgets:
-            counts = []
-            for eps in by_task.values():
-                ok = [e for e in eps if eligible(e, axis, b, hold)]
-                if ok:
-                    counts.append((len(ok), sum(succeeded_within(e, axis, b, hold)
-                                                for e in ok)))
-            for k in ks:
-                vals = [pass_at_k(n, c, k) for n, c in counts if n >= k]
-                low = high = None
-                if vals:
-                    low, high = bootstrap_ci(vals, resamples, seed)
-                cells.append(AxisCell(
-                    k, axis, b, dict(hold), sum(vals) / len(vals) if vals else None, low, high,
-                    len(vals), len(counts) - len(vals),
-                    sum(n for n, _ in counts if n >= k), key))
-    return cells
-
-
-def format_cells(cells: Sequence[AxisCell]) -> str:
-    lines = []
-    for by, hold in {(c.by, tuple(sorted(c.hold.items()))): None for c in cells}:
-        shown = ", ".join(f"{a}={'-' if v is None else f'{v:g}'}" for a, v in hold)
-        mine = [c for c in cells if c.by == by and tuple(sorted(c.hold.items())) == hold]
-        axis = mine[0].axis
-        where = "".join(f", {f}={v}" for f, v in by)
-        lines.append(f"Pass@(K,B) along {axis}, other budgets at {shown}{where}")
-        budgets = list(dict.fromkeys(c.budget for c in mine))
-        ks = list(dict.fromkeys(c.k for c in mine))
-        lines.append("K \\ B".ljust(8) + "".join(f"{b:>12g}" for b in budgets))
-        for k in ks:
-            row = [next(c for c in mine if c.k == k and c.budget == b) for b in budgets]
-            lines.append(str(k).ljust(8) + "".join(
-                f"{'-' if c.value is None else f'{c.value:.3f}':>12}" for c in row))
-        lines.append("")
-    return "\n".join(lines) + "\n"
 
 
 def parse_hold(items: Sequence[str]) -> dict[str, float | None]:
@@ -216,8 +147,18 @@ def parse_hold(items: Sequence[str]) -> dict[str, float | None]:
     out: dict[str, float | None] = {}
     for item in items:
         name, _, value = item.partition("=")
+        what = (f"--hold: expected AXIS=VALUE with AXIS in {', '.join(AXES)} and VALUE a "
+                f"positive number or none, got {item!r}")
         if name not in AXES or not value:
-            raise ValueError(f"--hold: expected AXIS=VALUE with AXIS in {', '.join(AXES)}, "
-                             f"got {item!r}")
-        out[name] = None if value.lower() == "none" else float(value)
+            raise ValueError(what)
+        if value.lower() == "none":
+            out[name] = None
+            continue
+        try:
+            level = float(value)
+        except ValueError:
+            raise ValueError(what) from None
+        if not 0 < level < float("inf"):
+            raise ValueError(what)
+        out[name] = level
     return out

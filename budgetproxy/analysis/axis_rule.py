@@ -15,6 +15,11 @@ was given, shows exactly what a run capped at the cell's levels would have done:
 - disclosed episodes (the agent was told its budgets and may plan for them): every budget
   equals the cell's level (B on X, h_Y elsewhere) and none was announced differently.
 
+A tier p% is a cell whose B differs per episode: p% of the episode's full budget on X (on
+turns max(1, round_half_up(p/100 × max_turns)), as for turn tiers; on the other axes p/100 ×
+the full budget, exactly). An episode with no full budget on X is in no tier. Who counts and
+who succeeded within are then the rules above at that episode's B.
+
 Succeeded within the cell: the episode succeeded, and its cumulative spend at the success
 turn is at most B on X and at most h_Y on every capped Y. A call clamped by a token budget
 ends with the whole budget spent and its input on top, so it is never within B.
@@ -24,6 +29,9 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import dataclass, field
+from fractions import Fraction
+
+from budgetproxy.analysis.passk import tier_to_turns
 
 AXES = ("turns", "tokens", "cost", "seconds")
 
@@ -40,6 +48,42 @@ class AxisEpisode:
     spend_at_success: Mapping[str, float | None] = field(default_factory=dict)
     announced: Mapping[str, float | None] = field(default_factory=dict)
     by: tuple[tuple[str, str | None], ...] = ()  # the --by fields' values
+    # full budget per axis, the base of tiers (turns: max_turns; None: in no tier)
+    full: Mapping[str, float | None] = field(default_factory=dict)
+
+
+def number_label(v: float) -> str:
+    """A budget as text: 2000, 0.25, 1e+07 (whole numbers without a point)."""
+    return str(int(v)) if v.is_integer() and abs(v) < 1e15 else f"{v:.10g}"
+
+
+@dataclass(frozen=True)
+class Column:
+    """One B column: an absolute budget on the axis, or a tier (percent of each episode's
+    full budget on it)."""
+
+    kind: str  # "budget" | "tier"
+    value: Fraction
+
+    @property
+    def label(self) -> str:
+        if self.kind == "budget":
+            return number_label(float(self.value))
+        text = str(self.value) if self.value.denominator == 1 else f"{float(self.value):g}"
+        return f"{text}%"
+
+    def budget_of(self, ep: AxisEpisode, axis: str) -> float | None:
+        """B for `ep` in this column; None: `ep` is not in it (a tier, and no full budget)."""
+        if self.kind == "budget":
+            return float(self.value)
+        full = ep.full.get(axis)
+        if full is None:
+            return None
+        if axis == "turns":
+            return float(tier_to_turns(self.value, int(full)))
+        # as BudgetMix draws it: decimal fractions of the full budget as written, tokens whole
+        b = self.value / 100 * Fraction(repr(full))
+        return float(max(1, round(b))) if axis == "tokens" else float(b)
 
 
 def eligible(ep: AxisEpisode, axis: str, b: float, hold: Mapping[str, float | None]) -> bool:

@@ -132,7 +132,8 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
     p.add_argument(
         "--tiers",
         type=_list_of(_percent, "percentages in (0, 100] like 25,50,75,100"),
-        help="budget tiers in %% of each task's max_turns (default 25,50,75,100)",
+        help="budget tiers in %% of each task's max_turns (default 25,50,75,100); with "
+        "--axis, of each episode's full budget on that axis",
     )
     p.add_argument(
         "--turns",
@@ -216,20 +217,20 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
     p.add_argument(
         "--axis",
         choices=["turns", "tokens", "cost", "seconds"],
-        default="turns",
-        help="the budget axis of --budgets: success within B = spend on it at the success "
-        "turn <= B (default turns)",
+        help="Pass@(K,B) along this axis, at --budgets and/or --tiers (of each episode's full "
+        "budget on it): success within B = spend on it at the success turn <= B",
     )
     p.add_argument(
         "--budgets",
         type=_list_of(_positive_float, "budgets like 2000,4000,8000"),
-        help="budgets B along --axis (Pass@(K,B); see docs/budgets.md for who counts)",
+        help="budgets B along --axis (default turns; Pass@(K,B); see docs/budgets.md for "
+        "who counts)",
     )
     p.add_argument(
         "--hold",
         type=_list_of(str.strip, "AXIS=VALUE pairs"),
         default=[],
-        help="with --budgets: levels of the other axes, e.g. turns=20,tokens=none (default: "
+        help="with --axis: levels of the other axes, e.g. turns=20,tokens=none (default: "
         "each level the episodes were run at)",
     )
     _one_line_errors(p)
@@ -241,46 +242,6 @@ def _positive_float(text: str) -> float:
     if not value > 0 or value == float("inf"):
         raise ValueError(text)
     return value
-
-
-def _run_axis(args: argparse.Namespace) -> int:
-    from budgetproxy.analysis import axis, load
-    from budgetproxy.core.prices import PriceTable
-
-    inputs = load.discover(args.paths)
-    if not inputs.jsonl:
-        raise load.InputError(f"no JSONL trajectory logs in {', '.join(args.paths)} "
-                              "(--budgets reads *.jsonl and *.jsonl.gz)")
-    try:
-        fixed = axis.parse_hold(args.hold)
-    except ValueError as e:
-        raise load.InputError(str(e), exit_code=2) from None
-    others = [flag for flag, on in (
-        ("--report", args.report is not None), ("--to-parquet", args.to_parquet is not None),
-        ("--error-pattern", args.error_pattern is not None),
-        ("--audit-budgetmix", args.audit_budgetmix or args.audit_groups is not None),
-        ("--tiers/--turns", args.tiers is not None or bool(args.turns))) if on]
-    if others:
-        raise load.InputError(f"--budgets does not combine with {', '.join(others)}",
-                              exit_code=2)
-    episodes, left_out = axis.load(inputs.jsonl, PriceTable(), args.by)
-    if not episodes:
-        raise load.InputError(f"no finished episodes with a task_id in {inputs.files} file(s)")
-    cells = axis.compute(episodes, args.axis, args.budgets, args.k, fixed, args.resamples,
-                         args.seed)
-    if args.json:
-        print(json.dumps({"pass_at": [c.as_json() for c in cells],
-                          "episodes": {"counted": len(episodes), "left_out": left_out},
-                          "settings": {"k": args.k, "axis": args.axis, "budgets": args.budgets,
-                                       "hold": fixed, "resamples": args.resamples,
-                                       "seed": args.seed, "confidence": 0.95}}, indent=2))
-    else:
-        print(axis.format_cells(cells), end="")
-    if all(c.value is None for c in cells):
-        print("budgetproxy analyze: no eligible episodes at any B (see docs/budgets.md)",
-              file=sys.stderr)
-        return 1
-    return 0
 
 
 def run(args: argparse.Namespace) -> int:
@@ -306,12 +267,10 @@ def run(args: argparse.Namespace) -> int:
 
 
 def _run(args: argparse.Namespace) -> int:
-    if args.budgets:
-        return _run_axis(args)
-    if args.axis != "turns" or args.hold:
-        from budgetproxy.analysis.load import InputError
+    if args.budgets or args.axis is not None or args.hold:
+        from budgetproxy.analysis.axis_command import run_axis
 
-        raise InputError("--axis and --hold need --budgets B1,B2,...", exit_code=2)
+        return run_axis(args)
     from budgetproxy.analysis import load
     from budgetproxy.analysis.compare import format_differences
     from budgetproxy.analysis.progress import Progress

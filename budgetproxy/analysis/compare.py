@@ -10,13 +10,13 @@ together, so what the tasks share — their difficulty — cancels out).
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Protocol
 
 from budgetproxy.analysis.passk import pass_at_k
 from budgetproxy.analysis.stats import FEW_TASKS, bootstrap_ci, zero_width_note
-from budgetproxy.analysis.table import Budget, slice_order, task_counts
+from budgetproxy.analysis.table import Budget, Labelled, slice_order, task_counts
 
 
 @dataclass(frozen=True)
@@ -43,6 +43,13 @@ def parse_comparison(text: str) -> Comparison:
     return Comparison(field.strip(), parts[0], parts[1])
 
 
+def excludes_zero(low: float | None, high: float | None, note: str | None) -> bool:
+    """Whether an interval lies wholly above or below 0 (a zero-width one never does)."""
+    if low is None or high is None or note is not None:
+        return False
+    return low > 0 or high < 0
+
+
 @dataclass(frozen=True)
 class Difference:
     """One cell of a comparison: mean over paired tasks of Pass@(K,T) under A minus under B."""
@@ -61,10 +68,13 @@ class Difference:
     ci_note: str | None = None
 
     @property
+    def columns(self) -> tuple[tuple[str, str | None], ...]:
+        """The leading columns of its text-table row: the other --by fields."""
+        return self.by
+
+    @property
     def excludes_zero(self) -> bool:
-        if self.ci_low is None or self.ci_high is None or self.ci_note is not None:
-            return False
-        return self.ci_low > 0 or self.ci_high < 0
+        return excludes_zero(self.ci_low, self.ci_high, self.ci_note)
 
     def as_json(self) -> dict[str, Any]:
         row: dict[str, Any] = {
@@ -131,46 +141,94 @@ def _difference(
     resamples: int,
     seed: int,
 ) -> Difference:
+    return Difference(comparison=comparison, k=k, budget=budget, by=by,
+                      **paired(a, b, k, resamples, seed))  # fmt: skip
+
+
+def paired(
+    a: Mapping[str, tuple[int, int]],
+    b: Mapping[str, tuple[int, int]],
+    k: int,
+    resamples: int,
+    seed: int,
+) -> dict[str, Any]:
+    """A difference cell's numbers from each task's (n eligible, c succeeded) under A and
+    under B: the mean over the tasks with n >= K under both of Pass@K under A minus under B,
+    its paired bootstrap CI, the two means over those tasks, and the counts."""
     enough_a = {t for t, (n, _) in a.items() if n >= k}
     enough_b = {t for t, (n, _) in b.items() if n >= k}
-    paired = sorted(enough_a & enough_b)  # task_id order: the bootstrap resamples by position
-    a_values = [pass_at_k(*a[t], k) for t in paired]
-    b_values = [pass_at_k(*b[t], k) for t in paired]
+    both = sorted(enough_a & enough_b)  # task_id order: the bootstrap resamples by position
+    a_values = [pass_at_k(*a[t], k) for t in both]
+    b_values = [pass_at_k(*b[t], k) for t in both]
     diffs = [x - y for x, y in zip(a_values, b_values, strict=True)]
     diff = low = high = a_mean = b_mean = None
     note = None
     if diffs:
         diff = sum(diffs) / len(diffs)
-        a_mean, b_mean = sum(a_values) / len(paired), sum(b_values) / len(paired)
+        a_mean, b_mean = sum(a_values) / len(both), sum(b_values) / len(both)
         low, high = bootstrap_ci(diffs, resamples=resamples, seed=seed)
         note = zero_width_note(diffs, low, high, difference=True)
-    return Difference(
-        comparison=comparison,
-        k=k,
-        budget=budget,
-        by=by,
-        diff=diff,
-        ci_low=low,
-        ci_high=high,
-        a_value=a_mean,
-        b_value=b_mean,
-        n_tasks=len(paired),
-        n_tasks_unpaired=len(enough_a ^ enough_b),
-        ci_note=note,
-    )
+    return {
+        "diff": diff,
+        "ci_low": low,
+        "ci_high": high,
+        "a_value": a_mean,
+        "b_value": b_mean,
+        "n_tasks": len(both),
+        "n_tasks_unpaired": len(enough_a ^ enough_b),
+        "ci_note": note,
+    }
 
 
-def format_differences(diffs: Sequence[Difference], resamples: int, seed: int) -> str:
-    """A terminal table per comparison: one row per slice, T and K."""
+class DifferenceRow(Protocol):
+    """What the text table reads of a difference (`Difference`, or one along another axis)."""
+
+    @property
+    def comparison(self) -> Comparison: ...
+    @property
+    def k(self) -> int: ...
+    @property
+    def budget(self) -> Labelled: ...
+    @property
+    def columns(self) -> tuple[tuple[str, str | None], ...]: ...
+    @property
+    def diff(self) -> float | None: ...
+    @property
+    def ci_low(self) -> float | None: ...
+    @property
+    def ci_high(self) -> float | None: ...
+    @property
+    def a_value(self) -> float | None: ...
+    @property
+    def b_value(self) -> float | None: ...
+    @property
+    def n_tasks(self) -> int: ...
+    @property
+    def ci_note(self) -> str | None: ...
+    @property
+    def excludes_zero(self) -> bool: ...
+
+
+def format_differences(
+    diffs: Sequence[DifferenceRow],
+    resamples: int,
+    seed: int,
+    *,
+    measure: str = "Pass@(K,T)",
+    column: str = "tier/T",
+    letter: str = "T",
+) -> str:
+    """A terminal table per comparison: one row per slice, T and K (`measure`, `column` and
+    `letter` name the budget for differences along another axis)."""
     if not diffs:
         return ""
     c = diffs[0].comparison
-    fields = [name for name, _ in diffs[0].by]
-    header = [*fields, "tier/T", "K", "tasks", c.a, c.b, f"{c.a} − {c.b} [95% CI]", ""]
+    fields = [name for name, _ in diffs[0].columns]
+    header = [*fields, column, "K", "tasks", c.a, c.b, f"{c.a} − {c.b} [95% CI]", ""]
     body = []
     few = zero = False
     for d in diffs:
-        line = [("-" if v is None else v) for _, v in d.by]
+        line = [("-" if v is None else v) for _, v in d.columns]
         line += [d.budget.label, str(d.k), f"{d.n_tasks:,}"]
         if d.diff is None:
             line += ["—", "—", "—", ""]
@@ -198,8 +256,8 @@ def format_differences(diffs: Sequence[Difference], resamples: int, seed: int) -
         return "  ".join(parts).rstrip()
 
     notes = [
-        f"Pass@(K,T) in % on the tasks where both {c.a} and {c.b} have at least K eligible "
-        f"episodes at T; the difference in points, per task, averaged.",
+        f"{measure} in % on the tasks where both {c.a} and {c.b} have at least K eligible "
+        f"episodes at {letter}; the difference in points, per task, averaged.",
         "*: the interval excludes 0.",
         "tasks: the paired tasks; a task with K eligible episodes under only one value is "
         "left out.",

@@ -6,7 +6,7 @@ from collections import defaultdict
 from collections.abc import Sequence
 from dataclasses import dataclass
 from fractions import Fraction
-from typing import Any
+from typing import Any, Protocol
 
 from budgetproxy.analysis.db import sql_str
 from budgetproxy.analysis.passk import pass_at_k, tier_to_turns
@@ -52,6 +52,11 @@ class Cell:
     episodes_eligible: int
     # why the interval has zero width (one task, every task at 1, ...), None when it has width
     ci_note: str | None = None
+
+    @property
+    def columns(self) -> tuple[tuple[str, str | None], ...]:
+        """The leading columns of its text-table row: the --by fields."""
+        return self.by
 
     def as_json(self) -> dict[str, Any]:
         row: dict[str, Any] = {"k": self.k}
@@ -154,6 +159,12 @@ def _cell(
     resamples: int,
     seed: int,
 ) -> Cell:
+    return Cell(k=k, budget=budget, by=by, **estimate(k, tasks, resamples, seed))
+
+
+def estimate(k: int, tasks: Sequence[tuple[int, int]], resamples: int, seed: int) -> dict[str, Any]:
+    """A cell's numbers from its tasks' (n eligible, c succeeded), in task_id order: the mean
+    Pass@K over the tasks with n >= K, its bootstrap CI over them, and the counts."""
     used = [(n, c) for n, c in tasks if n >= k]
     values = [pass_at_k(n, c, k) for n, c in used]
     value = ci_low = ci_high = None
@@ -162,20 +173,17 @@ def _cell(
         value = sum(values) / len(values)
         ci_low, ci_high = bootstrap_ci(values, resamples=resamples, seed=seed)
         note = zero_width_note(values, ci_low, ci_high)
-    return Cell(
-        k=k,
-        budget=budget,
-        by=by,
-        value=value,
-        ci_low=ci_low,
-        ci_high=ci_high,
-        n_tasks=len(used),
-        n_tasks_left_out=len(tasks) - len(used),
-        n_episodes=sum(n for n, _ in used),
-        tasks_eligible=sum(1 for n, _ in tasks if n > 0),
-        episodes_eligible=sum(n for n, _ in tasks),
-        ci_note=note,
-    )
+    return {
+        "value": value,
+        "ci_low": ci_low,
+        "ci_high": ci_high,
+        "n_tasks": len(used),
+        "n_tasks_left_out": len(tasks) - len(used),
+        "n_episodes": sum(n for n, _ in used),
+        "tasks_eligible": sum(1 for n, _ in tasks if n > 0),
+        "episodes_eligible": sum(n for n, _ in tasks),
+        "ci_note": note,
+    }
 
 
 def _create_budgets(con: Any, budgets: Sequence[Budget]) -> None:
@@ -197,17 +205,58 @@ def _create_budgets(con: Any, budgets: Sequence[Budget]) -> None:
         con.executemany("INSERT INTO budgets VALUES (?, ?, ?)", rows)
 
 
-def format_cells(cells: Sequence[Cell], resamples: int, seed: int) -> str:
-    """A terminal table: one row per slice and T, one column per K, CIs in brackets."""
+class Labelled(Protocol):
+    @property
+    def label(self) -> str: ...
+
+
+class TableCell(Protocol):
+    """What the text table reads of a cell (`Cell` here, `AxisCell` along other axes)."""
+
+    @property
+    def k(self) -> int: ...
+    @property
+    def budget(self) -> Labelled: ...
+    @property
+    def columns(self) -> tuple[tuple[str, str | None], ...]: ...
+    @property
+    def value(self) -> float | None: ...
+    @property
+    def ci_low(self) -> float | None: ...
+    @property
+    def ci_high(self) -> float | None: ...
+    @property
+    def n_tasks(self) -> int: ...
+    @property
+    def tasks_eligible(self) -> int: ...
+    @property
+    def episodes_eligible(self) -> int: ...
+    @property
+    def ci_note(self) -> str | None: ...
+
+
+def format_cells(
+    cells: Sequence[TableCell],
+    resamples: int,
+    seed: int,
+    *,
+    measure: str = "Pass@(K,T)",
+    column: str | None = None,
+    letter: str = "T",
+) -> str:
+    """A terminal table: one row per slice and T, one column per K, CIs in brackets.
+    `measure`, `column` (the budget column's header) and `letter` name the budget for
+    tables along another axis."""
     if not cells:
-        return "no Pass@(K,T) cells\n"
+        return f"no {measure} cells\n"
     ks = list(dict.fromkeys(c.k for c in cells))
-    fields = [name for name, _ in cells[0].by]
-    rows: dict[tuple[Any, ...], dict[int, Cell]] = {}
+    fields = [name for name, _ in cells[0].columns]
+    rows: dict[tuple[Any, ...], dict[int, TableCell]] = {}
     for cell in cells:
-        rows.setdefault((cell.by, cell.budget), {})[cell.k] = cell
-    t_header = "T" if all(b.kind == "turns" for _, b in rows) else "tier/T"
-    header = [*fields, t_header, "tasks", "episodes", *(f"K={k}" for k in ks)]
+        rows.setdefault((cell.columns, cell.budget), {})[cell.k] = cell
+    if column is None:
+        column = "T" if all(getattr(b, "kind", "") == "turns" for _, b in rows) else "tier/T"
+    header = [*fields, column, "tasks", "episodes", *(f"K={k}" for k in ks)]
     body = []
     left_out = missing = few = zero = False
     for (by, budget), by_k in rows.items():
@@ -241,37 +290,39 @@ def format_cells(cells: Sequence[Cell], resamples: int, seed: int) -> str:
         return "  ".join(parts).rstrip()
 
     out = [
-        f"Pass@(K,T) in % (mean over tasks) [95% CI: {resamples} bootstrap resamples over "
+        f"{measure} in % (mean over tasks) [95% CI: {resamples} bootstrap resamples over "
         f"tasks, seed {seed}]",
         "",
         fmt(header),
         *(fmt(r) for r in body),
         "",
-        *table_notes(left_out, missing, few, zero),
+        *table_notes(left_out, missing, few, zero, letter),
     ]
     return "\n".join(out) + "\n"
 
 
-def interval_text(cell: Cell) -> str:
+def interval_text(cell: TableCell) -> str:
     """The interval as "[low, high]" in %, or the reason it has zero width."""
     if cell.ci_note is not None:
         return f"[{cell.ci_note}]"
     return f"[{100 * (cell.ci_low or 0):.1f}, {100 * (cell.ci_high or 0):.1f}]"
 
 
-def table_notes(left_out: bool, missing: bool, few: bool = False, zero: bool = False) -> list[str]:
+def table_notes(
+    left_out: bool, missing: bool, few: bool = False, zero: bool = False, letter: str = "T"
+) -> list[str]:
     """The legend under a Pass@(K,T) table: why a K cell can count fewer tasks than `tasks`."""
     notes = [
-        "tasks, episodes: tasks with at least one eligible episode at T, and those episodes "
-        "(whatever K).",
-        "K=k: the mean over only the tasks with at least k eligible episodes at T.",
+        f"tasks, episodes: tasks with at least one eligible episode at {letter}, and those "
+        "episodes (whatever K).",
+        f"K=k: the mean over only the tasks with at least k eligible episodes at {letter}.",
     ]
     if left_out:
         notes.append("(n): n of the row's tasks have at least k eligible episodes; the rest are "
                      "left out of that cell.")  # fmt: skip
     if missing:
-        notes.append("—: none of the row's tasks has k eligible episodes at T, so the cell is "
-                     "empty; the tasks column still counts them.")  # fmt: skip
+        notes.append(f"—: none of the row's tasks has k eligible episodes at {letter}, so the "
+                     "cell is empty; the tasks column still counts them.")  # fmt: skip
     if few:
         notes.append(f"†: fewer than {FEW_TASKS} tasks in the cell; its interval over tasks "
                      "rests on few draws.")  # fmt: skip

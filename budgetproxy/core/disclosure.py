@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 import string
 from collections.abc import Callable, Iterable, Mapping
 from typing import Any, Literal
@@ -32,6 +33,7 @@ class _Lenient(string.Formatter):
 _FORMATTER = _Lenient()
 
 
+@functools.lru_cache(maxsize=64)
 def uses_axes(template: str) -> bool:
     return any(a in template for a in ("{tokens_", "{cost_", "{seconds_"))
 
@@ -39,15 +41,24 @@ def uses_axes(template: str) -> bool:
 def render(template: str, turn: int, budget: int, announced_budget: int | None,
            fields: Mapping[str, Any] | None = None) -> str:
     total = announced_budget if announced_budget is not None else budget
+    if fields is None and not uses_axes(template):
+        return _render_turns(template, turn, total)
+    values = _turn_values(turn, total)
+    return _FORMATTER.format(template, **values, **(_NO_AXES if fields is None else fields))
+
+
+def _turn_values(turn: int, total: int) -> dict[str, Any]:
     remaining = max(0, total - turn)
     turns_remain = "1 turn remains" if remaining == 1 else f"{remaining} turns remain"
-    values = {"turn": turn, "total": total, "remaining": remaining, "used": turn - 1,
-              "turns_remain": turns_remain}
-    if fields is None:
-        if not uses_axes(template):
-            return template.format(**values)  # no axis field: the plain (faster) format
-        fields = _NO_AXES
-    return _FORMATTER.format(template, **values, **fields)
+    return {"turn": turn, "total": total, "remaining": remaining, "used": turn - 1,
+            "turns_remain": turns_remain}
+
+
+@functools.lru_cache(maxsize=4096)
+def _render_turns(template: str, turn: int, total: int) -> str:
+    """A text with turn fields only: the same for every episode at that turn of that total,
+    so most turns find it already written."""
+    return template.format(**_turn_values(turn, total))
 
 
 def disclose(

@@ -48,17 +48,20 @@ class Fingerprint:
     def __init__(self, messages: list[Any]) -> None:
         blob = _conversation_bytes(messages)
         self._blob = memoryview(blob)
-        h = hashlib.sha256()
-        states = [h.copy()]  # states[i]: the hash of the first i * _STRIDE bytes
-        end = len(blob) - 1  # what a digest covers: all but the closing bracket
-        for start in range(0, end - _STRIDE + 1, _STRIDE):
-            h.update(self._blob[start : start + _STRIDE])
-            states.append(h.copy())
-        self._states = states
         self._digests: dict[int, str] = {}
         # Digests already compared: a turn asks about the previous turn's twice (the history
         # its disclosure texts are re-applied on, and the messages its record leaves out).
         self._known: dict[str | None, bool] = {}
+        end = len(blob) - 1  # what a digest covers: all but the closing bracket
+        if end < _STRIDE:  # most turns: one pass over a few KB is cheaper than kept states
+            self._states: list[Any] = []
+            return
+        h = hashlib.sha256()
+        states = [h.copy()]  # states[i]: the hash of the first i * _STRIDE bytes
+        for start in range(0, end - _STRIDE + 1, _STRIDE):
+            h.update(self._blob[start : start + _STRIDE])
+            states.append(h.copy())
+        self._states = states
 
     def digest(self) -> str:
         """The digest of the whole conversation, for later turns to compare with."""
@@ -81,15 +84,21 @@ class Fingerprint:
     def _hash_prefixes(self, lengths: list[int]) -> None:
         """Put the digests of the conversation's first `lengths` bytes in `_digests`: the
         missing ones in one pass, in order of length, from the nearest kept hash state."""
+        digests, states = self._digests, self._states
+        if not states:  # a short conversation: each prefix hashed from the start
+            for n in lengths:
+                if n not in digests:
+                    digests[n] = f"{n}:{hashlib.sha256(self._blob[:n]).hexdigest()[:32]}"
+            return
         h, at = None, 0
-        for n in sorted({n for n in lengths if n not in self._digests}):
-            i = min(n // _STRIDE, len(self._states) - 1)
+        for n in sorted({n for n in lengths if n not in digests}):
+            i = min(n // _STRIDE, len(states) - 1)
             if h is None or i * _STRIDE > at:  # a kept state is nearer than where h is
-                h, at = self._states[i].copy(), i * _STRIDE
+                h, at = states[i].copy(), i * _STRIDE
             h.update(self._blob[at:n])
             at = n
             # 128 bits of the hash: kept per turn in the store, where size adds up
-            self._digests[n] = f"{n}:{h.hexdigest()[:32]}"
+            digests[n] = f"{n}:{h.hexdigest()[:32]}"
 
     def _boundary(self, digest: str | None) -> int | None:
         """The length a digest covers, if this conversation has a message boundary there:

@@ -7,7 +7,7 @@ import contextlib
 import fnmatch
 import logging
 import time
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from typing import Any
 
 import orjson
@@ -64,7 +64,7 @@ from budgetproxy.proxy.wire import (
     parse_payload,
     spec_from_headers,
 )
-from budgetproxy.store.base import EpisodeStore, StoreUnavailable
+from budgetproxy.store.base import EpisodeStore, StoreUnavailable, TurnClose
 from budgetproxy.store.groups import GroupStore
 from budgetproxy.telemetry.metrics import Metrics
 from budgetproxy.telemetry.tracing import Tracing
@@ -115,7 +115,8 @@ class ModelCalls:
             pool, metrics, tracing, litellm_call,
             header_policy=HeaderPolicy(config.server.forward_headers,
                                        (*self.id_headers, PROBE_HEADER)),
-            own_keys=self.keys.required, episode_headers=self._episode_headers, settle=self._settle)
+            own_keys=self.keys.required, episode_headers=self._episode_headers,
+            settle=self._settle_now)
 
     # -- entry -------------------------------------------------------------------------------
     async def handle(
@@ -495,8 +496,12 @@ class ModelCalls:
         finally:
             early = axis_calls.read_reply(call) if (
                 call.grant is not None and call.grant.hold is not None) else None
-            await self._settle(call, early)
-            reply = await self._after(call, early)
+            closing = await self._settle(call, early)
+            try:
+                reply = await self._after(call, early)
+            finally:
+                if closing is not None:  # a turn-only call's settle, answered after its record
+                    await self._closed(call, closing)
             if call.probe is not None and self.recorder.keeps_turns:
                 await self.recorder.probe(probe_record(call, reply))
             if call.ended is not None:  # after its last turn's record
@@ -560,27 +565,51 @@ class ModelCalls:
                               "rewritten (at most 254 levels)")
 
     # -- after the response --------------------------------------------------------------------
-    async def _settle(self, call: ModelCall, reply: Reply | None = None) -> None:
+    async def _settle(
+        self, call: ModelCall, reply: Reply | None = None
+    ) -> Awaitable[TurnClose] | None:
+        """Settle the call's turn. A turn-only call's settle is returned unawaited: the turn's
+        record needs nothing from it, and the Redis store has sent it already (its reply and
+        the record's writes share a round trip); `_closed` awaits it after the record."""
         grant = call.grant
         if grant is None or call.episode_id is None or grant.kind is not GrantKind.FORWARD:
-            return
+            return None
         if call.settled:
-            return
+            return None
         call.settled = True
         try:
             now = time.time()
             spend = axis_calls.spend(self.prices, call, reply) if grant.hold else None
-            closed = await self.store.close_turn(
+            closing = self.store.close_turn(
                 call.episode_id, grant, call.result, now,
                 count_failed=self.budget_cfg.count_failed_turns,
                 spend=spend, timed_out=call.timed_out,
             )
-            if grant.hold is not None and closed.state is not None:
+            if grant.hold is None:
+                return closing
+            closed = await closing
+            if closed.state is not None:
                 call.cumulative = axes.cumulative(closed.state, now)
             if closed.ended:  # the episode ended meanwhile and waited for this turn
                 call.ended = closed.state
         except StoreUnavailable:
             log.warning("store unavailable while settling turn of %s", call.episode_id)
+        return None
+
+    async def _settle_now(self, call: ModelCall) -> None:
+        """Settle before the client has the answer (a refund a retry must find)."""
+        closing = await self._settle(call)
+        if closing is not None:
+            await self._closed(call, closing)
+
+    async def _closed(self, call: ModelCall, closing: Awaitable[TurnClose]) -> None:
+        try:
+            closed = await closing
+        except StoreUnavailable:
+            log.warning("store unavailable while settling turn of %s", call.episode_id)
+            return
+        if closed.ended:  # the episode ended meanwhile and waited for this turn
+            call.ended = closed.state
 
     async def _after(self, call: ModelCall, reply: Reply | None = None) -> Reply:
         """Read the reply back for tokens and the log (unless `reply` is it, read before

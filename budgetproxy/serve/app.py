@@ -70,12 +70,26 @@ def _make_groups(config: Config) -> GroupStore:
     return MemoryGroups()
 
 
-def _make_turn_log(config: Config) -> TurnLog | None:
+def full_budgets(config: Config) -> dict[str, float]:
+    """`budget.budgetmix.max_*` of the axes beside turns, as episode record fields, when the
+    BudgetMix sampler draws over them."""
+    if config.budget.sampler != "budgetmix":
+        return {}
+    bm = config.budget.budgetmix
+    return {name: value for name, value in (
+        ("full_token_budget", bm.max_tokens), ("full_cost_budget", bm.max_cost_usd),
+        ("full_time_budget_s", bm.max_time_s)) if value is not None}
+
+
+def _make_turn_log(config: Config, store: EpisodeStore) -> TurnLog | None:
     if not config.rollouts.keep_turns:
         return None
     retention = config.episodes.retention_s + config.episodes.idle_timeout_s
     if config.store.kind == "redis":
-        return RedisTurnLog(config.store.url, config.store.key_prefix, retention)
+        from budgetproxy.store.redis import RedisStore
+
+        assert isinstance(store, RedisStore)  # _make_store's: the turns share its connections
+        return RedisTurnLog(store, retention)
     return MemoryTurnLog(retention, max_bytes=config.rollouts.max_bytes)
 
 
@@ -140,10 +154,11 @@ class BudgetProxy:
             for u in config.upstreams:
                 self.metrics.touch_upstream_labels(u.name)
         self.groups = _make_groups(config)
-        self.turn_log = _make_turn_log(config)
+        self.turn_log = _make_turn_log(config, self.store)
         self.recorder = RolloutRecorder(self.sink, self.metrics,
                                         config.trajectories.content == "full", self.groups,
                                         self.turn_log)
+        self.recorder.full_budgets = full_budgets(config)
         litellm_call = None
         if any(u.kind == "litellm" for u in config.upstreams):
             from budgetproxy.proxy.litellm_adapter import call_litellm

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from typing import Protocol
 
@@ -30,7 +30,9 @@ class TurnOpen:
 @dataclass(frozen=True)
 class TurnClose:
     refunded: bool
-    state: EpisodeState | None  # a snapshot after settling; None: unknown episode
+    # A snapshot after settling, for a call holding other axes (core.axes) or one that ended
+    # its episode (`ended`); a store may leave it None otherwise (as for an unknown episode).
+    state: EpisodeState | None
     # This settle was the last in-flight turn of an episode ended meanwhile (`end_pending`):
     # the caller records the episode now. True for exactly one caller across replicas.
     ended: bool = False
@@ -71,11 +73,13 @@ class EpisodeStore(Protocol):
         """
         ...
 
-    async def close_turn(
+    def close_turn(
         self, episode_id: str, grant: Grant, result: SettleResult, now: float, *,
         count_failed: bool, spend: Spend | None = None, timed_out: bool = False,
-    ) -> TurnClose:
-        """`core.episode.settle` (`spend`: the call's reported usage, for core.axes)."""
+    ) -> Awaitable[TurnClose]:
+        """`core.episode.settle` (`spend`: the call's reported usage, for core.axes), done
+        by the time the result is awaited. The Redis store sends it when called, so a caller
+        may await it later (after logging the turn) without delaying it."""
         ...
 
     async def keep_told(self, episode_id: str, turn: int, text: str) -> None:

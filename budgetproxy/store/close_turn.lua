@@ -1,4 +1,5 @@
--- Close a forwarded turn: core settle. Returns nil for an unknown episode.
+-- Close a forwarded turn: core settle. Returns nil for an unknown episode; 1 or 0 (refunded)
+-- for a turn-only call that did not end its episode; else [refunded, snapshot, ended].
 -- KEYS: episode. ARGV: grant turn, grant charged (0|1), grant body hash,
 -- result (ok|refundable|broken), now, count_failed (0|1), active ttl ms, retention ms,
 -- and for a call holding other axes (core.axes) the five axes_settle arguments.
@@ -44,4 +45,8 @@ if pending then
     ended = 1
   end
 end
-return cjson.encode({refund and 1 or 0, snapshot(ep), ended})
+if #ARGV >= 13 or ended == 1 then
+  return cjson.encode({refund and 1 or 0, snapshot(ep), ended})
+end
+-- a turn-only call's caller needs no snapshot: the refund alone
+return refund and 1 or 0

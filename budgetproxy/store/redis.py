@@ -20,20 +20,21 @@ import asyncio
 import math
 from collections.abc import Awaitable, Callable, Iterator, Sequence
 from contextlib import contextmanager
-from dataclasses import dataclass
 from importlib import resources
 from typing import Any, TypeVar
 
 import orjson
 
 try:
+    import hiredis
     import redis.asyncio as aioredis
     from redis import exceptions as rexc
     from redis.asyncio.retry import Retry
     from redis.backoff import NoBackoff
 except ImportError as e:  # pragma: no cover - depends on the install
     raise ImportError(
-        "the Redis episode store needs the redis package: pip install 'budgetproxy[redis]'"
+        "the Redis episode store needs the redis and hiredis packages: "
+        "pip install 'budgetproxy[redis]'"
     ) from e
 
 from budgetproxy.core.axes import OUTPUT_HOLD, AxisGrant, Spend
@@ -50,6 +51,7 @@ from budgetproxy.core.episode import (
 from budgetproxy.store.base import FinishOutcome, StoreUnavailable, TurnClose, TurnOpen
 from budgetproxy.store.redis_cluster import CLUSTER_UNAVAILABLE, cluster_client, eval_each, run_each
 from budgetproxy.store.redis_codec import decode_state, encode_state
+from budgetproxy.store.redis_pipe import Pending, ScriptPipe, resolve
 
 __all__ = ["RedisStore", "decode_state", "encode_state"]
 
@@ -67,13 +69,15 @@ _UNAVAILABLE: tuple[type[BaseException], ...] = (
 )
 _SWEEP_BATCH = 256
 
-@dataclass(frozen=True)
 class _Eval:
-    """One script call inside a pipeline."""
+    """One script call inside a pipeline (a plain class: one is made per call)."""
 
-    script: Any
-    keys: list[str]
-    args: list[Any]
+    __slots__ = ("script", "keys", "args")
+
+    def __init__(self, script: Any, keys: list[str], args: list[Any]) -> None:
+        self.script = script
+        self.keys = keys
+        self.args = args
 
 
 def _remembered_state(episode_id: str) -> EpisodeState:
@@ -138,10 +142,10 @@ class RedisStore:
                 # server closed, and the first command after a Redis restart would fail.
                 protocol=2,
             )
-        self._queue: list[tuple[_Eval, asyncio.Future[Any]]] = []
+        self._queue: list[Pending] = []  # a cluster's scripts of this iteration
+        self._closed = False
         self._sending: set[asyncio.Future[None]] = set()
-        self._idle: list[Any] = []  # hot-path connections, outside redis-py's pool
-        self._conns: list[Any] = []
+        self._pipe = ScriptPipe(self._redis, _pack_evalsha, socket_timeout_s)  # single node
         prelude = _lua("episode.lua")
         turns = prelude + _lua("axes.lua")
         self._open = self._redis.register_script(turns + _lua("open_turn.lua"))
@@ -212,84 +216,64 @@ class RedisStore:
                         results[i] = e
         return results
 
-    async def _eval(self, op: _Eval) -> Any:
-        """Run one script, sent with the others issued in the same event-loop iteration.
+    def register(self, source: str) -> Any:
+        """A Lua script for `submit` and `run` (sent by EVALSHA, loaded again on NOSCRIPT)."""
+        return self._redis.register_script(source)
 
-        Each script stays its own atomic step; batching the turns of concurrent requests into
+    def submit(self, script: Any, keys: list[str], args: list[Any],
+               convert: Callable[[Any], Any] | None = None) -> asyncio.Future[Any]:
+        """Send `script` with the others issued in this event-loop iteration; the future gets
+        its reply, or the exception (as its result, not raised) when it failed.
+
+        Each script stays its own atomic step; batching the calls of concurrent requests into
         one write saves the client's per-command cost, which dominates at high concurrency.
+        On a single node scripts run in the order submitted (one pipelined connection,
+        redis_pipe.py); on a cluster, those of one iteration run concurrently. With `convert`, the
+        future gets `convert(reply)` instead, or the exception it raises (given the error).
         """
         loop = asyncio.get_running_loop()
         fut: asyncio.Future[Any] = loop.create_future()
-        self._queue.append((op, fut))
+        if self._closed:
+            resolve(fut, convert, StoreUnavailable("the Redis store was closed"))
+            return fut
+        if not self._cluster:
+            self._pipe.submit(_Eval(script, keys, args), fut, convert)
+            return fut
+        self._queue.append((_Eval(script, keys, args), fut, convert))
         if len(self._queue) == 1:
             loop.call_soon(self._flush)
-        result = await fut
-        if isinstance(result, Exception):
-            with _store_errors():
-                raise result
-        return result
+        return fut
+
+    async def run(self, script: Any, keys: list[str], args: list[Any]) -> Any:
+        """`submit`, awaited: the reply, or StoreUnavailable."""
+        return _raised(await self.submit(script, keys, args))
+
+    async def _eval(self, op: _Eval) -> Any:
+        return _raised(await self.submit(op.script, op.keys, op.args))
 
     def _flush(self) -> None:
+        """A cluster's batch: each script to its slot's node (redis_cluster.eval_each)."""
+        if not self._queue:  # flushed already (close)
+            return
         batch, self._queue = self._queue, []
         task = asyncio.ensure_future(self._send(batch))
         self._sending.add(task)
         task.add_done_callback(self._sending.discard)
 
-    async def _send(self, batch: list[tuple[_Eval, asyncio.Future[Any]]]) -> None:
+    async def _send(self, batch: list[Pending]) -> None:
         try:
             try:
-                results = await self._evalsha_batch([op for op, _ in batch])
+                async with asyncio.timeout(self._socket_timeout_s):
+                    await self._discover()
+                    results = await eval_each([op for op, _, _ in batch])
             except Exception as e:  # the whole batch failed (connection lost): all see it
                 results = [e] * len(batch)
-            for (_, fut), r in zip(batch, results, strict=True):
-                if not fut.done():
-                    fut.set_result(r)
+            for (_, fut, convert), r in zip(batch, results, strict=True):
+                resolve(fut, convert, r)
         finally:
-            for _, fut in batch:  # cancelled mid-batch (shutdown): nobody is left waiting
+            for _, fut, _ in batch:  # cancelled mid-batch (shutdown): nobody is left waiting
                 if not fut.done():
                     fut.set_exception(StoreUnavailable("the Redis store was closed"))
-
-    async def _evalsha_batch(self, ops: list[_Eval]) -> list[Any]:
-        """EVALSHA each op on one connection, written at once; replies or errors in order.
-
-        The hot path, so it packs commands and keeps its connections itself: redis-py's
-        pipeline and pool bookkeeping cost more CPU per turn than the rest of the store.
-        """
-        if self._cluster:
-            async with asyncio.timeout(self._socket_timeout_s):
-                await self._discover()
-                return await eval_each(ops)
-        conn = self._idle.pop() if self._idle else self._new_connection()
-        results: list[Any] = []
-        try:
-            async with asyncio.timeout(self._socket_timeout_s):  # one timer for the batch
-                await self._redis.connection_pool.ensure_connection(conn)  # replaced if stale
-                await conn.send_packed_command(b"".join(map(_pack_evalsha, ops)),
-                                               check_health=False)
-                for _ in ops:
-                    try:
-                        results.append(await conn.read_response(disable_decoding=True))
-                    except rexc.ResponseError as e:  # this op's error; the next reply follows
-                        results.append(e)
-        except BaseException:
-            await conn.disconnect()  # replies may be left unread: never reuse it as it is
-            raise
-        finally:
-            self._idle.append(conn)
-        for i, (op, r) in enumerate(zip(ops, results, strict=True)):
-            if isinstance(r, rexc.NoScriptError):  # a restarted or flushed Redis
-                try:
-                    results[i] = await op.script(keys=op.keys, args=op.args)
-                except rexc.ResponseError as e:
-                    results[i] = e
-        return results
-
-    def _new_connection(self) -> Any:
-        """A connection like the pool's, without per-read timers (the batch has one)."""
-        pool = self._redis.connection_pool
-        conn = pool.connection_class(**{**pool.connection_kwargs, "socket_timeout": None})
-        self._conns.append(conn)
-        return conn
 
     # -- turns ---------------------------------------------------------------------------------
     async def open_turn(
@@ -328,22 +312,19 @@ class RedisStore:
             reply = _json(reply)
         return _turn_open(episode_id, body_hash, reply)
 
-    async def close_turn(
+    def close_turn(
         self, episode_id: str, grant: Grant, result: SettleResult, now: float, *,
         count_failed: bool, spend: Spend | None = None, timed_out: bool = False,
-    ) -> TurnClose:
+    ) -> asyncio.Future[TurnClose]:
+        """Sent at once, with the scripts of this event-loop iteration (a turn log's append
+        issued before the caller awaits rides in the same write); the future has the reply."""
         args = [
             grant.turn, 1 if grant.charged else 0, grant.body_hash, result.value,
             repr(float(now)), 1 if count_failed else 0, self._active_ttl_ms, self._retention_ms,
         ]
         if grant.hold is not None:
             args += _settle_args(grant.hold, spend, timed_out)
-        keys = [self.episode_key(episode_id)]
-        raw = await self._eval(_Eval(self._close, keys, args))
-        if raw is None:
-            return TurnClose(False, None)
-        reply = _json(raw)
-        return TurnClose(bool(reply[0]), decode_state(reply[1]), bool(reply[2]))
+        return self.submit(self._close, [self.episode_key(episode_id)], args, _turn_close)
 
     async def keep_told(self, episode_id: str, turn: int, text: str) -> None:
         keys = [self.episode_key(episode_id)]
@@ -485,10 +466,15 @@ class RedisStore:
             return False
 
     async def close(self) -> None:
-        if self._sending:
+        # What was submitted goes out and is answered; nothing submitted is dropped.
+        self._flush()
+        while self._sending:  # (replies may submit more: a turn log's swap)
             await asyncio.gather(*self._sending, return_exceptions=True)
-        for conn in self._conns:
-            await conn.disconnect()
+            await asyncio.sleep(0)
+            self._flush()
+        await self._pipe.drain()
+        self._closed = True
+        self._pipe.close()
         await self._redis.aclose()
 
 
@@ -501,6 +487,14 @@ return 1
 """
 
 
+def _raised(result: Any) -> Any:
+    """A batched script's reply, or its error raised (as StoreUnavailable when Redis is down)."""
+    if isinstance(result, Exception):
+        with _store_errors():
+            raise result
+    return result
+
+
 def _ms(seconds: float) -> int:
     return max(1, math.ceil(seconds * 1000))
 
@@ -510,16 +504,35 @@ def _lua(name: str) -> str:
 
 
 def _pack_evalsha(op: _Eval) -> bytes:
-    """EVALSHA sha numkeys keys... args... in the Redis protocol (RESP)."""
-    raw = [a if type(a) is bytes else str(a).encode()
-           for a in (op.script.sha, len(op.keys), *op.keys, *op.args)]
-    return b"*%d\r\n$7\r\nEVALSHA\r\n" % (len(raw) + 1) + b"".join(
-        [b"$%d\r\n%s\r\n" % (len(a), a) for a in raw])
+    """EVALSHA sha numkeys keys... args... in the Redis protocol (RESP), packed by hiredis.
+    Floats are passed as their repr (strings), which round-trips them."""
+    packed: bytes = _pack(("EVALSHA", op.script.sha, len(op.keys), *op.keys, *op.args))
+    return packed
+
+
+def _pack_in_python(command: tuple[Any, ...]) -> bytes:
+    """hiredis.pack_command for hiredis releases before 2.1."""
+    raw = [a if type(a) is bytes else str(a).encode() for a in command]
+    return b"*%d\r\n" % len(raw) + b"".join([b"$%d\r\n%s\r\n" % (len(a), a) for a in raw])
+
+
+_pack: Callable[[tuple[Any, ...]], bytes] = getattr(hiredis, "pack_command", _pack_in_python)
 
 
 def _json(raw: str | bytes) -> list[Any]:
     reply: list[Any] = orjson.loads(raw)
     return reply
+
+
+def _turn_close(raw: Any) -> TurnClose:
+    """close_turn.lua's reply: nil (unknown episode), the refund alone (a turn-only call
+    that did not end its episode), or [refunded, snapshot, ended]."""
+    if type(raw) is int:
+        return TurnClose(raw == 1, None)
+    if raw is None:
+        return TurnClose(False, None)
+    reply = _json(_raised(raw))
+    return TurnClose(bool(reply[0]), decode_state(reply[1]), bool(reply[2]))
 
 
 def _turn_open(episode_id: str, body_hash: str, reply: list[Any]) -> TurnOpen:

@@ -12,11 +12,18 @@ write.
 
 from __future__ import annotations
 
+import asyncio
+import logging
 import time
 from collections import OrderedDict
-from typing import Any, Protocol
+from collections.abc import Callable
+from importlib import resources
+from typing import TYPE_CHECKING, Any, Protocol
 
-from budgetproxy.store.base import StoreUnavailable
+if TYPE_CHECKING:
+    from budgetproxy.store.redis import RedisStore
+
+log = logging.getLogger("budgetproxy")
 
 MAX_TURNS = 1024
 MAX_EPISODE_BYTES = 16 * 1024 * 1024
@@ -121,47 +128,87 @@ class MemoryTurnLog:
 
 
 class RedisTurnLog:
-    def __init__(self, url: str, prefix: str, retention_s: float,
-                 max_episode_bytes: int = MAX_EPISODE_BYTES, max_turns: int = MAX_TURNS) -> None:
-        import redis.asyncio as aioredis
+    """The turns in the episode store's Redis, written through its batched scripts: an
+    append rides in the same write as the turn's settle, and the caller does not wait for it
+    (a failure is logged). A read waits for this process's appends to that episode."""
 
-        self._redis: Any = aioredis.Redis.from_url(url, socket_timeout=5.0,
-                                                   socket_connect_timeout=5.0)
-        self._prefix = prefix
+    def __init__(self, store: RedisStore, retention_s: float,
+                 max_episode_bytes: int = MAX_EPISODE_BYTES, max_turns: int = MAX_TURNS) -> None:
+        self._store = store
+        self._prefix = store.prefix
         self._ttl = max(1, int(retention_s))
         self._max_episode = max_episode_bytes
         self._max_turns = max_turns
+        self._append = store.register(_lua("turn_append.lua"))
+        self._swap = store.register(_SWAP)
+        self._read = store.register(_READ)
+        self._pending: dict[str, asyncio.Future[Any]] = {}  # each episode's last append
 
-    async def _run(self, coro: Any) -> Any:
-        from redis import exceptions as rexc
-
-        try:
-            return await coro
-        except (rexc.ConnectionError, rexc.TimeoutError, OSError) as e:
-            raise StoreUnavailable(f"Redis is unavailable: {e}") from e
-
-    def _key(self, episode_id: str) -> tuple[str, str]:
+    def _key(self, episode_id: str) -> list[str]:
         base = f"{self._prefix}:turns:{{{episode_id}}}"
-        return base, base + ":bytes"
+        return [base, base + ":bytes"]
 
     async def append(self, episode_id: str, turn: Entry) -> None:
-        key, size_key = self._key(episode_id)
+        keys = self._key(episode_id)
         entry, small = turn.encode(), turn.small
-        # One round trip as a rule: the entry goes in, and is swapped for its small form only
-        # when the episode's bytes turn out to be past the bound.
-        pipe = self._redis.pipeline(transaction=True)
-        pipe.rpush(key, entry).ltrim(key, 0, self._max_turns - 1).expire(key, self._ttl)
-        pipe.incrby(size_key, len(entry)).expire(size_key, self._ttl)
-        length, _, _, size, _ = await self._run(pipe.execute())
-        if size > self._max_episode and length <= self._max_turns:
+        fut = self._store.submit(self._append, keys, [entry, self._max_turns, self._ttl,
+                                                      self._max_episode])
+        self._pending[episode_id] = fut
+        fut.add_done_callback(lambda f: self._appended(episode_id, keys, entry, small, f))
+
+    def _appended(self, episode_id: str, keys: list[str], entry: bytes,
+                  small: Callable[[], bytes], fut: asyncio.Future[Any]) -> None:
+        if self._pending.get(episode_id) is fut:
+            del self._pending[episode_id]
+        reply = _outcome(fut)
+        if isinstance(reply, BaseException):
+            log.warning("store unavailable: a turn of %s not kept for its trajectory (%s)",
+                        episode_id, reply)
+            return
+        if reply:  # past the episode's byte bound: the turn without its messages
             data = small()
-            pipe = self._redis.pipeline(transaction=True)
-            pipe.lset(key, length - 1, data).incrby(size_key, len(data) - len(entry))
-            await self._run(pipe.execute())
+            swap = self._store.submit(self._swap, keys, [reply - 1, data, len(data) - len(entry)])
+            self._pending[episode_id] = swap
+            swap.add_done_callback(lambda f: self._swapped(episode_id, f))
+
+    def _swapped(self, episode_id: str, fut: asyncio.Future[Any]) -> None:
+        if self._pending.get(episode_id) is fut:
+            del self._pending[episode_id]
+        failed = _outcome(fut)
+        if isinstance(failed, BaseException):
+            log.warning("store unavailable: a turn of %s kept with its messages past the "
+                        "episode's byte bound (%s)", episode_id, failed)
 
     async def read(self, episode_id: str) -> list[bytes] | None:
-        entries = await self._run(self._redis.lrange(self._key(episode_id)[0], 0, -1))
-        return list(entries) if entries else None
+        pending = self._pending.get(episode_id)
+        while pending is not None:  # this process's appends first (a swap may follow one)
+            await asyncio.shield(pending)
+            await asyncio.sleep(0)  # its callback runs
+            pending = self._pending.get(episode_id)
+        entries = await self._store.run(self._read, self._key(episode_id)[:1], [])
+        return [e if type(e) is bytes else e.encode() for e in entries] if entries else None
 
     async def close(self) -> None:
-        await self._redis.aclose()
+        return None  # the store is the app's; its close sends what is pending
+
+
+# The turn at a position swapped for its small form. KEYS: list, byte count.
+# ARGV: index (0-based), data, byte difference.
+_SWAP = """
+redis.call('LSET', KEYS[1], ARGV[1], ARGV[2])
+redis.call('INCRBY', KEYS[2], ARGV[3])
+return 1
+"""
+
+_READ = "return redis.call('LRANGE', KEYS[1], 0, -1)"
+
+
+def _outcome(fut: asyncio.Future[Any]) -> Any:
+    """A submitted script's reply, or the error it failed with (returned, not raised)."""
+    if fut.cancelled():
+        return asyncio.CancelledError()
+    return fut.exception() or fut.result()
+
+
+def _lua(name: str) -> str:
+    return resources.files("budgetproxy.store").joinpath(name).read_text(encoding="utf-8")

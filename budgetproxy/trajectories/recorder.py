@@ -35,6 +35,10 @@ def strip_text(value: Any) -> Any:
 class Recorder:
     """Turns finished turns and episodes into log records and metric updates."""
 
+    # The full budgets of the axes beside turns that BudgetMix draws over (the base of their
+    # tiers in `analyze --axis X --tiers`), as episode record fields: full_token_budget ...
+    full_budgets: dict[str, float] = {}  # noqa: RUF012 (replaced, never mutated)
+
     def __init__(self, sink: TrajectorySink, metrics: Metrics | None, content_full: bool) -> None:
         self.sink = sink
         self.metrics = metrics
@@ -102,6 +106,7 @@ class Recorder:
                 "ended_at": rfc3339(st.ended_at or time.time()),
                 "metadata": st.metadata,
                 **axes.view(st, time.time()),
+                **self.full_budgets,
             }
         )
 

@@ -82,6 +82,10 @@ class EpisodeRecord(TypedDict, total=False):
     announced_tokens: int | None
     announced_cost: float | None
     announced_time_s: float | None
+    # BudgetMix's full budgets beside turns (present only when configured)
+    full_token_budget: int
+    full_cost_budget: float
+    full_time_budget_s: float
 
 
 @lru_cache(maxsize=4)

@@ -21,6 +21,7 @@ from redis_support import (
     write_config,
 )
 
+from budgetproxy.store.redis import RedisStore
 from budgetproxy.testing.fake_upstream import FakeUpstream
 
 pytestmark = [pytest.mark.redis, pytest.mark.slow]
@@ -113,7 +114,8 @@ async def test_redis_turn_log_bounds() -> None:
 
     require_redis()
     prefix = new_prefix()
-    log = RedisTurnLog(REDIS_URL, prefix, retention_s=60, max_episode_bytes=100, max_turns=3)
+    store = RedisStore(REDIS_URL, prefix=prefix)
+    log = RedisTurnLog(store, retention_s=60, max_episode_bytes=100, max_turns=3)
     try:
         for i in range(5):
             await log.append("ep", BytesEntry(b'{"turn":%d,"messages":"%s"}' % (i, b"x" * 40),
@@ -124,4 +126,5 @@ async def test_redis_turn_log_bounds() -> None:
         assert await log.read("nope") is None
     finally:
         await log.close()
+        await store.close()
         drop_prefix(prefix)

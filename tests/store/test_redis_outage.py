@@ -7,6 +7,7 @@ restart but the script cache does not), never the shared one.
 from __future__ import annotations
 
 import asyncio
+import logging
 import time
 import uuid
 from collections.abc import Iterator
@@ -16,11 +17,13 @@ import httpx
 import openai
 import pytest
 import redis
+from records_support import BytesEntry
 from redis_support import ProxyProcess, RedisServer, metric_total, write_config
 
 from budgetproxy.core.episode import EpisodeState, FinishStatus, GrantKind, SettleResult
 from budgetproxy.store.base import StoreUnavailable
 from budgetproxy.store.redis import RedisStore
+from budgetproxy.store.turn_log import RedisTurnLog
 from budgetproxy.testing.fake_upstream import FakeUpstream
 
 pytestmark = [pytest.mark.redis, pytest.mark.slow]
@@ -108,6 +111,34 @@ async def test_a_hung_redis_times_out_into_store_unavailable(server: RedisServer
         assert again.grant.turn in (2, 3)
     finally:
         server.resume()
+        await store.close()
+
+
+async def test_a_settle_sent_as_redis_goes_down_is_reported_not_lost_silently(
+        server: RedisServer, caplog: pytest.LogCaptureFixture) -> None:
+    """A settle and a turn log append are sent without the request waiting on them: when
+    Redis is gone, the settle's awaiter gets StoreUnavailable (the proxy logs it) and the
+    append is logged; neither is retried (either may have run)."""
+    store = RedisStore(server.url, prefix="late")
+    turns = RedisTurnLog(store, 60)
+    eid = "ep-late"
+    try:
+        first = await store.open_turn(eid, lambda: fresh(eid), "a", time.time(),
+                                      free_retries=0, message_count=1, disclosure_index=None)
+        server.stop()
+        closing = store.close_turn(eid, first.grant, SettleResult.OK, time.time(),
+                                   count_failed=False)
+        with caplog.at_level(logging.WARNING, logger="budgetproxy"):
+            await turns.append(eid, BytesEntry(b'{"turn":1}', b"{}"))
+            with pytest.raises(StoreUnavailable):
+                await closing
+            await asyncio.sleep(0)
+        assert f"a turn of {eid} not kept for its trajectory" in caplog.text
+        server.start()
+        st = await store.get(eid)  # the store recovers; that turn stays in flight until the
+        assert st is not None and st.inflight == 1  # idle sweep ends the episode
+        assert await turns.read(eid) is None
+    finally:
         await store.close()
 
 

@@ -13,6 +13,7 @@ from typing import Any
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
+from records_support import BytesEntry
 from redis_support import REDIS_URL, drop_prefix, new_prefix, require_redis
 
 from budgetproxy.core.episode import (
@@ -26,6 +27,7 @@ from budgetproxy.core.episode import (
     reserve,
     settle,
 )
+from budgetproxy.store.base import StoreUnavailable
 from budgetproxy.store.redis import RedisStore, decode_state, encode_state
 from budgetproxy.store.redis_codec import _CODEC, _NO_AXES
 
@@ -219,7 +221,8 @@ def test_lua_scripts_match_the_core(
                 refunded = settle(model, grant, result, now, count_failed=count_failed)
                 assert closed.refunded == refunded
                 assert closed.ended == (pending and not model.end_pending), (step, op)
-                assert closed.state == model, (step, op)
+                # a snapshot only with the ending it hands back (turn-only calls)
+                assert closed.state == (model if closed.ended else None), (step, op)
             else:
                 report = op[1]
                 done = await store.finish(eid, report, now)
@@ -457,7 +460,9 @@ async def test_a_pending_ending_whose_turn_never_settles_is_claimed_by_a_sweep()
         late = await stores[0].close_turn(eid, held.grant, SettleResult.REFUNDABLE, now + 60,
                                           count_failed=False)
         assert not late.ended  # recorded already: its numbers stay as recorded
-        assert late.state is not None and late.state.turns_used == 1
+        assert late.state is None  # a turn-only call's settle answers its refund alone
+        kept = await stores[0].get(eid)
+        assert kept is not None and kept.turns_used == 1
     finally:
         for s in stores:
             await s.close()
@@ -539,3 +544,81 @@ async def test_placements_leave_the_older_versions_field_readable(store: RedisSt
     assert raw.hget(key, "disclosed_at") == "[[0,1],[2,2]]"
     assert raw.hget(key, "placements") == '[[2,2,3,"9:def"]]'
     raw.close()
+
+
+# -- settles sent unawaited ----------------------------------------------------------------------
+@settings(max_examples=25, deadline=None,
+          suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(plans=st.lists(st.lists(st.tuples(st.booleans(), st.integers(0, 3)), min_size=1,
+                               max_size=8), min_size=2, max_size=6),
+       budget=st.integers(1, 12))
+async def test_settles_awaited_late_keep_budgets_exact(
+        prefix: str, plans: list[list[tuple[bool, int]]], budget: int) -> None:
+    """Agents on two replicas: each settle is sent when called and awaited only after a few
+    loop turns (as the proxy awaits a turn-only call's settle after logging it). Charged turns
+    never pass the budget and end as exactly the turns not given back."""
+    stores = [RedisStore(REDIS_URL, prefix=prefix) for _ in range(2)]
+    eid = new_eid()
+    kept = 0
+    peak = 0
+
+    async def agent(i: int, plan: list[tuple[bool, int]]) -> None:
+        nonlocal kept, peak
+        s = stores[i % 2]
+        for j, (ok, wait) in enumerate(plan):
+            o = await open_(s, eid, lambda: episode(eid, budget=budget), f"b{i}-{j}", T0)
+            if o.grant.kind is not GrantKind.FORWARD:
+                return
+            peak = max(peak, o.state.turns_used)
+            closing = s.close_turn(eid, o.grant,
+                                   SettleResult.OK if ok else SettleResult.REFUNDABLE, T0 + 1,
+                                   count_failed=False)
+            for _ in range(wait):
+                await asyncio.sleep(0)
+            closed = await closing
+            assert closed.refunded is not ok and closed.state is None and not closed.ended
+            kept += ok
+
+    try:
+        await asyncio.gather(*(agent(i, p) for i, p in enumerate(plans)))
+        st_ = await stores[0].get(eid)
+    finally:
+        for s in stores:
+            await s.close()
+    assert st_ is not None and st_.inflight == 0
+    assert peak <= budget
+    assert st_.turns_used == kept <= budget
+
+
+async def test_a_refund_sent_unawaited_lands_before_the_next_reserve(store: RedisStore) -> None:
+    """One replica's scripts run in the order it sends them: a call reserved right after a
+    refund was sent (not yet answered) finds the turn given back."""
+    eid = new_eid()
+    first = await open_(store, eid, lambda: episode(eid, budget=1), "b1", T0)
+    refund = store.close_turn(eid, first.grant, SettleResult.REFUNDABLE, T0 + 1,
+                              count_failed=False)
+    assert not refund.done()
+    again = await open_(store, eid, lambda: episode(eid, budget=1), "b2", T0 + 2)
+    assert (await refund).refunded
+    assert again.grant.kind is GrantKind.FORWARD and again.grant.turn == 1
+
+
+async def test_close_sends_the_settles_and_turns_still_pending(prefix: str) -> None:
+    from budgetproxy.store.turn_log import RedisTurnLog
+
+    store = RedisStore(REDIS_URL, prefix=prefix)
+    eid = new_eid()
+    opened = await open_(store, eid, lambda: episode(eid), "b1", T0)
+    closing = store.close_turn(eid, opened.grant, SettleResult.OK, T0 + 1, count_failed=False)
+    await RedisTurnLog(store, 60).append(eid, BytesEntry(b'{"turn":1}', b"{}"))  # not awaited
+    await store.close()  # at shutdown: nothing sent is dropped
+    assert closing.done() and not (await closing).refunded
+    with pytest.raises(StoreUnavailable):  # and nothing is sent after
+        await store.close_turn(eid, opened.grant, SettleResult.OK, T0 + 2, count_failed=False)
+    other = RedisStore(REDIS_URL, prefix=prefix)
+    try:
+        st_ = await other.get(eid)
+        assert st_ is not None and (st_.inflight, st_.turns_used) == (0, 1)
+        assert await RedisTurnLog(other, 60).read(eid) == [b'{"turn":1}']
+    finally:
+        await other.close()

@@ -227,3 +227,25 @@ def test_committed_dashboards_are_what_the_generator_writes() -> None:
         assert module.render(build) == committed, (
             f"{name} differs from grafana/generate.py's output; run `python grafana/generate.py`"
         )
+
+
+def test_every_bucket_variable_option_picks_exactly_its_own_bucket() -> None:
+    """The T and B variables' values go into `le=~"(v1|v2)(\\.0)?"`: each option must match
+    its own bucket bound alone, as Prometheus 2 (le="5.0") and 3 (le="5") spell it — a dot in
+    an option is a regex wildcard ("1.0" would pick le="100.0" as well)."""
+    from prometheus_client.utils import floatToGoString
+
+    from budgetproxy.telemetry.metrics import COST_BUCKETS, SECONDS_BUCKETS, TOKEN_BUCKETS
+
+    buckets = {"turns": [float(t) for t in range(1, 65)], "tokens": TOKEN_BUCKETS,
+               "cost": COST_BUCKETS, "seconds": SECONDS_BUCKETS}
+    variables = _variables(BOARDS["agent-budgets.json"])
+    exprs = [t["expr"] for p in _panels(BOARDS["agent-budgets.json"]) for t in p.get("targets", [])]
+    for name, bounds in buckets.items():
+        assert any(f'le=~"(${{{name}:pipe}})(\\\\.0)?"' in e for e in exprs), name
+        labels = {floatToGoString(b): b for b in bounds}
+        labels |= {text.removesuffix(".0"): b for text, b in list(labels.items())}
+        for option in variables[name]["options"]:
+            value = option["value"]
+            picked = {b for text, b in labels.items() if re.fullmatch(f"({value})(\\.0)?", text)}
+            assert picked == {float(value)}, (name, value, picked)

@@ -39,12 +39,13 @@ pytestmark = [pytest.mark.prometheus, pytest.mark.slow]
 
 MODEL = "fake-model"
 CHAT = "/v1/chat/completions"
+# USD per million tokens for the fake model (config `prices`): an episode's cost is its usage
+# priced at these rates, so the success-within-B-dollars panel's value is known exactly.
+PRICE_IN, PRICE_OUT = 1000.0, 3000.0
 QUERIES = panel_queries()
 # Panels that may rightly be empty after this run, and why.
 MAY_BE_EMPTY = {
     "Store unavailable": "the in-memory store is never unavailable",
-    "Success within B dollars (chosen B)": "no episode of the load has a cost budget (checked "
-    "apart: test_success_within_b_dollars_counts_only_episodes_with_a_cost_budget)",
 }
 
 
@@ -61,6 +62,7 @@ class Episode:
     success_turn: int | None = None
     refused: bool = False  # one more call once the budget is spent: 403
     stream_last: bool = False
+    cost_budget: bool = False  # a cost budget it never reaches: its cost is in the histogram
 
     @property
     def tier(self) -> str:
@@ -88,19 +90,20 @@ class Episode:
 
 
 FIRST = [
-    Episode("h25-a", 5, 20, "hidden", 3, "success", 2),
-    Episode("h25-b", 5, 20, "hidden", 5, "success", 5),
-    Episode("h25-c", 5, 20, "hidden", 5, "failure", refused=True),
+    Episode("h25-a", 5, 20, "hidden", 3, "success", 2, cost_budget=True),
+    Episode("h25-b", 5, 20, "hidden", 5, "success", 5, cost_budget=True),
+    Episode("h25-c", 5, 20, "hidden", 5, "failure", refused=True, cost_budget=True),
     Episode("h25-d", 5, 20, "hidden", 2, "failure"),
     Episode("h25-e", 5, 20, "hidden", 1, "end"),
     Episode("d25-a", 5, 20, "disclosed", 4, "success", 4),
     Episode("d25-b", 5, 20, "disclosed", 5, "failure", refused=True),
     Episode("d25-c", 5, 20, "disclosed", 5, "failure"),
-    Episode("h100-a", 20, 20, "hidden", 8, "success", 8),
-    Episode("h100-b", 20, 20, "hidden", 12, "success", 10),
+    Episode("h100-a", 20, 20, "hidden", 8, "success", 8, cost_budget=True),
+    Episode("h100-b", 20, 20, "hidden", 12, "success", 10, cost_budget=True),
     Episode("h100-c", 20, 20, "hidden", 4, "failure"),
     Episode("h100-live", 20, 20, "hidden", 1, "active"),
-    Episode("d100-a", 20, 20, "disclosed", 6, "success", 6, stream_last=True),
+    Episode("d100-a", 20, 20, "disclosed", 6, "success", 6, stream_last=True,
+            cost_budget=True),
     Episode("d100-b", 20, 20, "disclosed", 3, "failure"),
     Episode("hna-a", 3, None, "hidden", 1, "success", 1),
 ]
@@ -151,6 +154,15 @@ class Run:
     second_range: str = ""  # a range starting after FIRST was scraped, before SECOND began
     usage: Counter[str] = field(default_factory=Counter)
     chat_calls: int = 0
+    cost: dict[str, float] = field(default_factory=dict)  # USD per episode, as the proxy sums
+
+    def spend(self, ep: Episode | None, prompt: int, completion: int) -> None:
+        """One call's usage; priced for its episode (None: a call without one)."""
+        self.usage["input"] += prompt
+        self.usage["output"] += completion
+        if ep is not None:
+            call = prompt * PRICE_IN / 1e6 + completion * PRICE_OUT / 1e6
+            self.cost[ep.name] = self.cost.get(ep.name, 0.0) + call
 
     def panel(self, title: str, ref: str = "A") -> PanelQuery:
         found = [q for q in QUERIES if q.panel["title"] == title and q.target["refId"] == ref]
@@ -181,6 +193,8 @@ def _play(client: openai.OpenAI, http: httpx.Client, ep: Episode, run: Run, tag:
         # a token budget no episode reaches: the spend-per-episode families are exported
         "X-Episode-Token-Budget": "1000000",
     }
+    if ep.cost_budget:
+        headers["X-Episode-Cost-Budget"] = "10"
     if ep.max_turns is not None:
         headers["X-Episode-Max-Turns"] = str(ep.max_turns)
     messages: list[Any] = [{"role": "system", "content": "You solve the task step by step."}]
@@ -201,15 +215,13 @@ def _play(client: openai.OpenAI, http: httpx.Client, ep: Episode, run: Run, tag:
                 if chunk.choices and chunk.choices[0].delta.content:
                     text += chunk.choices[0].delta.content
                 if chunk.usage is not None:
-                    run.usage["input"] += chunk.usage.prompt_tokens
-                    run.usage["output"] += chunk.usage.completion_tokens
+                    run.spend(ep, chunk.usage.prompt_tokens, chunk.usage.completion_tokens)
         else:
             resp = client.chat.completions.create(
                 model=MODEL, messages=messages, extra_headers=headers
             )
             assert resp.usage is not None
-            run.usage["input"] += resp.usage.prompt_tokens
-            run.usage["output"] += resp.usage.completion_tokens
+            run.spend(ep, resp.usage.prompt_tokens, resp.usage.completion_tokens)
             text = resp.choices[0].message.content or ""
         messages.append({"role": "assistant", "content": text})
     if ep.refused:
@@ -238,8 +250,7 @@ def _loose_calls(client: openai.OpenAI, run: Run) -> None:
                 model=MODEL, messages=messages, extra_headers=headers
             )
             assert resp.usage is not None
-            run.usage["input"] += resp.usage.prompt_tokens
-            run.usage["output"] += resp.usage.completion_tokens
+            run.spend(None, resp.usage.prompt_tokens, resp.usage.completion_tokens)
         else:
             with pytest.raises(openai.APIStatusError) as failed:
                 client.chat.completions.create(
@@ -269,7 +280,11 @@ def run(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Run]:
     with FakeUpstream(models=[MODEL]) as upstream:
         # Tracing on, exporting to the fake upstream (it takes OTLP/HTTP too), so the trace
         # panel has data; spans leave in batches every 200 ms.
-        proxy = Proxy(workdir, upstream.base_url, env={
+        config = workdir / "proxy.yaml"
+        config.write_text("server: {forward_headers: [x-fake-*]}\n"
+                          f"prices: {{{MODEL}: {{input_per_mtok: {PRICE_IN}, "
+                          f"output_per_mtok: {PRICE_OUT}}}}}\n")
+        proxy = Proxy(workdir, upstream.base_url, "--config", str(config), env={
             "OTEL_EXPORTER_OTLP_ENDPOINT": upstream.base_url.rsplit("/v1", 1)[0],
             "OTEL_BSP_SCHEDULE_DELAY": "200"}).start()
         prom: Prometheus | None = None
@@ -396,10 +411,26 @@ def test_success_within_b_seconds(run: Run) -> None:
     assert got == pytest.approx(want)
 
 
-def test_success_within_b_dollars_counts_only_episodes_with_a_cost_budget(run: Run) -> None:
-    """The load gives no episode a cost budget, so the panel has no series rather than a
-    success rate of 0 (its numerator counts only episodes with a cost budget)."""
-    assert run.evaluate("Success within B dollars (chosen B)", cost="0.1|1.0") == []
+def test_success_within_b_dollars(run: Run) -> None:
+    """Successes with a cost budget whose whole cost (priced from their usage at the configured
+    rates, up to their report) is at most B, over the judged episodes with a cost budget of
+    the tier and arm (an episode whose cost was not measured is in neither); a tier and arm
+    with no cost budget anywhere has no series, not a 0."""
+    bounds = (0.025, 0.1, 0.25, 1)  # as the dashboard's variable writes them
+    got = run.by("Success within B dollars (chosen B)", "tier", "disclosure", "le",
+                 cost="|".join(map(str, bounds)))
+    want = {}
+    for tier, arm in ARMS:
+        priced = [e for e in judged(tier, arm) if e.cost_budget]
+        won = [e for e in priced if e.end_reason == "success"]
+        if won:
+            for b in bounds:
+                assert all(abs(run.cost[e.name] - b) > 1e-9 for e in won), "cost on a bound"
+                want[(tier, arm, b)] = sum(run.cost[e.name] <= b for e in won) / len(priced)
+    assert {(t, a, float(le)): v for (t, a, le), v in got.items()} == pytest.approx(want)
+    # the bounds split the load: some successes cost more than the lowest, all fit the highest
+    assert len({round(v, 9) for (t, a, b), v in want.items() if (t, a) == ("25%", "hidden")}) > 1
+    assert want[("25%", "hidden", 1)] == pytest.approx(2 / 3)  # h25-c failed
     assert "budgetproxy_episode_cost_usd_bucket" in run.panel(
         "Success within B dollars (chosen B)").target["expr"]
 
@@ -523,8 +554,7 @@ def test_exported_series_carry_the_contract_labels(run: Run) -> None:
         assert base in METRICS, f"{name} is not among the metrics the dashboards know"
         assert keys == METRICS[base], f"{name} has labels {sorted(keys)}"
         seen.setdefault(base, set())
-    missing = set(METRICS) - set(seen) - {"budgetproxy_store_unavailable_total",
-                                          "budgetproxy_episode_cost_usd"}
+    missing = set(METRICS) - set(seen) - {"budgetproxy_store_unavailable_total"}
     assert not missing, f"never exported under this load: {sorted(missing)}"
     les = {
         float(s["metric"]["le"])
