@@ -291,7 +291,9 @@ class ModelCalls:
             # texts are in what the upstream stored.
             cfg = self.disc_cfg
             keep = cfg.history == "keep" and call.previous_response is None
-            fields = axis_calls.template_fields(st, time.time()) if grant.hold else None
+            # (a template without axis fields renders as on a turn-only episode: cached)
+            fields = axis_calls.template_fields(st, time.time()) if (
+                grant.hold and disclosure.uses_axes(cfg.template)) else None
             text, again = disclosure.texts(
                 cfg.template, grant.turn, st.budget, st.announced_budget, grant.disclosed_at,
                 call.prints if keep else None, fields=fields, told=st.told)
