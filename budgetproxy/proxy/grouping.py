@@ -104,30 +104,79 @@ class KeptTurn:
 
     @classmethod
     def of(cls, call: ModelCall, st: EpisodeState, reply: dict[str, Any] | None, *,
-           full: bool, lazy: bool) -> KeptTurn:
+           full: bool, lazy: bool) -> KeptTurn | LazyTurn:
         """An answered call's turn. `lazy`: its messages are read back from the body it was
-        sent when they are asked for (when that body reads as the conversation it carried);
-        otherwise they are written now."""
+        sent when they are asked for (when that body reads as the conversation it carried),
+        and a non-streamed answer's fields from the body it came in; otherwise they are
+        written now."""
         turn, attempt = turn_numbers(call, st)
-        response = finish_reason = usage = None
-        if reply is not None:
-            response, finish_reason, usage = (
-                reply.get("message"), reply.get("finish_reason"), reply.get("usage"))
-        text = call.disclosure_text
-        if not full:
-            response, text = strip_text(response), strip_text(text)
-        head = orjson.dumps({"turn": turn, "attempt": attempt, "response": response,
-                             "finish_reason": finish_reason, "usage": usage})
-        tail = orjson.dumps({"disclosure_text": text} if call.tokens is None else
-                            {"disclosure_text": text, **call.tokens.fields()})
         body = call.upstream_body
         # A body with integers orjson reads as floats (call.exact) is not read back: those
         # messages are written from the objects sent, as they always were.
-        if lazy and body is not None and call.sent is not None and not call.exact:
+        readable = lazy and body is not None and call.sent is not None and not call.exact
+        if readable and call.events is None and call.data and call.tokens is None:
+            assert body is not None
+            return LazyTurn(turn, attempt, call.disclosure_text, call.data,
+                            call.dialect.read_body, body, call.dialect.conversation, full)
+        head, tail = _head_tail(turn, attempt, reply, call.disclosure_text,
+                                None if call.tokens is None else call.tokens.fields(), full)
+        if readable:
             return cls(head, tail, body=body, read=call.dialect.conversation, full=full)
         kept = cls(head, tail, full=full)
         kept.data = kept.written(call.sent)
         return kept
+
+
+def _head_tail(turn: int, attempt: int, reply: dict[str, Any] | None, text: str | None,
+               tokens: dict[str, Any] | None, full: bool) -> tuple[bytes, bytes]:
+    """KeptTurn's fields around the messages, as JSON."""
+    response = finish_reason = usage = None
+    if reply is not None:
+        response, finish_reason, usage = (
+            reply.get("message"), reply.get("finish_reason"), reply.get("usage"))
+    if not full:
+        response, text = strip_text(response), strip_text(text)
+    head = orjson.dumps({"turn": turn, "attempt": attempt, "response": response,
+                         "finish_reason": finish_reason, "usage": usage})
+    tail = orjson.dumps({"disclosure_text": text} if tokens is None else
+                        {"disclosure_text": text, **tokens})
+    return head, tail
+
+
+class LazyTurn:
+    """A non-streamed turn in the memory log, kept as the bytes it was made of: the request
+    body the upstream got and the body it answered with. Its KeptTurn, and so its JSON, is
+    made when it is read (most are never read), not on the call's path."""
+
+    __slots__ = ("turn", "attempt", "text", "answer", "reply_of", "body", "read", "full")
+
+    def __init__(self, turn: int, attempt: int, text: str | None, answer: bytes,
+                 reply_of: Callable[[bytes], dict[str, Any]], body: bytes,
+                 read: Callable[[dict[str, Any]], list[Any]], full: bool) -> None:
+        self.turn, self.attempt, self.text = turn, attempt, text
+        self.answer, self.reply_of = answer, reply_of
+        self.body, self.read, self.full = body, read, full
+
+    @property
+    def size(self) -> int:
+        return len(self.body) + len(self.answer) + (len(self.text) if self.text else 0) + 64
+
+    def kept(self) -> KeptTurn:
+        try:
+            reply: dict[str, Any] | None = self.reply_of(self.answer)
+        except Exception:  # as the call's own read-back (axis_calls.read_reply): no fields
+            reply = None
+        try:
+            head, tail = _head_tail(self.turn, self.attempt, reply, self.text, None, self.full)
+        except (TypeError, ValueError):  # a reply orjson cannot write: kept without it
+            head, tail = _head_tail(self.turn, self.attempt, None, self.text, None, self.full)
+        return KeptTurn(head, tail, body=self.body, read=self.read, full=self.full)
+
+    def encode(self) -> bytes:
+        return self.kept().encode()
+
+    def small(self) -> bytes:
+        return self.kept().small()
 
 
 def with_rollout_group(scope: MutableMapping[str, Any], rollout_id: str) -> dict[str, Any]:

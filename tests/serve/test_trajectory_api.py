@@ -132,3 +132,35 @@ def test_content_none_leaves_texts_out_of_kept_turns(proxy: ProxyFactory,
     assert turn["messages"] == [{"role": "user", "content": {"length": len(sent)}}]
     assert turn["disclosure_text"] == {"length": len("[Turn budget] Turn 1 of 4.")}
     assert set(turn["response"]["content"]) == {"length"}
+
+
+def test_plain_and_streamed_turns_read_back_as_the_client_got_them(
+        proxy: ProxyFactory, upstream: WatchedUpstream) -> None:
+    """A non-streamed turn is kept as the bodies it was made of and written when read; a
+    streamed one as its fields: both read back with the reply, finish reason and usage the
+    client got, the disclosure text and the messages the upstream got."""
+    p = proxy({"disclosure": {"mode": "disclosed", "template": TEMPLATE}})
+    eid = new_id()
+    client = p.client(default_headers={"X-Episode-Id": eid, "X-Episode-Budget": "4"})
+    messages: list[dict[str, Any]] = [{"role": "user", "content": "begin"}]
+    plain = client.chat.completions.create(model="m1", messages=messages)  # type: ignore[arg-type]
+    messages += [{"role": "assistant", "content": plain.choices[0].message.content},
+                 {"role": "user", "content": "go on"}]
+    pieces = list(client.chat.completions.create(
+        model="m1", messages=messages, stream=True,  # type: ignore[arg-type]
+        stream_options={"include_usage": True}))
+    streamed = "".join(c.choices[0].delta.content or "" for c in pieces if c.choices)
+    p.http().post(f"/v1/episodes/{eid}/end")
+    first, second = p.http().get(f"/v1/episodes/{eid}/trajectory").json()["turns"]
+    assert first["turn"] == 1 and first["attempt"] == 1
+    assert first["response"]["content"] == plain.choices[0].message.content
+    assert first["finish_reason"] == plain.choices[0].finish_reason
+    assert plain.usage is not None
+    assert first["usage"]["total_tokens"] == plain.usage.total_tokens
+    assert first["disclosure_text"] == "[Turn budget] Turn 1 of 4."
+    assert first["messages"] == [{"role": "user",
+                                  "content": "begin\n\n[Turn budget] Turn 1 of 4."}]
+    assert second["turn"] == 2 and second["response"]["content"] == streamed
+    assert second["messages"][-1]["content"] == "go on\n\n[Turn budget] Turn 2 of 4."
+    usage = next(c.usage for c in pieces if c.usage is not None)
+    assert second["usage"]["total_tokens"] == usage.total_tokens
