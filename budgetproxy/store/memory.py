@@ -179,8 +179,9 @@ class MemoryStore:
         pending = st.end_pending
         refunded = settle(st, grant, result, now, count_failed=count_failed, spend=spend,
                           timed_out=timed_out)
-        snap = st.snapshot()
         ended = pending and not st.end_pending
+        # (a turn-only call that ended nothing needs no snapshot: TurnClose.state)
+        snap = st.snapshot() if ended or grant.hold is not None else None
         if ended:
             self._ended(st)
         return TurnClose(refunded, snap, ended)

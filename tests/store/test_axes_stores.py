@@ -80,10 +80,12 @@ async def test_redis_matches_the_core(redis_store: RedisStore, ops: list[tuple[o
                                               spend=spend)
             # a turn-only call's settle answers its refund alone; one holding axes, a snapshot
             assert (cr.state is None) == (gr.hold is None)
+            assert (cm.state is None) == (gm.hold is None)
+            sm = cm.state if cm.state is not None else await mem.get(eid)
             sr = cr.state if cr.state is not None else await redis_store.get(eid)
-            assert cm.state is not None and sr is not None and cr.refunded == cm.refunded
+            assert sm is not None and sr is not None and cr.refunded == cm.refunded
             for f in AXIS_FIELDS:
-                assert getattr(cm.state, f) == pytest.approx(getattr(sr, f)), f
+                assert getattr(sm, f) == pytest.approx(getattr(sr, f)), f
             continue
         c = cap if isinstance(cap, int) else None
         gm = await _open(mem, eid, f"h{i}", now, c, 1e-6, **kw)
