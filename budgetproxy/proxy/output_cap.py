@@ -17,8 +17,12 @@ CAP_FIELDS: dict[str, tuple[str, ...]] = {
 def client_cap(kind: str, payload: dict[str, Any]) -> int | None:
     """The smallest output cap the request sets (None: it sets none, or none that is a
     positive integer: the upstream judges those)."""
-    caps = [v for f in CAP_FIELDS.get(kind, ()) if type(v := payload.get(f)) is int and v > 0]
-    return min(caps) if caps else None
+    cap = None
+    for f in CAP_FIELDS.get(kind, ()):
+        v = payload.get(f)
+        if type(v) is int and v > 0 and (cap is None or v < cap):
+            cap = v
+    return cap
 
 
 def with_cap(kind: str, payload: dict[str, Any], cap: int) -> dict[str, Any]:
