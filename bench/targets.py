@@ -263,6 +263,12 @@ BUDGETPROXY_VARIANTS: dict[str, tuple[str, bool, str | None]] = {
         True,
         "disclosure: {mode: disclosed}\ntrajectories: {enabled: false}\n",
     ),
+    "bp+episodes-noturns": (
+        "ablation: episodes, disclosed, no turn log for the trajectory API",
+        True,
+        "disclosure: {mode: disclosed, placement: last_message, history: keep}\n"
+        "rollouts: {keep_turns: false}\n",
+    ),
     "bp+episodes-bare": (
         "ablation: episodes, hidden, trajectories and metrics off",
         True,
