@@ -71,6 +71,10 @@ class UpstreamConfig(_Strict):
     capture_tokens: bool = False
     # Whose field names and shapes: vLLM (null when not asked) or SGLang (absent).
     token_server: Literal["vllm", "sglang"] = "vllm"
+    # Model calls to an http:// upstream go through budgetproxy's own HTTP/1.1 client
+    # (proxy/h1.py, ~10x less CPU a call than aiohttp); https:// upstreams, and "aiohttp"
+    # here, use aiohttp.
+    http_client: Literal["builtin", "aiohttp"] = "builtin"
 
     @field_validator("base_url")
     @classmethod

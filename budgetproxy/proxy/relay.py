@@ -13,6 +13,7 @@ import aiohttp
 
 from budgetproxy.proxy.asgi import Receive, Send
 from budgetproxy.proxy.sse import EventSplitter, event_data, is_usage_only
+from budgetproxy.proxy.upstream import UpstreamResponse
 
 
 class StreamEnd(StrEnum):
@@ -32,7 +33,7 @@ class Relayed:
 
 
 async def relay_stream(
-    resp: aiohttp.ClientResponse,
+    resp: UpstreamResponse,
     receive: Receive,
     send: Send,
     head: list[tuple[bytes, bytes]],
@@ -67,7 +68,7 @@ async def relay_stream(
 
     watcher = asyncio.create_task(watch())
     try:
-        async for data in resp.content.iter_any():
+        async for data in resp.iter_any():
             chunk = []
             for ev in splitter.feed(data):
                 out.events.append(ev)
@@ -102,7 +103,7 @@ async def relay_stream(
             raise
         # A client that hangs up once it has the last event got the whole answer.
         out.end = StreamEnd.COMPLETE if out.done_sent else StreamEnd.CLIENT_GONE
-    except (TimeoutError, aiohttp.ClientError):
+    except (TimeoutError, aiohttp.ClientError, OSError):
         out.end = StreamEnd.BROKEN
         if out.started:
             with contextlib.suppress(Exception):

@@ -1,14 +1,53 @@
-"""Upstreams: one shared aiohttp session, and the model-name routing over configured upstreams."""
+"""Upstreams: their connections (budgetproxy's HTTP/1.1 client for plain-HTTP model calls,
+one shared aiohttp session for the rest), and the model-name routing over them."""
 
 from __future__ import annotations
 
 import fnmatch
+from collections.abc import AsyncIterator
+from typing import Protocol
 
 import aiohttp
 from yarl import URL
 
 from budgetproxy.config import UpstreamConfig
 from budgetproxy.core.paths import wire_path
+from budgetproxy.proxy import h1
+
+
+class UpstreamResponse(Protocol):
+    """An upstream's answer to a model call, whichever client carried it (h1.Response)."""
+
+    status: int
+    headers: list[tuple[str, str]]  # names lowercased
+
+    def header(self, name: str) -> str | None: ...
+    async def read(self) -> bytes: ...
+    def iter_any(self) -> AsyncIterator[bytes]: ...
+    def release(self) -> None: ...
+
+
+class AiohttpResponse:
+    """An aiohttp answer behind UpstreamResponse's face (HTTPS upstreams)."""
+
+    __slots__ = ("_resp", "status", "headers")
+
+    def __init__(self, resp: aiohttp.ClientResponse) -> None:
+        self._resp = resp
+        self.status = resp.status
+        self.headers = [(k.lower(), v) for k, v in resp.headers.items()]
+
+    def header(self, name: str) -> str | None:
+        return self._resp.headers.get(name)
+
+    async def read(self) -> bytes:
+        return await self._resp.read()
+
+    def iter_any(self) -> AsyncIterator[bytes]:
+        return self._resp.content.iter_any()
+
+    def release(self) -> None:
+        self._resp.release()
 
 
 class UpstreamPool:
@@ -23,8 +62,14 @@ class UpstreamPool:
         }
         self._session: aiohttp.ClientSession | None = None
         self._urls: dict[tuple[str, str], URL] = {}
+        self._origins: dict[str, h1.Origin] = {}  # by upstream name: those h1 carries
+        self._targets: dict[tuple[str, str, str], tuple[bytes, bytes]] = {}
 
     async def start(self) -> None:
+        for u in self.upstreams:
+            url = URL(u.base_url)
+            if u.http_client == "builtin" and url.scheme == "http" and url.raw_host:
+                self._origins[u.name] = h1.Origin(url.raw_host, url.port or 80)
         connector = aiohttp.TCPConnector(limit=0, ttl_dns_cache=300, keepalive_timeout=60)
         self._session = aiohttp.ClientSession(
             connector=connector, auto_decompress=True, skip_auto_headers=("User-Agent",)
@@ -53,6 +98,32 @@ class UpstreamPool:
                 self._urls[key] = url
         return url
 
+    async def post(self, upstream: UpstreamConfig, path: str, query: str,
+                   headers: dict[str, str], body: bytes) -> UpstreamResponse:
+        """POST a model call's body to `upstream` (path and query as for `url`); the answer
+        once its head is read. Raises TimeoutError, OSError or aiohttp.ClientError."""
+        origin = self._origins.get(upstream.name)
+        if origin is None:
+            resp = await self.session.post(
+                self.url(upstream, path, query), data=body, headers=headers,
+                timeout=self._timeouts[upstream.name], allow_redirects=False)
+            return AiohttpResponse(resp)
+        key = (upstream.name, path, query)
+        target = self._targets.get(key)
+        if target is None:
+            url = self.url(upstream, path, query)
+            host = url.raw_host or ""
+            if ":" in host:  # an IPv6 literal
+                host = f"[{host}]"
+            if url.explicit_port is not None and url.explicit_port != 80:
+                host = f"{host}:{url.explicit_port}"
+            target = (url.raw_path_qs.encode("ascii"), host.encode("ascii"))
+            if len(self._targets) < 1024:
+                self._targets[key] = target
+        return await origin.post(target[0], target[1], headers, body,
+                                 timeout_s=upstream.timeout_s,
+                                 connect_timeout_s=upstream.connect_timeout_s)
+
     def route(self, model: str | None) -> UpstreamConfig | None:
         try:
             return self._routes[model]
@@ -68,6 +139,8 @@ class UpstreamPool:
         return found
 
     async def close(self) -> None:
+        for origin in self._origins.values():
+            origin.close()
         if self._session is not None:
             await self._session.close()
             self._session = None

@@ -19,7 +19,7 @@ from budgetproxy.proxy.calls import ModelCall
 from budgetproxy.proxy.capture import strip, strip_event
 from budgetproxy.proxy.relay import StreamEnd, relay_stream
 from budgetproxy.proxy.sse import EventSplitter
-from budgetproxy.proxy.upstream import UpstreamPool
+from budgetproxy.proxy.upstream import UpstreamPool, UpstreamResponse
 from budgetproxy.proxy.wire import DROP_RESPONSE_HEADERS
 from budgetproxy.telemetry.metrics import Metrics
 from budgetproxy.telemetry.tracing import Tracing
@@ -53,20 +53,16 @@ class UpstreamCall:
         self, call: ModelCall, upstream: UpstreamConfig, headers: dict[bytes, bytes], body: bytes,
         receive: Receive, send: Send, drop_usage: bool,
     ) -> None:
-        url = self.pool.url(upstream, call.route, call.query)
         t_up = time.perf_counter()
         try:
             out_headers = self.request_headers(headers, upstream, call)
             self.tracing.inject(call.span, out_headers)
-            resp = await self.pool.session.post(
-                url, data=body, headers=out_headers, timeout=self.pool.timeout(upstream),
-                allow_redirects=False,
-            )
+            resp = await self.pool.post(upstream, call.route, call.query, out_headers, body)
         except (TimeoutError, aiohttp.ServerTimeoutError):
             self._fail(call, "timeout", t_up)
             raise ProxyError(504, "upstream_timeout",
                              f"Upstream {upstream.name!r} timed out") from None
-        except (aiohttp.ClientError, OSError) as e:
+        except (aiohttp.ClientError, OSError, ValueError) as e:
             self._fail(call, "connect", t_up)
             raise ProxyError(502, "upstream_unreachable",
                              f"Upstream {upstream.name!r} is unreachable: {e}") from None
@@ -74,13 +70,13 @@ class UpstreamCall:
             if 300 <= resp.status < 400:
                 self._fail(call, "redirect", t_up)
                 raise upstream_redirect(upstream.name, resp.status)
-            ctype = resp.headers.get("content-type", "")
+            ctype = resp.header("content-type") or ""
             if call.stream and resp.status == 200 and ctype.startswith("text/event-stream"):
                 await self._relay_stream(call, resp, receive, send, drop_usage, t_up)
                 return
             try:
                 data = await resp.read()
-            except (TimeoutError, aiohttp.ClientError) as e:
+            except (TimeoutError, aiohttp.ClientError, OSError) as e:
                 cls = "timeout" if isinstance(e, TimeoutError) else "connect"
                 self._fail(call, cls, t_up)  # (its record says the status answered here)
                 if cls == "timeout":
@@ -148,7 +144,7 @@ class UpstreamCall:
         return out
 
     async def _relay_stream(
-        self, call: ModelCall, resp: aiohttp.ClientResponse, receive: Receive, send: Send,
+        self, call: ModelCall, resp: UpstreamResponse, receive: Receive, send: Send,
         drop_usage: bool, t_up: float,
     ) -> None:
         head = self._response_headers(resp, call)
@@ -182,12 +178,12 @@ class UpstreamCall:
             m.child(m.ttft, m.model_label(call.model)).observe(call.ttft)
 
     def _response_headers(
-        self, resp: aiohttp.ClientResponse, call: ModelCall
+        self, resp: UpstreamResponse, call: ModelCall
     ) -> list[tuple[bytes, bytes]]:
         out = [
-            (k.lower().encode("latin-1"), v.encode("latin-1"))
-            for k, v in resp.headers.items()
-            if k.lower() not in DROP_RESPONSE_HEADERS
+            (k.encode("latin-1"), v.encode("latin-1"))
+            for k, v in resp.headers
+            if k not in DROP_RESPONSE_HEADERS
         ]
         out.extend(self.episode_headers(call))
         return out
