@@ -47,6 +47,9 @@ async def read_body(receive: Receive, headers: dict[bytes, bytes], limit: int) -
 async def send_response(
     send: Send, status: int, headers: list[tuple[bytes, bytes]], body: bytes
 ) -> None:
+    """A whole answer, with its length (`headers` carry none): not chunked on the wire."""
+    if status != 204 and status != 304:
+        headers = [*headers, (b"content-length", b"%d" % len(body))]
     await send({"type": "http.response.start", "status": status, "headers": headers})
     await send({"type": "http.response.body", "body": body})
 

@@ -264,10 +264,15 @@ class _Connection(asyncio.Protocol):
         self.resp = None
         if resp is not None:
             resp._finish()
-        if self.parser.should_keep_alive() and not self.closed:
+        transport = self.transport
+        if (self.parser.should_keep_alive() and not self.closed and transport is not None
+                and not transport.get_write_buffer_size()):  # (an early answer: body unsent)
             self.origin.idle(self)
         else:
-            self.abort()
+            self.closed = True
+            self.origin.forget(self)
+            if transport is not None:
+                transport.close()
 
     # -- the client's side ---------------------------------------------------------------------
     def send(self, data: bytes, resp: Response) -> asyncio.Future[None]:

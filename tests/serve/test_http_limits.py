@@ -162,3 +162,67 @@ def test_a_malformed_request_is_an_openai_shaped_400(bounded: Proxy) -> None:
         s.sendall(b"GET /v1/models HTTP/1.1\r\nHost: x\r\nBad Header\r\n\r\n")
         err = error_of(read_all(s), 400)
     assert err["code"] == "invalid_request"
+
+
+class _Transport:
+    def __init__(self) -> None:
+        self.writes: list[bytes] = []
+        self.closed = False
+
+    def write(self, data: bytes) -> None:
+        self.writes.append(data)
+
+    def close(self) -> None:
+        self.closed = True
+
+    def is_closing(self) -> bool:
+        return self.closed
+
+
+def test_a_response_head_leaves_with_the_write_that_follows_it() -> None:
+    """One send for a head and its body; a head nothing follows goes out at the end of the
+    loop's iteration, and before a close; other writes pass straight through."""
+    import asyncio
+
+    from budgetproxy.serve.http_limits import HeadWithBody
+
+    async def go() -> None:
+        t = _Transport()
+        w = HeadWithBody(t, asyncio.get_running_loop())  # type: ignore[arg-type]
+        head = b"HTTP/1.1 200 OK\r\ncontent-length: 2\r\n\r\n"
+        w.write(head)
+        assert t.writes == []
+        w.write(b"{}")
+        assert t.writes == [head + b"{}"]
+        w.write(b"5\r\nhello\r\n")  # a chunk: not held
+        assert t.writes[-1] == b"5\r\nhello\r\n"
+        w.write(head)
+        await asyncio.sleep(0)
+        assert t.writes[-1] == head  # flushed at the end of the iteration
+        w.write(head)
+        w.close()
+        assert t.writes[-1] == head and t.closed
+
+    asyncio.run(go())
+
+
+def test_answers_on_one_kept_connection_arrive_whole(bounded: Proxy) -> None:
+    """Heads held for their bodies never mix answers up on a keep-alive connection."""
+    with connection(bounded) as s:
+        for i in range(3):
+            body = json.dumps({"model": "m1", "messages": [
+                {"role": "user", "content": f"keep {i}"}]}).encode()
+            s.sendall(b"POST /v1/chat/completions HTTP/1.1\r\nhost: x\r\n"
+                      b"content-type: application/json\r\nx-episode-id: " +
+                      new_id("kept").encode() + b"\r\ncontent-length: %d\r\n\r\n" % len(body)
+                      + body)
+            data = b""
+            while b"\r\n\r\n" not in data:
+                data += s.recv(65536)
+            head, _, rest = data.partition(b"\r\n\r\n")
+            assert head.startswith(b"HTTP/1.1 200 ")
+            length = int(next(line.split(b":")[1] for line in head.split(b"\r\n")
+                              if line.lower().startswith(b"content-length:")))
+            while len(rest) < length:
+                rest += s.recv(65536)
+            assert f"keep {i}" in json.loads(rest[:length])["choices"][0]["message"]["content"]
