@@ -2,7 +2,9 @@
 -- KEYS: episode, remembered id. ARGV: body_hash, now, free_retries, message_count,
 -- disclosure_index ('' for none), active ttl ms, model ('' for none),
 -- fingerprint ('' for none), client output cap ('' none), USD per output token ('' unknown),
--- output tokens held for a call with no cap (core.axes.OUTPUT_HOLD), [field, value, ...].
+-- output tokens held for a call with no cap (core.axes.OUTPUT_HOLD), '1' when the caller
+-- keeps the episode's fixed fields (a forwarded turn of a turn-only episode is then answered
+-- with what the turn changed, not the whole episode), [field, value, ...].
 local ep, gone = KEYS[1], KEYS[2]
 local body_hash, now = ARGV[1], ARGV[2]
 local free_retries = tonumber(ARGV[3])
@@ -12,16 +14,16 @@ if redis.call('EXISTS', ep) == 0 then
   if redis.call('EXISTS', gone) == 1 then
     return cjson.encode({'gone'})
   end
-  if #ARGV < 12 then
+  if #ARGV < 13 then
     return cjson.encode({'absent'})
   end
-  redis.call('HSET', ep, unpack(ARGV, 12))
+  redis.call('HSET', ep, unpack(ARGV, 13))
   created = 1
 end
 local f = redis.call('HMGET', ep, 'status', 'budget', 'turns_used', 'inflight', 'last_turn',
   'last_attempt', 'last_hash', 'last_state', 'free_retries_used', 'placements',
   'messages_seen', 'messages_digest', 'disclosure', 'token_budget', 'cost_budget',
-  'time_budget_s')
+  'time_budget_s', 'model', 'refused')
 if f[1] == 'finished' then
   return cjson.encode({'finished', created, snapshot(ep)})
 end
@@ -71,6 +73,7 @@ local fields = {'turns_used', used, 'last_turn', last_turn, 'last_attempt', atte
   'free_retries_used', free_used, 'last_hash', last_hash, 'last_state', 'inflight',
   'last_charged', charged, 'inflight', inflight + 1, 'last_activity', now,
   'messages_seen', ARGV[4]}
+local placements = nil
 if index ~= '' and f[13] == 'disclosed' then
   -- [index, turn, message count, digest] under 'placements' ('disclosed_at' keeps older
   -- versions' [index, turn] pairs); those of longer conversations are dropped
@@ -84,8 +87,9 @@ if index ~= '' and f[13] == 'disclosed' then
   end
   parts[#parts + 1] = string.format('[%d,%d,%d,%s]', idx, last_turn, count,
     cjson.encode(fingerprint))
+  placements = '[' .. table.concat(parts, ',') .. ']'
   fields[#fields + 1] = 'placements'
-  fields[#fields + 1] = '[' .. table.concat(parts, ',') .. ']'
+  fields[#fields + 1] = placements
 end
 redis.call('HSET', ep, unpack(fields))
 if fingerprint == '' then
@@ -102,5 +106,16 @@ if hold then
   held = axes_apply(ep, hold, ARGV[2])
 end
 redis.call('PEXPIRE', ep, ARGV[6])
+if ARGV[12] == '1' and created == 0 and not hold then
+  -- The caller knows what never changes (its last full reply): the turn's changes alone,
+  -- [turns_used, inflight, free retries used, last hash, model, refused, placements].
+  local model = f[17]
+  if not model and ARGV[7] ~= '' then
+    model = ARGV[7]
+  end
+  return cjson.encode({'forward', created, false, last_turn, attempt, charged, prior, seen,
+    seen_digest or false, held, {used, inflight + 1, free_used, last_hash, model or false,
+    f[18] or '0', placements or false}})
+end
 return cjson.encode({'forward', created, snapshot(ep), last_turn, attempt, charged, prior,
   seen, seen_digest, held})

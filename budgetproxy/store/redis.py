@@ -68,6 +68,9 @@ _UNAVAILABLE: tuple[type[BaseException], ...] = (
     *CLUSTER_UNAVAILABLE,
 )
 _SWEEP_BATCH = 256
+# Active turn-only episodes whose fixed fields this process keeps (RedisStore._fixed), so
+# their turns' replies carry only what a turn changes (~1 KB each).
+_FIXED_MAX = 4096
 
 class _Eval:
     """One script call inside a pipeline (a plain class: one is made per call)."""
@@ -142,6 +145,7 @@ class RedisStore:
                 # server closed, and the first command after a Redis restart would fail.
                 protocol=2,
             )
+        self._fixed: dict[str, EpisodeState] = {}  # by episode id: see _FIXED_MAX
         self._queue: list[Pending] = []  # a cluster's scripts of this iteration
         self._closed = False
         self._sending: set[asyncio.Future[None]] = set()
@@ -293,13 +297,19 @@ class RedisStore:
         output_hold: int = OUTPUT_HOLD,
     ) -> TurnOpen:
         keys = self._keys(episode_id)
+        fixed = self._fixed.get(episode_id)
         args: list[Any] = [
             body_hash, repr(float(now)), free_retries, message_count,
             "" if disclosure_index is None else disclosure_index, self._active_ttl_ms,
             model or "", fingerprint or "", "" if client_cap is None else client_cap,
             "" if out_rate is None else repr(float(out_rate)), output_hold,
+            "" if fixed is None else "1",
         ]
         reply = _json(await self._eval(_Eval(self._open, keys, args)))
+        if fixed is not None and reply[0] == "forward" and reply[2] is False:
+            # what the turn changed (open_turn.lua)
+            return _forward(episode_id, body_hash, reply, _slim_state(
+                fixed, reply, now, message_count, fingerprint), False)
         if reply[0] == "absent":
             st = fresh()  # may raise (bad headers): then nothing is stored
             create = [*args, *encode_state(st)]
@@ -310,7 +320,19 @@ class RedisStore:
                 _Eval(self._open, keys, create),
             ]))[1]
             reply = _json(reply)
-        return _turn_open(episode_id, body_hash, reply)
+        opened = _turn_open(episode_id, body_hash, reply)
+        st = opened.state
+        if (opened.grant.kind is GrantKind.FORWARD and st.status == "active"
+                and st.token_budget is None and st.cost_budget is None
+                and st.time_budget_s is None):
+            # Its fixed fields, for the next turns' short replies; at most _FIXED_MAX
+            # episodes, the oldest dropped first (one dropped gets a full reply again).
+            if len(self._fixed) >= _FIXED_MAX:
+                del self._fixed[next(iter(self._fixed))]
+            self._fixed[episode_id] = st
+        elif fixed is not None:  # refused or ended: full replies from here on
+            self._fixed.pop(episode_id, None)  # (a concurrent call may have dropped it)
+        return opened
 
     def close_turn(
         self, episode_id: str, grant: Grant, result: SettleResult, now: float, *,
@@ -549,6 +571,28 @@ def _turn_open(episode_id: str, body_hash: str, reply: list[Any]) -> TurnOpen:
         return TurnOpen(Grant(GrantKind.NEED_PRICE), st, created)
     if kind == "held":
         return TurnOpen(Grant(GrantKind.HELD, turn=st.turns_used), st, created)
+    return _forward(episode_id, body_hash, reply, st, created)
+
+
+def _slim_state(fixed: EpisodeState, reply: list[Any], now: float, message_count: int,
+                fingerprint: str | None) -> EpisodeState:
+    """The episode after a forwarded turn, from its fixed fields (an earlier full reply of
+    this active turn-only episode) and the turn's changes in a short reply: what the script
+    wrote, field by field (open_turn.lua); the rest of an active episode never changes."""
+    used, inflight, free_used, last_hash, model, refused, placements = reply[10]
+    st = fixed.snapshot()
+    st.__dict__.update(
+        turns_used=used, inflight=inflight, last_turn=reply[3], last_attempt=reply[4],
+        last_hash=last_hash, last_state="inflight", last_charged=reply[5] == 1,
+        free_retries_used=free_used, refused=refused == "1",
+        disclosed_at=orjson.loads(placements or reply[6]), messages_seen=message_count,
+        messages_digest=fingerprint or None, last_activity=now, model=model or None,
+    )
+    return st
+
+
+def _forward(episode_id: str, body_hash: str, reply: list[Any], st: EpisodeState,
+             created: bool) -> TurnOpen:
     grant = Grant(
         GrantKind.FORWARD,
         turn=int(reply[3]),

@@ -546,6 +546,42 @@ async def test_placements_leave_the_older_versions_field_readable(store: RedisSt
     raw.close()
 
 
+async def test_turns_of_a_known_episode_are_answered_with_their_changes_alone(
+        store: RedisStore, monkeypatch: pytest.MonkeyPatch) -> None:
+    """After its first turn, a turn-only episode's turns come back as what each changed
+    (no whole episode to decode) and read the same as the episode Redis holds; an episode
+    that ended, or one on another axis, is answered whole."""
+    import budgetproxy.store.redis as redis_store
+
+    decoded: list[int] = []
+    real = redis_store.decode_state
+
+    def counting(pairs: list[str]) -> EpisodeState:
+        decoded.append(1)
+        return real(pairs)
+
+    monkeypatch.setattr(redis_store, "decode_state", counting)
+    eid = new_eid()
+    fresh = lambda: episode(eid, budget=3, disclosure="disclosed", tags={"x": 1},  # noqa: E731
+                            task_id="t")
+    for turn in (1, 2, 3):
+        before = len(decoded)
+        opened = await store.open_turn(eid, fresh, f"b{turn}", T0 + turn, free_retries=2,
+                                       message_count=2 * turn, disclosure_index=2 * turn - 1,
+                                       model="m1", fingerprint=f"{turn}:abc")
+        assert opened.grant.kind is GrantKind.FORWARD and opened.grant.turn == turn
+        assert len(decoded) - before == (1 if turn == 1 else 0)
+        assert opened.state == await store.get(eid)
+        assert opened.state.turns_used == turn and opened.state.model == "m1"
+    refused = await store.open_turn(eid, fresh, "b4", T0 + 4, free_retries=2, message_count=8,
+                                    disclosure_index=7)
+    assert refused.grant.kind is GrantKind.EXHAUSTED and refused.state.refused
+    await store.finish(eid, None, T0 + 5)
+    ended = await store.open_turn(eid, fresh, "b5", T0 + 6, free_retries=2, message_count=9,
+                                  disclosure_index=8)
+    assert ended.grant.kind is GrantKind.FINISHED and eid not in store._fixed
+
+
 # -- settles sent unawaited ----------------------------------------------------------------------
 @settings(max_examples=25, deadline=None,
           suppress_health_check=[HealthCheck.function_scoped_fixture])
