@@ -39,6 +39,7 @@ class Target:
     base_url: str = ""  # OpenAI base URL, ending in /v1
     episodes: int = 0  # >0: each request carries one of this many X-Episode-Id values
     auth: str = ""  # bearer token the load generator sends
+    headers: str = ""  # further request headers the load generator sends ("Name: value; ...")
     forwards_headers: bool = True  # X-Fake-* steering headers reach the upstream
     warmup_s: float = 1.0  # load before measuring: pools, caches, lazy imports
     min_run_s_c256: float = 0.0  # slow servers finish nothing at c=256 in a short run
@@ -253,6 +254,39 @@ BUDGETPROXY_VARIANTS: dict[str, tuple[str, bool, str | None]] = {
         "default_time_s: 1000000000.0}\n"
         "prices: {'*': {input_per_mtok: 1.0, output_per_mtok: 2.0}}\n",
     ),
+    "bp+episodes-tokens": (
+        "ablation: episodes, disclosed, a token budget beside turns (never reached)",
+        True,
+        "disclosure: {mode: disclosed, placement: last_message, history: keep}\n"
+        "budget: {default_tokens: 1000000000000}\n",
+    ),
+    "bp+episodes-cost": (
+        "ablation: episodes, disclosed, a cost budget beside turns (never reached)",
+        True,
+        "disclosure: {mode: disclosed, placement: last_message, history: keep}\n"
+        "budget: {default_cost_usd: 1000000000.0}\n"
+        "prices: {'*': {input_per_mtok: 1.0, output_per_mtok: 2.0}}\n",
+    ),
+    "bp+episodes-time": (
+        "ablation: episodes, disclosed, a time budget beside turns (never reached)",
+        True,
+        "disclosure: {mode: disclosed, placement: last_message, history: keep}\n"
+        "budget: {default_time_s: 1000000000.0}\n",
+    ),
+    "bp+episodes-capture": (
+        "episodes, disclosed, token capture on (the upstream answers with vLLM's token ids "
+        "and logprobs, which the proxy logs and strips from the client's answer)",
+        True,
+        "disclosure: {mode: disclosed, placement: last_message, history: keep}\n"
+        "upstreams: [{name: default, base_url: '{upstream}', capture_tokens: true}]\n",
+    ),
+    "bp+episodes-aiohttp": (
+        "ablation: episodes, disclosed, model calls sent upstream with aiohttp "
+        "(upstreams[].http_client: aiohttp)",
+        True,
+        "disclosure: {mode: disclosed, placement: last_message, history: keep}\n"
+        "upstreams: [{name: default, base_url: '{upstream}', http_client: aiohttp}]\n",
+    ),
     "bp+episodes-hidden": (
         "ablation: episodes, hidden arm (no rewrite)",
         True,
@@ -368,7 +402,13 @@ def start_budgetproxy(
         config.write_text(f"# bench/run.py: {description}\nbudget: {{default_turns: 20}}\n{extra}")
         argv += ["--config", str(config)]
     # --log-dir merges into the config's trajectories section (it keeps `enabled: false`).
-    argv += ["--log-dir", str(log_dir), "--upstream", upstream]
+    argv += ["--log-dir", str(log_dir)]
+    if extra is None or "{upstream}" not in extra:  # else the config names its upstream
+        argv += ["--upstream", upstream]
+    else:
+        config.write_text(config.read_text().replace("{upstream}", upstream))
+    if variant == "bp+episodes-capture":  # what a vLLM server answers when asked for them
+        target.headers = "X-Fake-Token-Server: vllm"
     # The row's own source first on the path, and the server started from the run's temp dir:
     # `python -m` puts the working directory before PYTHONPATH, so a row at another revision
     # started from the repository would import the working tree's package instead.

@@ -3,7 +3,8 @@
 -- episode ids, and a machine-readable summary line at the end.
 --
 --   wrk -t1 -c32 -d5s --latency -s bench/wrk_chat.lua URL -- EPISODES [BUDGET]
--- BENCH_AUTH in the environment adds "Authorization: Bearer $BENCH_AUTH".
+-- BENCH_AUTH in the environment adds "Authorization: Bearer $BENCH_AUTH"; BENCH_HEADERS
+-- ("Name: value; Name: value") adds further headers.
 -- BENCH_API=responses|messages sends the same turn as a Responses or Anthropic Messages body
 -- (to /v1/responses or /v1/messages: the URL is the caller's).
 -- BENCH_HISTORY_KB=N puts about N KB of earlier turns (1 KB messages, assistant and user in
@@ -43,6 +44,9 @@ function init(args)
   local auth = os.getenv("BENCH_AUTH")
   if auth and auth ~= "" then
     headers["Authorization"] = "Bearer " .. auth
+  end
+  for name, value in string.gmatch(os.getenv("BENCH_HEADERS") or "", "([^:;]+):%s*([^;]+)") do
+    headers[name:gsub("^%s+", "")] = value
   end
   if episodes > 0 then
     headers["X-Episode-Budget"] = budget
