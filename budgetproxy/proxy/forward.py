@@ -478,7 +478,10 @@ class ModelCalls:
                 body = self._encode(call, payload)
             call.upstream_body = body
             grant = call.grant
-            if grant is not None and grant.hold is not None and grant.hold.deadline:
+            # (a deadline past the upstream's own timeout cannot end this call: no timer)
+            if grant is not None and grant.hold is not None and grant.hold.deadline and (
+                    upstream.kind == "litellm"
+                    or grant.hold.deadline - time.time() < upstream.timeout_s):
                 sent = body
                 await axis_calls.within_deadline(
                     call, grant.hold.deadline, lambda out: self._upstream_leg(

@@ -197,6 +197,22 @@ def test_a_time_budget_that_expires_before_the_answer_finishes_the_call(
     assert ep["exhausted_by"] == "time" and ep["turns_used"] == 0  # its turn given back
 
 
+def test_a_time_budget_past_the_upstream_timeout_leaves_the_call_to_that_timeout(
+        proxy: ProxyFactory, upstream: FakeUpstream) -> None:
+    """Such a call needs no timer of the episode's (the upstream's timeout comes first): a
+    slow upstream is a 504 and the turn is given back, the time budget untouched."""
+    p = proxy({"upstreams": [{"name": "slow", "base_url": upstream.base_url,
+                              "timeout_s": 0.3}]})
+    eid = new_id()
+    r = p.http().post("/v1/chat/completions", json={
+        "model": "m1", "messages": [{"role": "user", "content": "x"}]}, headers={
+        "X-Episode-Id": eid, "X-Test-Episode": eid, "X-Episode-Time-Budget": "3600",
+        "X-Fake-Delay-Ms": "2000"})
+    assert_openai_error(r, 504, "upstream_timeout")
+    ep = p.episode(eid)
+    assert ep["exhausted_by"] is None and ep["turns_used"] == 0
+
+
 def test_the_episode_api_takes_every_axis_and_the_template_tells_them(
         proxy: ProxyFactory, upstream: FakeUpstream) -> None:
     template = ("[Budget] {remaining} turns, {tokens_remaining} of {tokens_total} tokens, "
