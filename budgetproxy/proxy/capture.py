@@ -98,7 +98,10 @@ def _value_end(buf: bytes, start: int) -> int:
         close = buf.find(b"]", start)
         if close >= 0 and not any(c in buf[start + 1:close] for c in (b"[", b"{", b'"')):
             return close + 1
-    elif first == b"{":  # logprobs: the C decoder finds the end (on text, then in bytes)
+    elif first == b"{":  # logprobs: orjson finds the end, else the standard library's decoder
+        end = _object_end(buf, start)
+        if end is not None:
+            return end
         try:
             text = buf[start:].decode()
             _, end = _DECODER.raw_decode(text)
@@ -119,6 +122,28 @@ def _value_end(buf: bytes, start: int) -> int:
         if depth == 0:
             return m.end()
     return len(buf)
+
+
+def _object_end(buf: bytes, start: int) -> int | None:
+    """Where the JSON value at `start` ends, read by orjson: its error for what follows a
+    whole value says where that begins (in characters). None when the value is not whole."""
+    try:
+        orjson.loads(memoryview(buf)[start:])
+    except orjson.JSONDecodeError as e:
+        if "after document" not in e.msg and "trailing" not in e.msg:
+            return None
+        pos = e.pos
+    else:
+        return len(buf)
+    if not buf.isascii():  # characters to bytes
+        try:
+            pos = len(buf[start:].decode()[:pos].encode())
+        except UnicodeDecodeError:
+            return None
+    end = start + pos
+    while end > start and buf[end - 1] in _WHITESPACE:
+        end -= 1
+    return end
 
 
 def _members(buf: bytes, key: bytes) -> list[tuple[int, int, int]]:
@@ -220,9 +245,13 @@ class Tokens:
 
 
 def _ints(value: Any) -> list[int] | None:
-    if isinstance(value, list) and all(type(v) is int for v in value):
+    if isinstance(value, list) and set(map(type, value)) <= _INT:  # (one C pass)
         return value
     return None
+
+
+_INT = frozenset({int})
+_FLOAT = frozenset({float})
 
 
 def _logprob_values(lp: Any) -> list[float] | None:
@@ -231,6 +260,12 @@ def _logprob_values(lp: Any) -> list[float] | None:
         return None
     content = lp.get("content")
     if isinstance(content, list):
+        try:  # the usual answer: every entry's logprob a float (read in C passes)
+            values = [e["logprob"] for e in content]
+        except (TypeError, KeyError, IndexError):
+            values = None
+        if values is not None and set(map(type, values)) <= _FLOAT:
+            return values
         return [float(e["logprob"]) for e in content
                 if isinstance(e, dict) and isinstance(e.get("logprob"), int | float)]
     values = lp.get("token_logprobs")

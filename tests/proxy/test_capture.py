@@ -10,6 +10,8 @@ import httpx
 import orjson
 import pytest
 from conftest import Proxy, ProxyFactory, WatchedUpstream, new_id
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from budgetproxy.testing import fake_tokens
 
@@ -219,3 +221,28 @@ def test_sglang_client_asking_for_token_ids_only(
     choice = got_on.json()["choices"][0]
     assert "token_ids" in choice and "prompt_token_ids" not in choice
     assert _turn(on, e_on)["prompt_token_ids"] == fake_tokens.prompt_ids(CHAT["messages"])
+
+
+_JSON = st.recursive(
+    st.none() | st.booleans() | st.integers() | st.floats(allow_nan=False, allow_infinity=False)
+    | st.text(),
+    lambda inner: st.lists(inner, max_size=4) | st.dictionaries(st.text(max_size=5), inner,
+                                                                max_size=4),
+    max_leaves=12)
+
+
+@settings(max_examples=300)
+@given(value=st.dictionaries(st.text(max_size=5), _JSON, max_size=4),
+       space=st.sampled_from(["", " ", "\n ", "\t"]), ascii_only=st.booleans())
+def test_a_values_end_is_found_whatever_it_holds(value: dict[str, Any], space: str,
+                                                  ascii_only: bool) -> None:
+    """The end of a logprobs-like object inside a body, as the standard library's decoder
+    reads it: strings with brackets, quotes, escapes and non-ASCII text, nesting, spaces."""
+    import json
+
+    from budgetproxy.proxy.capture import _value_end
+
+    inner = json.dumps(value, ensure_ascii=ascii_only).encode()
+    buf = b'{"x":1,"logprobs":' + space.encode() + inner + space.encode() + b',"y":[]}'
+    start = buf.index(b'"logprobs":') + len(b'"logprobs":') + len(space)
+    assert _value_end(buf, start) == start + len(inner)
