@@ -68,7 +68,8 @@ class UpstreamPool:
     async def start(self) -> None:
         for u in self.upstreams:
             url = URL(u.base_url)
-            if u.http_client == "builtin" and url.scheme == "http" and url.raw_host:
+            if (u.http_client == "builtin" and url.scheme == "http" and url.raw_host
+                    and url.user is None):  # (credentials in the URL: aiohttp sends them)
                 self._origins[u.name] = h1.Origin(url.raw_host, url.port or 80)
         connector = aiohttp.TCPConnector(limit=0, ttl_dns_cache=300, keepalive_timeout=60)
         self._session = aiohttp.ClientSession(
