@@ -69,7 +69,8 @@ _UNAVAILABLE: tuple[type[BaseException], ...] = (
 )
 _SWEEP_BATCH = 256
 # Active turn-only episodes whose fixed fields this process keeps (RedisStore._fixed), so
-# their turns' replies carry only what a turn changes (~1 KB each).
+# their turns' replies carry only what a turn changes (~1 KB each); an episode leaves when
+# it ends through this process, or, oldest first, when more would be kept.
 _FIXED_MAX = 4096
 
 class _Eval:
@@ -391,7 +392,7 @@ class RedisStore:
                 orjson.dumps(report.metadata),
             ]
         args += [self._retention_ms, self._remember_ms, self._active_ttl_ms]
-
+        self._fixed.pop(episode_id, None)  # its turns from here on are refused, answered whole
         raw = (await self._pipeline([
             _Eval(self._finish, keys, args),
             lambda pipe: pipe.zrem(self._active_key, episode_id),
@@ -445,6 +446,7 @@ class RedisStore:
                 if kind == "claimed":
                     ended.append(decode_state(reply[1]))
                     drop.append(eid)
+                    self._fixed.pop(eid, None)
                 elif kind in ("missing", "ended"):
                     drop.append(eid)
                 elif kind == "fresh":
