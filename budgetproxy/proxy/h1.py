@@ -137,16 +137,16 @@ class Response:
             if rest:
                 self._chunks.append(rest)
         self._complete = True
-        self._conn = None
-        if self._timer is not None:
-            self._timer.cancel()
-            self._timer = None
-        self._wake()
+        self._ended()
 
     def _fail(self, exc: BaseException) -> None:
         if self._complete or self._exc is not None:
             return
         self._exc = exc
+        self._ended()
+
+    def _ended(self) -> None:
+        """Whole or failed: the connection and the deadline are no longer this answer's."""
         self._conn = None
         if self._timer is not None:
             self._timer.cancel()
