@@ -67,7 +67,7 @@ def run_wrk(target: Target, connections: int, seconds: float, api: str = "chat")
         str(EPISODE_BUDGET),
     ]
     env = {**os.environ, "BENCH_AUTH": target.auth, "BENCH_API": api,
-           "BENCH_HEADERS": target.headers}
+           "BENCH_HEADERS": target.headers, "BENCH_BODY_FIELDS": target.body_fields}
     cpu_before = cpu_seconds(target.pid) if target.pid else None
     out = subprocess.run(
         pinned(CLIENT_CORE, argv), capture_output=True, text=True, env=env, timeout=seconds + 60

@@ -40,6 +40,7 @@ class Target:
     episodes: int = 0  # >0: each request carries one of this many X-Episode-Id values
     auth: str = ""  # bearer token the load generator sends
     headers: str = ""  # further request headers the load generator sends ("Name: value; ...")
+    body_fields: str = ""  # members added to every request body ('"name":value,...')
     forwards_headers: bool = True  # X-Fake-* steering headers reach the upstream
     warmup_s: float = 1.0  # load before measuring: pools, caches, lazy imports
     min_run_s_c256: float = 0.0  # slow servers finish nothing at c=256 in a short run
@@ -280,6 +281,12 @@ BUDGETPROXY_VARIANTS: dict[str, tuple[str, bool, str | None]] = {
         "disclosure: {mode: disclosed, placement: last_message, history: keep}\n"
         "upstreams: [{name: default, base_url: '{upstream}', capture_tokens: true}]\n",
     ),
+    "bp+episodes-tokenfields": (
+        "ablation: episodes, disclosed, capture off, the client asking for token ids and "
+        "logprobs itself (the capture row's answers, passed through: its baseline)",
+        True,
+        "disclosure: {mode: disclosed, placement: last_message, history: keep}\n",
+    ),
     "bp+episodes-aiohttp": (
         "ablation: episodes, disclosed, model calls sent upstream with aiohttp "
         "(upstreams[].http_client: aiohttp)",
@@ -407,8 +414,10 @@ def start_budgetproxy(
         argv += ["--upstream", upstream]
     else:
         config.write_text(config.read_text().replace("{upstream}", upstream))
-    if variant == "bp+episodes-capture":  # what a vLLM server answers when asked for them
-        target.headers = "X-Fake-Token-Server: vllm"
+    if variant in ("bp+episodes-capture", "bp+episodes-tokenfields"):
+        target.headers = "X-Fake-Token-Server: vllm"  # what vLLM answers when asked for them
+    if variant == "bp+episodes-tokenfields":
+        target.body_fields = '"return_token_ids":true,"logprobs":true'
     # The row's own source first on the path, and the server started from the run's temp dir:
     # `python -m` puts the working directory before PYTHONPATH, so a row at another revision
     # started from the repository would import the working tree's package instead.

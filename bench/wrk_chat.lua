@@ -10,6 +10,7 @@
 -- BENCH_HISTORY_KB=N puts about N KB of earlier turns (1 KB messages, assistant and user in
 -- turn) before the last message, as a long agent conversation has: costs that follow the
 -- body's size (parsing, hashing, logging) then show.
+-- BENCH_BODY_FIELDS='"name":value,...' adds those members at the start of every body.
 
 local episodes = 0
 local budget = "1000000000"
@@ -50,6 +51,10 @@ function init(args)
   end
   if episodes > 0 then
     headers["X-Episode-Budget"] = budget
+  end
+  local fields = os.getenv("BENCH_BODY_FIELDS") or ""
+  if fields ~= "" then
+    prefix = "{" .. fields .. "," .. prefix:sub(2)
   end
   local history = tonumber(os.getenv("BENCH_HISTORY_KB") or "0") or 0
   if history > 0 then
