@@ -26,8 +26,7 @@ agent that waits for each answer).
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
-from typing import Any, Literal
+from typing import Any, Literal, NamedTuple
 
 Axis = Literal["turns", "tokens", "cost", "time"]
 AXES: tuple[Axis, ...] = ("turns", "tokens", "cost", "time")
@@ -35,10 +34,10 @@ AXES: tuple[Axis, ...] = ("turns", "tokens", "cost", "time")
 COST_EPS = 1e-12
 
 
-@dataclass(frozen=True, slots=True)
-class AxisGrant:
+class AxisGrant(NamedTuple):
     """What a forwarded call holds on the axes: the output cap to send (None: leave the
-    request's own), the tokens and cost reserved, and the deadline (epoch seconds)."""
+    request's own), the tokens and cost reserved, and the deadline (epoch seconds). (A named
+    tuple: made on every such call, at half a frozen dataclass's cost.)"""
 
     cap: int | None = None
     tokens: int = 0
@@ -46,8 +45,7 @@ class AxisGrant:
     deadline: float | None = None
 
 
-@dataclass(frozen=True, slots=True)
-class Spend:
+class Spend(NamedTuple):
     """What a settled call cost, from its reported usage."""
 
     tokens: int
@@ -122,17 +120,20 @@ def apply(st: Any, grant: AxisGrant, now: float) -> None:
 def settle(st: Any, grant: AxisGrant, spend: Spend | None, refunded: bool, *,
            timed_out: bool = False) -> None:
     """Release the reservation and charge what the call spent. Mutates `st`."""
-    st.tokens_reserved = max(0, st.tokens_reserved - grant.tokens)
-    st.cost_reserved = max(0.0, st.cost_reserved - grant.cost)
-    if refunded:
-        tokens, cost = 0, 0.0
-    elif spend is None:
-        tokens, cost = grant.tokens, grant.cost
-    else:
-        tokens = spend.tokens
-        cost = spend.cost if spend.cost is not None else 0.0
-    st.tokens_used += tokens
-    st.cost_used += cost
+    reserved = st.tokens_reserved - grant.tokens
+    st.tokens_reserved = reserved if reserved > 0 else 0
+    if grant.cost:
+        held = st.cost_reserved - grant.cost
+        st.cost_reserved = held if held > 0.0 else 0.0
+    if not refunded:
+        if spend is None:
+            st.tokens_used += grant.tokens
+            cost = grant.cost
+        else:
+            st.tokens_used += spend.tokens
+            cost = spend.cost if spend.cost is not None else 0.0
+        if cost:
+            st.cost_used += cost
     if st.exhausted_by is None:
         if st.token_budget is not None and st.tokens_used >= st.token_budget:
             st.exhausted_by = "tokens"
@@ -148,12 +149,14 @@ def time_used(st: Any, now: float) -> float:
 
 def cumulative(st: Any, now: float) -> dict[str, Any]:
     """The spend on every axis so far, for a turn record (None: not tracked on this episode)."""
-    axes = has_axes(st)
+    if not has_axes(st):
+        return {"turns": st.turns_used, "tokens": None, "cost": None, "seconds": None}
+    start = st.first_call_at
     return {
         "turns": st.turns_used,
-        "tokens": st.tokens_used if axes else None,
+        "tokens": st.tokens_used,
         "cost": round(st.cost_used, 9) if st.cost_budget is not None else None,
-        "seconds": round(time_used(st, now), 6) if axes else None,
+        "seconds": 0.0 if start is None or now <= start else round(now - start, 6),
     }
 
 

@@ -11,15 +11,17 @@ import time
 from collections.abc import Awaitable, Callable
 from typing import Any
 
+import orjson
+
 from budgetproxy.config import BudgetConfig
 from budgetproxy.core import axes
 from budgetproxy.core.budget import tier_label
 from budgetproxy.core.episode import EpisodeState, SettleResult
 from budgetproxy.core.prices import PriceTable
 from budgetproxy.core.tenants import local_id
-from budgetproxy.core.usage import billed_tokens
+from budgetproxy.core.usage import token_counts
 from budgetproxy.errors import ProxyError, invalid_request
-from budgetproxy.proxy import output_cap
+from budgetproxy.proxy import capture, output_cap
 from budgetproxy.proxy.asgi import Message, Send, send_response
 from budgetproxy.proxy.calls import ModelCall
 from budgetproxy.proxy.dialects import Reply
@@ -112,11 +114,20 @@ async def time_up(
 
 
 def read_reply(call: ModelCall) -> Reply:
-    """The reply read back from what the upstream sent (an odd one: an empty reply)."""
+    """The reply read back from what the upstream sent (an odd one: an empty reply). A
+    captured answer's body is parsed once, for the reply and its tokens (`call.tokens`)."""
     reply: Reply = {"message": None, "finish_reason": None, "usage": None}
     try:
         if call.events is not None:
             reply = call.dialect.read_events(call.events)
+        elif call.data and call.capture is not None and call.tokens is None:
+            try:
+                obj = orjson.loads(call.data)
+            except orjson.JSONDecodeError:
+                reply = call.dialect.read_body(call.data)  # (what it makes of a bad body)
+            else:
+                call.tokens = capture.read_parsed(obj)
+                reply = call.dialect.read_parsed(obj)
         elif call.data:
             reply = call.dialect.read_body(call.data)
     except Exception:  # an odd reply costs its details in the log, never its record
@@ -128,26 +139,28 @@ def read_reply(call: ModelCall) -> Reply:
 def spend(prices: PriceTable, call: ModelCall, reply: Reply | None) -> axes.Spend | None:
     """What the call spent by its reported usage; None when it reported none."""
     usage = reply.get("usage") if reply else None
-    counts = billed_tokens(usage)
-    if counts is None:
+    tin, tout = call.counts = token_counts(usage)  # (kept for the token metrics)
+    if tin is None and tout is None:
         return None
     st = call.state
     cost = prices.cost(call.model or "", usage) if st is not None and (
         st.cost_budget is not None) else None
-    return axes.Spend(counts[0] + counts[1], cost)
+    return axes.Spend((tin or 0) + (tout or 0), cost)
 
 
 def remaining_headers(st: EpisodeState, now: float) -> list[tuple[bytes, bytes]]:
     """X-Episode-{Tokens,Cost,Time}-Remaining of the axes the episode has (what is left after
     the reservations of calls in flight, this one's included)."""
-    left = axes.remaining(st, now)
     out = []
-    if left["tokens"] is not None:
-        out.append((b"x-episode-tokens-remaining", b"%d" % left["tokens"]))
-    if left["cost"] is not None:
-        out.append((b"x-episode-cost-remaining", b"%.6f" % left["cost"]))
-    if left["seconds"] is not None:
-        out.append((b"x-episode-time-remaining", b"%.3f" % left["seconds"]))
+    if st.token_budget is not None:
+        left = st.token_budget - st.tokens_used - st.tokens_reserved
+        out.append((b"x-episode-tokens-remaining", b"%d" % (left if left > 0 else 0)))
+    if st.cost_budget is not None:
+        cost = st.cost_budget - st.cost_used - st.cost_reserved
+        out.append((b"x-episode-cost-remaining", b"%.6f" % (cost if cost > 0.0 else 0.0)))
+    if st.time_budget_s is not None:
+        seconds = st.time_budget_s - axes.time_used(st, now)
+        out.append((b"x-episode-time-remaining", b"%.3f" % (seconds if seconds > 0.0 else 0.0)))
     return out
 
 

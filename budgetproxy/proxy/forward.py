@@ -621,14 +621,14 @@ class ModelCalls:
         settling); runs once the client has its answer."""
         if reply is None:
             reply = axis_calls.read_reply(call)
-        if call.capture is not None:
+        if call.capture is not None and call.tokens is None:
             call.tokens = (capture.read_events(call.events) if call.events is not None
                            else capture.read_body(call.data) if call.data else None)
         usage = reply.get("usage")
         m = self.metrics
         if m is not None and isinstance(usage, dict):
             tokens_in, tokens_out = m.token_children(call.model)
-            tin, tout = token_counts(usage)
+            tin, tout = call.counts or token_counts(usage)
             if tin is not None:
                 tokens_in.inc(tin)
             if tout is not None:
