@@ -91,14 +91,18 @@ def add_fields(body: bytes, payload: dict[str, Any], add: dict[str, Any]) -> byt
     return body[:end] + extra + body[end:]
 
 
-def _value_end(buf: bytes, start: int) -> int:
-    """The index just past the JSON value that starts at `start`."""
+def _value_end(buf: bytes, start: int, parsed: dict[int, Any] | None = None) -> int:
+    """The index just past the JSON value that starts at `start` (an object read whole on the
+    way is kept in `parsed`, by its start)."""
     first = buf[start:start + 1]
     if first == b"[":  # token ids: a flat array of numbers, found in one scan
         close = buf.find(b"]", start)
         if close >= 0 and not any(c in buf[start + 1:close] for c in (b"[", b"{", b'"')):
             return close + 1
     elif first == b"{":  # logprobs: orjson finds the end, else the standard library's decoder
+        end = _followed_end(buf, start, parsed)
+        if end is not None:
+            return end
         end = _object_end(buf, start)
         if end is not None:
             return end
@@ -122,6 +126,30 @@ def _value_end(buf: bytes, start: int) -> int:
         if depth == 0:
             return m.end()
     return len(buf)
+
+
+# What follows a choice's logprobs in vLLM's and SGLang's answers. Inside a JSON string a
+# quote is escaped, so these bytes occur only between members.
+_NEXT_MEMBER = b',"finish_reason":'
+
+
+def _followed_end(buf: bytes, start: int, parsed: dict[int, Any] | None) -> int | None:
+    """Where the object at `start` ends when the next `"finish_reason"` member follows it:
+    the bytes up to there read whole by orjson (a prefix of an object is never a whole
+    document, so a successful read ends exactly there). None: not so."""
+    cand = buf.find(_NEXT_MEMBER, start)
+    if cand < 0:
+        return None
+    end = cand
+    while end > start and buf[end - 1] in _WHITESPACE:
+        end -= 1
+    try:
+        obj = orjson.loads(memoryview(buf)[start:end])
+    except orjson.JSONDecodeError:
+        return None
+    if parsed is not None:
+        parsed[start] = obj
+    return end
 
 
 def _object_end(buf: bytes, start: int) -> int | None:
@@ -162,8 +190,11 @@ def _members(buf: bytes, key: bytes) -> list[tuple[int, int, int]]:
     return out
 
 
-def _null_members(buf: bytes, keys: frozenset[bytes]) -> bytes:
-    """`buf` with the value of every member named in `keys` written as null, in one pass."""
+def _null_members(buf: bytes, keys: frozenset[bytes],
+                  cut: list[tuple[bytes, int, int]] | None = None,
+                  parsed: dict[int, Any] | None = None) -> bytes:
+    """`buf` with the value of every member named in `keys` written as null, in one pass;
+    each value replaced is listed in `cut` (key, start, end) when it is given."""
     out: list[bytes] = []
     pos = 0
     for m in _FIELD.finditer(buf):
@@ -176,7 +207,9 @@ def _null_members(buf: bytes, keys: frozenset[bytes]) -> bytes:
             continue
         out.append(buf[pos:vstart])
         out.append(b"null")
-        pos = _value_end(buf, vstart)
+        pos = _value_end(buf, vstart, parsed)
+        if cut is not None:
+            cut.append((m.group(1), vstart, pos))
     if not out:
         return buf
     out.append(buf[pos:])
@@ -210,6 +243,44 @@ def strip(data: bytes, cap: Capture) -> bytes:
             data = _drop_member(data, b"token_ids")
     keys = cap.null_keys
     return _null_members(data, keys) if keys else data
+
+
+_ALL = frozenset({b"logprobs", b"token_ids", b"prompt_token_ids"})
+
+
+def strip_body(data: bytes, cap: Capture) -> tuple[bytes, Tokens | None]:
+    """`strip` of a whole body, and the tokens read from what it took out, when that is the
+    whole of them: vLLM's one-choice answer, the client having asked for none of the fields
+    (each value is then read once, and the reply from the smaller stripped body). None:
+    read the tokens from the body."""
+    if cap.server != "vllm" or cap.null_keys != _ALL:
+        return strip(data, cap), None
+    cut: list[tuple[bytes, int, int]] = []
+    parsed: dict[int, Any] = {}
+    sent = _null_members(data, _ALL, cut, parsed)
+    keys = [key for key, _, _ in cut]
+    if sorted(keys) not in (_ONE_CHOICE, _ONE_CHOICE_NO_PROMPT):
+        return sent, None
+    out = Tokens()
+    try:
+        for key, start, end in cut:
+            if key == b"logprobs":
+                lp = parsed.get(start)
+                out.logprobs = _logprob_values(
+                    lp if lp is not None else orjson.loads(memoryview(data)[start:end]))
+            else:
+                ids = _ints(orjson.loads(memoryview(data)[start:end]))
+                if key == b"token_ids":
+                    out.completion_token_ids = ids
+                else:
+                    out.prompt_token_ids = ids
+    except orjson.JSONDecodeError:
+        return sent, None
+    return sent, out
+
+
+_ONE_CHOICE = sorted([b"logprobs", b"token_ids", b"prompt_token_ids"])
+_ONE_CHOICE_NO_PROMPT = sorted([b"logprobs", b"token_ids"])
 
 
 def strip_event(event: bytes, cap: Capture) -> bytes | None:
@@ -305,11 +376,16 @@ def _read(obj: Any, out: Tokens) -> None:
 
 
 def read_body(data: bytes) -> Tokens:
-    out = Tokens()
     try:
-        _read(orjson.loads(data), out)
+        return read_parsed(orjson.loads(data))
     except orjson.JSONDecodeError:
-        pass
+        return Tokens()
+
+
+def read_parsed(obj: Any) -> Tokens:
+    """`read_body` of a body already parsed."""
+    out = Tokens()
+    _read(obj, out)
     return out
 
 

@@ -16,7 +16,7 @@ from budgetproxy.core.forwarded_headers import HeaderPolicy
 from budgetproxy.errors import ProxyError, upstream_redirect
 from budgetproxy.proxy.asgi import Receive, Send, send_response
 from budgetproxy.proxy.calls import ModelCall
-from budgetproxy.proxy.capture import strip, strip_event
+from budgetproxy.proxy.capture import strip_body, strip_event
 from budgetproxy.proxy.relay import StreamEnd, relay_stream
 from budgetproxy.proxy.sse import EventSplitter
 from budgetproxy.proxy.upstream import UpstreamPool, UpstreamResponse
@@ -92,14 +92,16 @@ class UpstreamCall:
             if call.result is SettleResult.REFUNDABLE:
                 await self.settle(call)
             cap = call.capture
-            sent = strip(data, cap) if cap is not None and cap.strips and (
-                resp.status == 200) else data
+            sent = data
+            if cap is not None and cap.strips and resp.status == 200:
+                sent, call.tokens = strip_body(data, cap)
             await send_response(send, resp.status, out, sent)
             call.sent_body = True
         finally:
             resp.release()
         self._observe_upstream(call)
-        call.data = data
+        # (tokens read on the way: the reply is read from the smaller body the client got)
+        call.data = sent if call.tokens is not None else data
 
     async def litellm(
         self, call: ModelCall, upstream: UpstreamConfig, payload: dict[str, Any], send: Send

@@ -233,9 +233,10 @@ _JSON = st.recursive(
 
 @settings(max_examples=300)
 @given(value=st.dictionaries(st.text(max_size=5), _JSON, max_size=4),
-       space=st.sampled_from(["", " ", "\n ", "\t"]), ascii_only=st.booleans())
+       space=st.sampled_from(["", " ", "\n ", "\t"]), ascii_only=st.booleans(),
+       follower=st.sampled_from([b',"y":[]}', b',"finish_reason":null}']))
 def test_a_values_end_is_found_whatever_it_holds(value: dict[str, Any], space: str,
-                                                  ascii_only: bool) -> None:
+                                                  ascii_only: bool, follower: bytes) -> None:
     """The end of a logprobs-like object inside a body, as the standard library's decoder
     reads it: strings with brackets, quotes, escapes and non-ASCII text, nesting, spaces."""
     import json
@@ -243,6 +244,66 @@ def test_a_values_end_is_found_whatever_it_holds(value: dict[str, Any], space: s
     from budgetproxy.proxy.capture import _value_end
 
     inner = json.dumps(value, ensure_ascii=ascii_only).encode()
-    buf = b'{"x":1,"logprobs":' + space.encode() + inner + space.encode() + b',"y":[]}'
+    buf = b'{"x":1,"logprobs":' + space.encode() + inner + space.encode() + follower
     start = buf.index(b'"logprobs":') + len(b'"logprobs":') + len(space)
-    assert _value_end(buf, start) == start + len(inner)
+    parsed: dict[int, Any] = {}
+    assert _value_end(buf, start, parsed) == start + len(inner)
+    assert parsed.get(start, value) == json.loads(inner)  # what was read on the way, if any
+
+
+def _vllm_bodies() -> list[tuple[str, bytes]]:
+    """vLLM-shaped chat and text completion answers, asked for ids and logprobs by the proxy."""
+    chat_req = {**CHAT, "return_token_ids": True, "logprobs": True}
+    base_choice = {"index": 0, "logprobs": None, "finish_reason": "stop"}
+    usage = {"prompt_tokens": 5, "completion_tokens": 9, "total_tokens": 14}
+    out = []
+    for text in ("ok", "a longer answer, with \"quotes\" and ,\"finish_reason\": inside it"):
+        chat = {"id": "c", "object": "chat.completion", "created": 0, "model": "m",
+                "choices": [{**base_choice, "message": {"role": "assistant", "content": text}}],
+                "usage": usage}
+        out.append(("chat", orjson.dumps(fake_tokens.chat_body(chat, chat_req, "vllm"))))
+        comp_req = {"model": "m", "prompt": "say it", "return_token_ids": True, "logprobs": 0}
+        comp = {"id": "t", "object": "text_completion", "created": 0, "model": "m",
+                "choices": [{**base_choice, "text": text}], "usage": usage}
+        out.append(("completions",
+                    orjson.dumps(fake_tokens.completion_body(comp, comp_req, "vllm"))))
+    return out
+
+
+@pytest.mark.parametrize(("kind", "body"), _vllm_bodies())
+def test_a_body_stripped_and_read_in_one_pass_equals_the_two(kind: str, body: bytes) -> None:
+    """strip_body: the client's bytes as strip() makes them, the tokens as read_body() reads
+    them from the whole answer (each value read once, on the way)."""
+    from budgetproxy.proxy import capture
+
+    cap, _ = capture.plan({}, kind, "vllm")
+    sent, tokens = capture.strip_body(body, cap)
+    assert sent == capture.strip(body, cap)
+    assert tokens is not None
+    assert tokens == capture.read_body(body)
+    assert tokens.completion_token_ids and tokens.logprobs
+
+
+def test_a_body_with_two_choices_is_read_whole() -> None:
+    from budgetproxy.proxy import capture
+
+    cap, _ = capture.plan({}, "chat", "vllm")
+    kind, body = _vllm_bodies()[0]
+    obj = orjson.loads(body)
+    obj["choices"].append({**obj["choices"][0], "index": 1})
+    two = orjson.dumps(obj)
+    sent, tokens = capture.strip_body(two, cap)
+    assert sent == capture.strip(two, cap) and tokens is None
+
+
+def test_a_next_member_inside_logprobs_does_not_end_them() -> None:
+    """`,"finish_reason":` as a key inside the object: the read up to it fails, and the end
+    is found the long way."""
+    from budgetproxy.proxy.capture import _value_end
+
+    inner = b'{"content":[{"a":0,"finish_reason":1}],"x":{"y":0,"finish_reason":[]}}'
+    buf = b'{"logprobs":' + inner + b',"finish_reason":"stop"}'
+    start = len(b'{"logprobs":')
+    parsed: dict[int, Any] = {}
+    assert _value_end(buf, start, parsed) == start + len(inner)
+    assert parsed == {}  # not read by the short way

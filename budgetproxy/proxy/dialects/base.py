@@ -54,6 +54,9 @@ class Dialect(Protocol):
     def read_body(self, data: bytes) -> Reply:
         """The reply in a whole (non-streamed) response body."""
 
+    def read_parsed(self, obj: Any) -> Reply:
+        """`read_body` of a body already parsed."""
+
     def read_events(self, events: list[bytes]) -> Reply:
         """The reply in a streamed response's SSE events."""
 

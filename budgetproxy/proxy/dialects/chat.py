@@ -31,6 +31,11 @@ def read_choice_body(data: bytes, text_key: str | None) -> Reply:
         obj = orjson.loads(data)
     except orjson.JSONDecodeError:
         return dict(EMPTY_REPLY)
+    return read_choice_obj(obj, text_key)
+
+
+def read_choice_obj(obj: Any, text_key: str | None) -> Reply:
+    """`read_choice_body` of a body already parsed."""
     if not isinstance(obj, dict):
         return dict(EMPTY_REPLY)
     choices = obj.get("choices")
@@ -59,6 +64,11 @@ class ChoicesDialect:
 
     def read_body(self, data: bytes) -> Reply:
         return read_choice_body(data, self.text_key)
+
+    def read_parsed(self, obj: Any) -> Reply:
+        """`read_body` of a body already parsed (a captured answer: parsed once for the reply
+        and its tokens)."""
+        return read_choice_obj(obj, self.text_key)
 
     def read_events(self, events: list[bytes]) -> Reply:
         return assemble(events)

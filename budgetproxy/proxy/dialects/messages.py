@@ -175,6 +175,9 @@ class MessagesDialect:
         except orjson.JSONDecodeError:
             return dict(EMPTY_REPLY)
 
+    def read_parsed(self, obj: Any) -> Reply:
+        return read_message(obj)
+
     def read_events(self, events: list[bytes]) -> Reply:
         blocks: dict[int, dict[str, Any]] = {}
         partial: dict[int, list[str]] = {}

@@ -177,6 +177,9 @@ class ResponsesDialect:
         except orjson.JSONDecodeError:
             return dict(EMPTY_REPLY)
 
+    def read_parsed(self, obj: Any) -> Reply:
+        return read_response(obj)
+
     def read_events(self, events: list[bytes]) -> Reply:
         done: dict[int, Any] = {}
         deltas: list[str] = []
