@@ -24,12 +24,23 @@ class PriceTable:
                            float(p.get("output_per_mtok", 0.0)))
                           for glob, p in (overrides or {}).items()]
         self._rates: dict[str, tuple[float, float] | None] = {}
+        # each model's matching override (a glob match per call would cost more than the
+        # rest of the pricing); forgotten whole past _MODELS_KEPT names
+        self._matched: dict[str, tuple[float, float] | None] = {}
 
     def _override(self, model: str) -> tuple[float, float] | None:
+        matched = self._matched
+        if model in matched:
+            return matched[model]
+        found = None
         for glob, inp, out in self.overrides:
             if fnmatch.fnmatchcase(model, glob):
-                return inp / 1e6, out / 1e6
-        return None
+                found = inp / 1e6, out / 1e6
+                break
+        if len(matched) >= _MODELS_KEPT:
+            matched.clear()
+        matched[model] = found
+        return found
 
     def cached_output_rate(self, model: str) -> float | None:
         """The output rate if already known (no lookup): the hot path's cheap question."""
@@ -43,6 +54,8 @@ class PriceTable:
         found = self._override(model)
         if found is None:
             found = _library_rates(model)
+        if len(self._rates) >= _MODELS_KEPT:  # (names are the clients' to choose)
+            self._rates.clear()
         self._rates[model] = found
         return found
 
@@ -61,6 +74,7 @@ class PriceTable:
         return counts[0] * rates[0] + counts[1] * rates[1]
 
 
+_MODELS_KEPT = 1024
 _PROBE = 1000  # tokens: the usage at which a library rate per token is read
 
 
