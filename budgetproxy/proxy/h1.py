@@ -192,6 +192,11 @@ class _Connection(asyncio.Protocol):
     def connection_lost(self, exc: Exception | None) -> None:
         self.closed = True
         self.origin.forget(self)
+        # The parser holds this protocol's callbacks and the transport holds the protocol:
+        # cycles the collector would find only in its rare full passes, each holding the
+        # connection's buffers until then. Cut here, a closed connection is freed now.
+        self.transport = None
+        del self.parser
         resp = self.resp
         self.resp = None
         if resp is None:

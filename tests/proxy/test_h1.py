@@ -4,7 +4,9 @@ framing and failure, on asyncio's loop and on uvloop's (the one `budgetproxy ser
 from __future__ import annotations
 
 import asyncio
+import gc
 import gzip
+import weakref
 from collections.abc import Awaitable, Callable, Coroutine
 from typing import Any
 
@@ -386,3 +388,52 @@ def test_an_answer_given_up_closes_its_connection(run: Any) -> None:
             resp.release()
             origin.close()
     run(go())
+
+
+def test_a_closed_connection_is_freed_without_the_collector(
+        run: Any, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A connection closed by the server, given up by the client or closed with its origin
+    leaves no cycle behind (its parser and transport let go of it): the server runs with the
+    collector's full passes rare (serve/server.py tune_gc), and each cycle kept a closed
+    connection's buffers until one came."""
+    made: list[weakref.ref[h1._Connection]] = []
+    real_init = h1._Connection.__init__
+
+    def init(self: h1._Connection, origin: h1.Origin) -> None:
+        real_init(self, origin)
+        made.append(weakref.ref(self))
+
+    monkeypatch.setattr(h1._Connection, "__init__", init)
+
+    async def close_or_stall(srv: Server, reader: asyncio.StreamReader,
+                             writer: asyncio.StreamWriter) -> None:
+        request = await srv.read_request(reader)
+        if b"close" in request:
+            writer.write(b"HTTP/1.1 200 OK\r\nconnection: close\r\n\r\n" + b"x" * 10_000)
+            return
+        writer.write(b"HTTP/1.1 200 OK\r\ntransfer-encoding: chunked\r\n\r\n1\r\nx\r\n")
+        await writer.drain()
+        await asyncio.sleep(5)
+
+    async def go() -> None:
+        async with Server(close_or_stall) as srv:
+            origin = srv.origin()
+            resp = await post(origin, b"close")  # the server closes it after its answer
+            assert len(await resp.read()) == 10_000
+            resp.release()
+            resp = await post(origin, b"stall")  # the client gives it up mid-stream
+            async for _ in resp.iter_any():
+                break
+            resp.release()
+            del resp
+            for _ in range(5):
+                await asyncio.sleep(0.01)  # the transports report their close
+            origin.close()
+
+    gc.disable()
+    try:
+        run(go())
+        assert len(made) == 2
+        assert [ref() for ref in made] == [None, None]
+    finally:
+        gc.enable()
