@@ -115,11 +115,14 @@ async def time_up(
 
 def read_reply(call: ModelCall) -> Reply:
     """The reply read back from what the upstream sent (an odd one: an empty reply). A
-    captured answer's body is parsed once, for the reply and its tokens (`call.tokens`)."""
+    captured answer's body is parsed once, for the reply and its tokens (`call.tokens`), here
+    or as it was stripped (`call.answer`)."""
     reply: Reply = {"message": None, "finish_reason": None, "usage": None}
     try:
         if call.events is not None:
             reply = call.dialect.read_events(call.events)
+        elif call.answer is not None:
+            reply = call.dialect.read_parsed(call.answer)
         elif call.data and call.capture is not None and call.tokens is None:
             try:
                 obj = orjson.loads(call.data)

@@ -47,7 +47,7 @@ class ModelCall:
         "result", "http_status", "ttft", "error_class", "conversation", "data", "events",
         "settled", "span", "prints", "previous_response", "exact", "ended", "probe", "query",
         "payload", "timed_out", "cumulative", "capture", "tokens", "sent", "upstream_body",
-        "counts",
+        "counts", "answer",
     )
 
     def __init__(self, route: str, dialect: Dialect) -> None:
@@ -87,6 +87,7 @@ class ModelCall:
         self.cumulative: dict[str, Any] | None = None  # spend per axis once settled
         self.capture: Capture | None = None  # token capture asked of the upstream
         self.tokens: Tokens | None = None  # what it sampled, read back
+        self.answer: Any = None  # its answer parsed, when capture read it (as the client got it)
         # input and output tokens of its usage, once read (None: not read yet)
         self.counts: tuple[int | None, int | None] | None = None
         self.sent: list[Any] | None = None  # the conversation as the upstream got it

@@ -248,19 +248,22 @@ def strip(data: bytes, cap: Capture) -> bytes:
 _ALL = frozenset({b"logprobs", b"token_ids", b"prompt_token_ids"})
 
 
-def strip_body(data: bytes, cap: Capture) -> tuple[bytes, Tokens | None]:
-    """`strip` of a whole body, and the tokens read from what it took out, when that is the
-    whole of them: vLLM's one-choice answer, the client having asked for none of the fields
-    (each value is then read once, and the reply from the smaller stripped body). None:
-    read the tokens from the body."""
+def strip_body(data: bytes, cap: Capture) -> tuple[bytes, Tokens | None, Any]:
+    """`strip` of a whole body, the tokens read from what it took out, and the parse of the
+    stripped body, when those are the whole of them: vLLM's one-choice answer, the client
+    having asked for none of the fields (the body is parsed once, for the tokens and the
+    reply). None for either: read it from the body."""
     if cap.server != "vllm" or cap.null_keys != _ALL:
-        return strip(data, cap), None
+        return strip(data, cap), None, None
+    fast = _strip_parsed(data)
+    if fast is not None:
+        return fast
     cut: list[tuple[bytes, int, int]] = []
     parsed: dict[int, Any] = {}
     sent = _null_members(data, _ALL, cut, parsed)
     keys = [key for key, _, _ in cut]
     if sorted(keys) not in (_ONE_CHOICE, _ONE_CHOICE_NO_PROMPT):
-        return sent, None
+        return sent, None, None
     out = Tokens()
     try:
         for key, start, end in cut:
@@ -275,8 +278,78 @@ def strip_body(data: bytes, cap: Capture) -> tuple[bytes, Tokens | None]:
                 else:
                     out.prompt_token_ids = ids
     except orjson.JSONDecodeError:
-        return sent, None
-    return sent, out
+        return sent, None, None
+    return sent, out, None
+
+
+# Where a member can start in compact JSON: after the object's `{` or the previous member's
+# `,`. Inside a string a quote follows a backslash, so `"key":` found after one of these is a
+# member, never text.
+_MEMBER_START = frozenset(b"{,")
+
+
+def _compact_member(data: bytes, key: bytes) -> int:
+    """Where the value of the one `"key":` member in `data` starts: -1 unless there is exactly
+    one, written compactly."""
+    needle = b'"%b":' % key
+    pos = data.find(needle)
+    if pos <= 0 or data[pos - 1] not in _MEMBER_START or data.find(needle, pos + 1) >= 0:
+        return -1
+    return pos + len(needle)
+
+
+def _strip_parsed(data: bytes) -> tuple[bytes, Tokens, Any] | None:
+    """`strip_body` of vLLM's usual answer, read by one parse: one choice, its `logprobs`
+    followed by its `finish_reason`, compact JSON, each field written once. The values' bytes
+    are found by their keys and checked against the parse (the id arrays written the same, the
+    logprobs object's end where the next member of its choice begins). None: another shape."""
+    try:
+        obj = orjson.loads(data)
+    except orjson.JSONDecodeError:
+        return None
+    if type(obj) is not dict:
+        return None
+    choices = obj.get("choices")
+    if type(choices) is not list or len(choices) != 1 or type(choices[0]) is not dict:
+        return None
+    c0 = choices[0]
+    ids, prompt, lp = c0.get("token_ids"), obj.get("prompt_token_ids"), c0.get("logprobs")
+    if type(ids) is not list or type(prompt) is not list or type(lp) is not dict:
+        return None
+    keys = list(c0)
+    i = keys.index("logprobs")
+    if i + 1 == len(keys) or keys[i + 1] != "finish_reason" or "prompt_token_ids" in c0:
+        return None
+    spans = []
+    for key, value in ((b"token_ids", ids), (b"prompt_token_ids", prompt)):
+        start = _compact_member(data, key)
+        if start < 0:
+            return None
+        text = orjson.dumps(value)
+        if not data.startswith(text, start):
+            return None
+        spans.append((start, start + len(text)))
+    # The logprobs object ends where its choice's next member, finish_reason, begins: the
+    # first `,"finish_reason":` after it when no other follows.
+    start = _compact_member(data, b"logprobs")
+    end = data.find(_NEXT_MEMBER, start)
+    if (start < 0 or data[start] != 0x7B or end < 0  # 0x7B: "{"
+            or data.find(b'"finish_reason":', end + 2) >= 0):
+        return None
+    while data[end - 1] in _WHITESPACE:
+        end -= 1
+    spans.append((start, end))
+    spans.sort()
+    parts, pos = [], 0
+    for start, end in spans:
+        if start < pos:
+            return None
+        parts.append(data[pos:start])
+        pos = end
+    parts.append(data[pos:])
+    out = Tokens(_ints(prompt), _ints(ids), _logprob_values(lp))
+    c0["token_ids"] = c0["logprobs"] = obj["prompt_token_ids"] = None
+    return b"null".join(parts), out, obj
 
 
 _ONE_CHOICE = sorted([b"logprobs", b"token_ids", b"prompt_token_ids"])
@@ -309,6 +382,12 @@ class Tokens:
     prompt_token_ids: list[int] | None = None
     completion_token_ids: list[int] | None = None
     logprobs: list[float] | None = None
+
+    @property
+    def size(self) -> int:
+        """About the bytes its fields take written as JSON."""
+        return sum(len(v) * 12 for v in (self.prompt_token_ids, self.completion_token_ids,
+                                         self.logprobs) if v is not None)
 
     def fields(self) -> dict[str, Any]:
         return {"prompt_token_ids": self.prompt_token_ids,

@@ -13,6 +13,7 @@ from budgetproxy.core.episode import EpisodeState
 from budgetproxy.core.tenants import tenant_of
 from budgetproxy.errors import invalid_request
 from budgetproxy.proxy.calls import ModelCall, turn_numbers
+from budgetproxy.proxy.capture import Tokens
 from budgetproxy.store.base import StoreUnavailable
 from budgetproxy.store.groups import GroupKey, GroupStore
 from budgetproxy.store.turn_log import MemoryTurnLog, TurnLog
@@ -114,10 +115,11 @@ class KeptTurn:
         # A body with integers orjson reads as floats (call.exact) is not read back: those
         # messages are written from the objects sent, as they always were.
         readable = lazy and body is not None and call.sent is not None and not call.exact
-        if readable and call.events is None and call.data and call.tokens is None:
+        if readable and call.events is None and call.data:
             assert body is not None
             return LazyTurn(turn, attempt, call.disclosure_text, call.data,
-                            call.dialect.read_body, body, call.dialect.conversation, full)
+                            call.dialect.read_body, body, call.dialect.conversation, full,
+                            call.tokens)
         head, tail = _head_tail(turn, attempt, reply, call.disclosure_text,
                                 None if call.tokens is None else call.tokens.fields(), full)
         if readable:
@@ -148,28 +150,33 @@ class LazyTurn:
     body the upstream got and the body it answered with. Its KeptTurn, and so its JSON, is
     made when it is read (most are never read), not on the call's path."""
 
-    __slots__ = ("turn", "attempt", "text", "answer", "reply_of", "body", "read", "full")
+    __slots__ = ("turn", "attempt", "text", "answer", "reply_of", "body", "read", "full",
+                 "tokens")
 
     def __init__(self, turn: int, attempt: int, text: str | None, answer: bytes,
                  reply_of: Callable[[bytes], dict[str, Any]], body: bytes,
-                 read: Callable[[dict[str, Any]], list[Any]], full: bool) -> None:
+                 read: Callable[[dict[str, Any]], list[Any]], full: bool,
+                 tokens: Tokens | None = None) -> None:
         self.turn, self.attempt, self.text = turn, attempt, text
         self.answer, self.reply_of = answer, reply_of
         self.body, self.read, self.full = body, read, full
+        self.tokens = tokens  # captured (the answer is then as the client got it)
 
     @property
     def size(self) -> int:
-        return len(self.body) + len(self.answer) + (len(self.text) if self.text else 0) + 64
+        size = len(self.body) + len(self.answer) + (len(self.text) if self.text else 0) + 64
+        return size if self.tokens is None else size + self.tokens.size
 
     def kept(self) -> KeptTurn:
         try:
             reply: dict[str, Any] | None = self.reply_of(self.answer)
         except Exception:  # as the call's own read-back (axis_calls.read_reply): no fields
             reply = None
+        tokens = None if self.tokens is None else self.tokens.fields()
         try:
-            head, tail = _head_tail(self.turn, self.attempt, reply, self.text, None, self.full)
+            head, tail = _head_tail(self.turn, self.attempt, reply, self.text, tokens, self.full)
         except (TypeError, ValueError):  # a reply orjson cannot write: kept without it
-            head, tail = _head_tail(self.turn, self.attempt, None, self.text, None, self.full)
+            head, tail = _head_tail(self.turn, self.attempt, None, self.text, tokens, self.full)
         return KeptTurn(head, tail, body=self.body, read=self.read, full=self.full)
 
     def encode(self) -> bytes:

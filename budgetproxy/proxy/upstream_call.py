@@ -94,7 +94,7 @@ class UpstreamCall:
             cap = call.capture
             sent = data
             if cap is not None and cap.strips and resp.status == 200:
-                sent, call.tokens = strip_body(data, cap)
+                sent, call.tokens, call.answer = strip_body(data, cap)
             await send_response(send, resp.status, out, sent)
             call.sent_body = True
         finally:

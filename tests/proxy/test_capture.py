@@ -3,7 +3,9 @@ without capture, against a fake that answers with vLLM's and SGLang's fields."""
 
 from __future__ import annotations
 
+import json
 import re
+from collections.abc import Callable
 from typing import Any
 
 import httpx
@@ -277,11 +279,60 @@ def test_a_body_stripped_and_read_in_one_pass_equals_the_two(kind: str, body: by
     from budgetproxy.proxy import capture
 
     cap, _ = capture.plan({}, kind, "vllm")
-    sent, tokens = capture.strip_body(body, cap)
+    sent, tokens, answer = capture.strip_body(body, cap)
     assert sent == capture.strip(body, cap)
     assert tokens is not None
     assert tokens == capture.read_body(body)
     assert tokens.completion_token_ids and tokens.logprobs
+    if kind == "chat":  # read by one parse, which is then the client's body's
+        assert answer == orjson.loads(sent)
+    else:  # completions keep prompt ids in the choice: read the long way
+        assert answer is None
+
+
+def _chat_body() -> bytes:
+    return next(body for kind, body in _vllm_bodies() if kind == "chat")
+
+
+def _spaced(body: bytes) -> bytes:
+    return json.dumps(orjson.loads(body)).encode()  # ", " and ": " between members
+
+
+def _finish_reason_inside(body: bytes) -> bytes:
+    obj = orjson.loads(body)
+    obj["choices"][0]["logprobs"]["content"][0]["finish_reason"] = "stop"
+    return orjson.dumps(obj)
+
+
+def _key_in_key(body: bytes) -> bytes:
+    # a key whose text ends with `"token_ids` (its quote escaped): not a member of that name
+    obj = orjson.loads(body)
+    obj = {'x"token_ids': [1, 2], **obj}
+    return orjson.dumps(obj)
+
+
+def _reordered(body: bytes) -> bytes:
+    obj = orjson.loads(body)
+    c0 = obj["choices"][0]
+    obj["choices"][0] = {"finish_reason": c0.pop("finish_reason"), **c0}
+    return orjson.dumps(obj)
+
+
+@pytest.mark.parametrize("variant", [_spaced, _finish_reason_inside, _key_in_key, _reordered])
+def test_shapes_the_one_parse_does_not_read_are_stripped_the_long_way(
+        variant: Callable[[bytes], bytes]) -> None:
+    """Whitespace between members, a `finish_reason` key inside logprobs, a key that ends
+    with `"token_ids` and logprobs not followed by finish_reason: the one-parse read declines
+    (no answer parsed) and the body is stripped as strip() strips it."""
+    from budgetproxy.proxy import capture
+
+    cap, _ = capture.plan({}, "chat", "vllm")
+    body = variant(_chat_body())
+    assert capture._strip_parsed(body) is None
+    sent, tokens, answer = capture.strip_body(body, cap)
+    assert sent == capture.strip(body, cap) and answer is None
+    if tokens is not None:
+        assert tokens == capture.read_body(body)
 
 
 def test_a_body_with_two_choices_is_read_whole() -> None:
@@ -292,8 +343,8 @@ def test_a_body_with_two_choices_is_read_whole() -> None:
     obj = orjson.loads(body)
     obj["choices"].append({**obj["choices"][0], "index": 1})
     two = orjson.dumps(obj)
-    sent, tokens = capture.strip_body(two, cap)
-    assert sent == capture.strip(two, cap) and tokens is None
+    sent, tokens, answer = capture.strip_body(two, cap)
+    assert sent == capture.strip(two, cap) and tokens is None and answer is None
 
 
 def test_a_next_member_inside_logprobs_does_not_end_them() -> None:
