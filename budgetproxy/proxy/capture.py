@@ -27,7 +27,8 @@ _FIELD = re.compile(rb'"(prompt_token_ids|token_ids|logprobs)":')
 
 @dataclass(slots=True)
 class Capture:
-    """One call's capture: what the proxy added to the request, so it is taken out again."""
+    """A capture plan: what the proxy adds to a call's request, so it is taken out of the
+    answer again (one per kind of call and what its client asked for, shared by its calls)."""
 
     kind: str
     server: Server
@@ -38,6 +39,7 @@ class Capture:
     strip_prompt_ids: bool | None = None
     # the fields the server writes as null when not asked for them (set from the above)
     null_keys: frozenset[bytes] = frozenset()
+    members: bytes = b""  # the request fields the plan adds, as JSON members
 
     @property
     def strips(self) -> bool:
@@ -57,38 +59,62 @@ class Capture:
 
 def plan(payload: dict[str, Any], kind: str, server: Server) -> tuple[Capture, dict[str, Any]]:
     """The capture for a call of `kind`, and the request fields to add (none when the client
-    asked for everything itself)."""
-    add: dict[str, Any] = {}
+    asked for everything itself). Both are shared between calls: read them, never change them."""
     asked_ids = payload.get("return_token_ids") is True
-    if not asked_ids:
-        add["return_token_ids"] = True
     lp = payload.get("logprobs")
     if kind == "chat":
         asked_lp = lp is True
-        if not asked_lp:
-            add["logprobs"] = True
     else:  # completions: logprobs is the number of alternatives; 0 gives the sampled token's
         asked_lp = type(lp) is int and lp >= 0
-        if not asked_lp:
-            add["logprobs"] = 0
     asked_prompt = asked_ids
     if server == "sglang" and kind == "chat":
         asked_prompt = payload.get("return_prompt_token_ids") is True
-        if not asked_prompt:
-            add["return_prompt_token_ids"] = True
-    return Capture(kind, server, not asked_ids, not asked_lp, not asked_prompt), add
+    key = (kind, server, asked_ids, asked_lp, asked_prompt)
+    planned = _PLANS.get(key)
+    if planned is None:
+        planned = _PLANS[key] = _plan(*key)
+    return planned
 
 
-def add_fields(body: bytes, payload: dict[str, Any], add: dict[str, Any]) -> bytes:
+def _plan(kind: str, server: Server, asked_ids: bool, asked_lp: bool,
+          asked_prompt: bool) -> tuple[Capture, dict[str, Any]]:
+    add: dict[str, Any] = {}
+    if not asked_ids:
+        add["return_token_ids"] = True
+    if not asked_lp:
+        add["logprobs"] = True if kind == "chat" else 0
+    if server == "sglang" and kind == "chat" and not asked_prompt:
+        add["return_prompt_token_ids"] = True
+    cap = Capture(kind, server, not asked_ids, not asked_lp, not asked_prompt)
+    cap.members = _members_json(add)
+    return cap, add
+
+
+# (kind, server, and what the client asked for) -> plan: a few dozen at most
+_PLANS: dict[tuple[str, str, bool, bool, bool], tuple[Capture, dict[str, Any]]] = {}
+
+
+def add_fields(body: bytes, payload: dict[str, Any], add: dict[str, Any],
+               members: bytes | None = None) -> bytes:
     """The body with `add` as extra members when none of them is in it yet (its other bytes
-    unchanged); b"" when one is there (the caller re-encodes `payload`, now updated)."""
-    present = any(k in payload for k in add)
+    unchanged); b"" when one is there (the caller re-encodes `payload`, now updated).
+    `members`: `add` written as JSON members already (the plan's `Capture.members`)."""
+    present = False
+    for k in add:
+        if k in payload:
+            present = True
+            break
     payload.update(add)
     if present or not body:
         return b""
     end = body.rindex(b"}")
-    extra = b"".join(b',"%s":%s' % (k.encode(), orjson.dumps(v)) for k, v in add.items())
-    return body[:end] + extra + body[end:]
+    if members is None:
+        members = _members_json(add)
+    return body[:end] + members + body[end:]
+
+
+def _members_json(add: dict[str, Any]) -> bytes:
+    return b"".join(b',"%s":%s' % (k.encode(), orjson.dumps(v)) for k, v in add.items())
 
 
 def _value_end(buf: bytes, start: int, parsed: dict[int, Any] | None = None) -> int:
@@ -286,6 +312,7 @@ def strip_body(data: bytes, cap: Capture) -> tuple[bytes, Tokens | None, Any]:
 # `,`. Inside a string a quote follows a backslash, so `"key":` found after one of these is a
 # member, never text.
 _MEMBER_START = frozenset(b"{,")
+_INT_ARRAY = b"[],-0123456789"  # the bytes of a JSON array of integers
 
 
 def _compact_member(data: bytes, key: bytes) -> int:
@@ -326,8 +353,8 @@ def _strip_parsed(data: bytes) -> tuple[bytes, Tokens, Any] | None:
         if start < 0:
             return None
         text = orjson.dumps(value)
-        if not data.startswith(text, start):
-            return None
+        if not data.startswith(text, start) or text.translate(None, _INT_ARRAY):
+            return None  # not these bytes, or not all integers
         spans.append((start, start + len(text)))
     # The logprobs object ends where its choice's next member, finish_reason, begins: the
     # first `,"finish_reason":` after it when no other follows.
@@ -347,7 +374,7 @@ def _strip_parsed(data: bytes) -> tuple[bytes, Tokens, Any] | None:
         parts.append(data[pos:start])
         pos = end
     parts.append(data[pos:])
-    out = Tokens(_ints(prompt), _ints(ids), _logprob_values(lp))
+    out = Tokens(prompt, ids, _logprob_values(lp))
     c0["token_ids"] = c0["logprobs"] = obj["prompt_token_ids"] = None
     return b"null".join(parts), out, obj
 
@@ -386,8 +413,8 @@ class Tokens:
     @property
     def size(self) -> int:
         """About the bytes its fields take written as JSON."""
-        return sum(len(v) * 12 for v in (self.prompt_token_ids, self.completion_token_ids,
-                                         self.logprobs) if v is not None)
+        a, b, c = self.prompt_token_ids, self.completion_token_ids, self.logprobs
+        return 12 * ((len(a) if a else 0) + (len(b) if b else 0) + (len(c) if c else 0))
 
     def fields(self) -> dict[str, Any]:
         return {"prompt_token_ids": self.prompt_token_ids,

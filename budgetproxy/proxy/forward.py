@@ -530,11 +530,11 @@ class ModelCalls:
         call.capture = cap
         if not add:
             return body, payload
-        if body and any(k in payload for k in add):  # re-encoded: integers must stay exact
+        if body and not add.keys().isdisjoint(payload):  # re-encoded: integers stay exact
             exact = self._exact(call, body, payload)
             if exact is not None:
                 payload = exact
-        return capture.add_fields(body, payload, add), payload
+        return capture.add_fields(body, payload, add, cap.members), payload
 
     async def _upstream_leg(
         self, call: ModelCall, upstream: UpstreamConfig, headers: dict[bytes, bytes],

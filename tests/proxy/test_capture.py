@@ -225,8 +225,11 @@ def test_sglang_client_asking_for_token_ids_only(
     assert _turn(on, e_on)["prompt_token_ids"] == fake_tokens.prompt_ids(CHAT["messages"])
 
 
+# Integers within 64 bits: orjson reads larger ones as floats (a logprobs object holds floats,
+# and the values the proxy keeps from it are floats either way).
 _JSON = st.recursive(
-    st.none() | st.booleans() | st.integers() | st.floats(allow_nan=False, allow_infinity=False)
+    st.none() | st.booleans() | st.integers(-(2**63), 2**64 - 1)
+    | st.floats(allow_nan=False, allow_infinity=False)
     | st.text(),
     lambda inner: st.lists(inner, max_size=4) | st.dictionaries(st.text(max_size=5), inner,
                                                                 max_size=4),
@@ -318,11 +321,19 @@ def _reordered(body: bytes) -> bytes:
     return orjson.dumps(obj)
 
 
-@pytest.mark.parametrize("variant", [_spaced, _finish_reason_inside, _key_in_key, _reordered])
+def _float_id(body: bytes) -> bytes:
+    obj = orjson.loads(body)
+    obj["choices"][0]["token_ids"][0] = 1.5
+    return orjson.dumps(obj)
+
+
+@pytest.mark.parametrize("variant", [_spaced, _finish_reason_inside, _key_in_key, _reordered,
+                                     _float_id])
 def test_shapes_the_one_parse_does_not_read_are_stripped_the_long_way(
         variant: Callable[[bytes], bytes]) -> None:
     """Whitespace between members, a `finish_reason` key inside logprobs, a key that ends
-    with `"token_ids` and logprobs not followed by finish_reason: the one-parse read declines
+    with `"token_ids`, logprobs not followed by finish_reason and a token id that is not an
+    integer: the one-parse read declines
     (no answer parsed) and the body is stripped as strip() strips it."""
     from budgetproxy.proxy import capture
 
