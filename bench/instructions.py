@@ -18,7 +18,11 @@ Under callgrind the proxy answers ~50 calls a second, so per-batch work (a trace
 5 s) weighs far more per call than at full load.
 
 Rows are the budgetproxy variants of bench/targets.py (and `forwarder`, the bare Starlette +
-aiohttp baseline); ratios are against the first row.
+aiohttp baseline); ratios are against the first row. A feature row measured beside the row
+without its feature (token, cost or time budgets beside `budgetproxy+episodes`, capture beside
+`bp+episodes-tokenfields`, which gets the same answers) is judged against the 5% target:
+
+    python bench/instructions.py --features    # those six rows, about 7 minutes
 """
 
 from __future__ import annotations
@@ -38,6 +42,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 import loadgen  # noqa: E402
 import targets as tg  # noqa: E402
 
+FEATURE_ROWS = ("budgetproxy+episodes,bp+episodes-tokens,bp+episodes-cost,bp+episodes-time,"
+                "bp+episodes-tokenfields,bp+episodes-capture")
 DEFAULT_TARGETS = (
     "bp+episodes-unobserved,budgetproxy+episodes,bp+episodes-traced,bp+episodes-traced-10pct"
 )
@@ -47,6 +53,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--targets", default=DEFAULT_TARGETS,
                    help="comma-separated rows; the first is the baseline for the ratios")
+    p.add_argument("--features", action="store_true",
+                   help="the feature rows and their baselines (" + FEATURE_ROWS + ")")
     p.add_argument("--seconds", type=float, default=15.0, help="counted load per target")
     p.add_argument("--warmup", type=float, default=8.0,
                    help="uncounted load first; longer than OTEL_BSP_SCHEDULE_DELAY (5 s), so the"
@@ -58,7 +66,10 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
                    help="also simulate caches, the last level of BYTES, and report its misses")
     p.add_argument("--keep", action="store_true",
                    help="keep the callgrind files (for callgrind_annotate) and logs")
-    return p.parse_args(argv)
+    args = p.parse_args(argv)
+    if args.features:
+        args.targets = FEATURE_ROWS
+    return args
 
 
 def _control(pid: int, action: str) -> None:
@@ -166,6 +177,10 @@ def main(argv: list[str] | None = None) -> int:
             summary[name]["ll_misses_per_request"] = round(ll)
             line += f" {ll:>14.0f} {ll / ll_base if ll_base else 0:>11.3f}x"
         print(line)
+    verdicts = feature_verdicts(summary)
+    if verdicts:
+        print()
+        print("\n".join(verdicts))
     args.out.mkdir(parents=True, exist_ok=True)
     out = args.out / f"instructions-{stamp}.json"
     out.write_text(json.dumps({"stamp": stamp, "args": {k: str(v) for k, v in
@@ -173,6 +188,32 @@ def main(argv: list[str] | None = None) -> int:
                                "rows": rows, "summary": summary}, indent=2))
     print(f"\nresults: {out}")
     return 0
+
+
+# The feature targets (issue: budgets on tokens, cost and time and token capture cost <= 5%
+# each): a row's instructions per call against the row without the feature, same answers.
+FEATURE_TARGET = 1.05
+FEATURE_BASELINES = {
+    "bp+episodes-tokens": "budgetproxy+episodes",
+    "bp+episodes-cost": "budgetproxy+episodes",
+    "bp+episodes-time": "budgetproxy+episodes",
+    "bp+episodes-axes": "budgetproxy+episodes",
+    "bp+episodes-capture": "bp+episodes-tokenfields",  # the same answers, passed through
+}
+
+
+def feature_verdicts(summary: dict[str, dict[str, Any]]) -> list[str]:
+    """MET / MISSED for each feature row measured beside its baseline row."""
+    lines = []
+    for name, base in FEATURE_BASELINES.items():
+        row, ref = summary.get(name), summary.get(base)
+        if row is None or ref is None:
+            continue
+        ratio = row["instructions_per_request"] / ref["instructions_per_request"]
+        verdict = "MET" if ratio <= FEATURE_TARGET else "MISSED"
+        lines.append(f"{name}: {ratio:.3f}x {base}'s instructions per call "
+                     f"(target <= {FEATURE_TARGET}x) {verdict}")
+    return lines
 
 
 def _median(runs: list[dict[str, Any]], key: str = "per_request") -> float | None:

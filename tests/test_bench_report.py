@@ -107,3 +107,25 @@ def test_a_verdict_whose_rounds_straddle_the_floor_says_so() -> None:
     line = next(v for v in report.verdicts(summary) if v.startswith("budgetproxy+episodes"))
     assert line == ("budgetproxy+episodes: 0.92x forwarder req/s at c=32 (target >= 0.9x) MET "
                     "(rounds 0.75x-1.62x: not settled); by CPU time per request 0.71x MISSED")
+
+
+def test_feature_rows_are_judged_against_their_own_baselines() -> None:
+    """bench/instructions.py: budgets beside the episodes row, capture beside the row that
+    gets the same answers; a row measured without its baseline is not judged."""
+    import instructions
+
+    def row(n: int) -> dict[str, int]:
+        return {"instructions_per_request": n}
+
+    lines = instructions.feature_verdicts({
+        "budgetproxy+episodes": row(600_000), "bp+episodes-tokens": row(630_000),
+        "bp+episodes-cost": row(631_000), "bp+episodes-tokenfields": row(800_000),
+        "bp+episodes-capture": row(1_000_000)})
+    assert lines == [
+        "bp+episodes-tokens: 1.050x budgetproxy+episodes's instructions per call "
+        "(target <= 1.05x) MET",
+        "bp+episodes-cost: 1.052x budgetproxy+episodes's instructions per call "
+        "(target <= 1.05x) MISSED",
+        "bp+episodes-capture: 1.250x bp+episodes-tokenfields's instructions per call "
+        "(target <= 1.05x) MISSED"]
+    assert instructions.feature_verdicts({"bp+episodes-capture": row(1)}) == []
