@@ -315,21 +315,28 @@ _MEMBER_START = frozenset(b"{,")
 _INT_ARRAY = b"[],-0123456789"  # the bytes of a JSON array of integers
 
 
-def _compact_member(data: bytes, key: bytes) -> int:
-    """Where the value of the one `"key":` member in `data` starts: -1 unless there is exactly
-    one, written compactly."""
-    needle = b'"%b":' % key
-    pos = data.find(needle)
-    if pos <= 0 or data[pos - 1] not in _MEMBER_START or data.find(needle, pos + 1) >= 0:
-        return -1
-    return pos + len(needle)
+def _member_at(data: bytes, pos: int) -> bool:
+    return pos > 0 and data[pos - 1] in _MEMBER_START
+
+
+def _flat_after(obj: dict[str, Any], key: str) -> bool:
+    """Whether every value after `key`'s in `obj` holds no members (no object or array)."""
+    seen = False
+    for k, v in obj.items():
+        if seen and (type(v) is dict or type(v) is list):
+            return False
+        seen = seen or k == key
+    return True
 
 
 def _strip_parsed(data: bytes) -> tuple[bytes, Tokens, Any] | None:
-    """`strip_body` of vLLM's usual answer, read by one parse: one choice, its `logprobs`
-    followed by its `finish_reason`, compact JSON, each field written once. The values' bytes
-    are found by their keys and checked against the parse (the id arrays written the same, the
-    logprobs object's end where the next member of its choice begins). None: another shape."""
+    """`strip_body` of vLLM's usual answer, read by one parse: one choice; its `logprobs`
+    followed by its `finish_reason`, its `token_ids` after them; the body's `prompt_token_ids`
+    after its choices; compact JSON. Each value's bytes are found by its key, searching only
+    where the parse says it is, and checked against the parse. None: another shape.
+
+    A key found after a member's start (`{` or `,`) is a member, never text: inside a string
+    every quote follows a backslash."""
     try:
         obj = orjson.loads(data)
     except orjson.JSONDecodeError:
@@ -343,29 +350,37 @@ def _strip_parsed(data: bytes) -> tuple[bytes, Tokens, Any] | None:
     ids, prompt, lp = c0.get("token_ids"), obj.get("prompt_token_ids"), c0.get("logprobs")
     if type(ids) is not list or type(prompt) is not list or type(lp) is not dict:
         return None
-    keys = list(c0)
+    keys, top = list(c0), list(obj)
     i = keys.index("logprobs")
-    if i + 1 == len(keys) or keys[i + 1] != "finish_reason" or "prompt_token_ids" in c0:
+    if (i + 1 == len(keys) or keys[i + 1] != "finish_reason" or keys.index("token_ids") < i
+            or "prompt_token_ids" in c0 or top.index("prompt_token_ids") < top.index("choices")
+            or not _flat_after(obj, "prompt_token_ids")):
         return None
-    spans = []
-    for key, value in ((b"token_ids", ids), (b"prompt_token_ids", prompt)):
-        start = _compact_member(data, key)
-        if start < 0:
-            return None
-        text = orjson.dumps(value)
-        if not data.startswith(text, start) or text.translate(None, _INT_ARRAY):
-            return None  # not these bytes, or not all integers
-        spans.append((start, start + len(text)))
-    # The logprobs object ends where its choice's next member, finish_reason, begins: the
-    # first `,"finish_reason":` after it when no other follows.
-    start = _compact_member(data, b"logprobs")
+    # logprobs: the only `"logprobs":` before the last `,"finish_reason":`, which is its
+    # choice's (the member that follows it) when no other finish_reason follows.
+    start = data.find(b'"logprobs":')
     end = data.find(_NEXT_MEMBER, start)
-    if (start < 0 or data[start] != 0x7B or end < 0  # 0x7B: "{"
-            or data.find(b'"finish_reason":', end + 2) >= 0):
+    if (not _member_at(data, start) or end < 0
+            or data.rfind(b'"finish_reason":') != end + 1
+            or data.find(b'"logprobs":', start + 1, end) >= 0):
         return None
-    while data[end - 1] in _WHITESPACE:
-        end -= 1
-    spans.append((start, end))
+    start += len(b'"logprobs":')
+    if data[start] != 0x7B:  # "{"
+        return None
+    # token ids: the first after finish_reason, when the members between hold no others
+    between = keys[i + 2:keys.index("token_ids")]
+    if any(type(c0[k]) is dict or type(c0[k]) is list for k in between):
+        return None
+    spans = [(start, end)]
+    for key, value, pos in ((b"token_ids", ids, data.find(b'"token_ids":', end)),
+                            (b"prompt_token_ids", prompt, data.rfind(b'"prompt_token_ids":'))):
+        if not _member_at(data, pos):
+            return None
+        pos += len(key) + 3
+        text = orjson.dumps(value)
+        if not data.startswith(text, pos) or text.translate(None, _INT_ARRAY):
+            return None  # not these bytes, or not all integers
+        spans.append((pos, pos + len(text)))
     spans.sort()
     parts, pos = [], 0
     for start, end in spans:

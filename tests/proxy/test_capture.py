@@ -263,8 +263,11 @@ def _vllm_bodies() -> list[tuple[str, bytes]]:
     usage = {"prompt_tokens": 5, "completion_tokens": 9, "total_tokens": 14}
     out = []
     for text in ("ok", "a longer answer, with \"quotes\" and ,\"finish_reason\": inside it"):
+        # (vLLM's member order: index, message, logprobs, finish_reason, stop_reason, ...)
+        message = {"role": "assistant", "content": text}
         chat = {"id": "c", "object": "chat.completion", "created": 0, "model": "m",
-                "choices": [{**base_choice, "message": {"role": "assistant", "content": text}}],
+                "choices": [{"index": 0, "message": message, "logprobs": None,
+                             "finish_reason": "stop"}],
                 "usage": usage}
         out.append(("chat", orjson.dumps(fake_tokens.chat_body(chat, chat_req, "vllm"))))
         comp_req = {"model": "m", "prompt": "say it", "return_token_ids": True, "logprobs": 0}
@@ -307,10 +310,19 @@ def _finish_reason_inside(body: bytes) -> bytes:
     return orjson.dumps(obj)
 
 
-def _key_in_key(body: bytes) -> bytes:
-    # a key whose text ends with `"token_ids` (its quote escaped): not a member of that name
+def _logprobs_inside(body: bytes) -> bytes:
     obj = orjson.loads(body)
-    obj = {'x"token_ids': [1, 2], **obj}
+    obj["choices"][0]["logprobs"]["content"][0]["logprobs"] = None
+    return orjson.dumps(obj)
+
+
+def _key_in_key(body: bytes) -> bytes:
+    # a key whose text ends with `"token_ids` (its quote escaped), where token ids are looked
+    # for: not a member of that name
+    obj = orjson.loads(body)
+    c0 = obj["choices"][0]
+    rest = {k: c0.pop(k) for k in list(c0)[list(c0).index("finish_reason") + 1:]}
+    c0.update({'x"token_ids': 1, **rest})
     return orjson.dumps(obj)
 
 
@@ -321,20 +333,29 @@ def _reordered(body: bytes) -> bytes:
     return orjson.dumps(obj)
 
 
+def _message_last(body: bytes) -> bytes:
+    # an object between finish_reason and token_ids: it could hold a token_ids member
+    obj = orjson.loads(body)
+    c0 = obj["choices"][0]
+    c0["message"] = c0.pop("message")
+    c0["token_ids"] = c0.pop("token_ids")
+    return orjson.dumps(obj)
+
+
 def _float_id(body: bytes) -> bytes:
     obj = orjson.loads(body)
     obj["choices"][0]["token_ids"][0] = 1.5
     return orjson.dumps(obj)
 
 
-@pytest.mark.parametrize("variant", [_spaced, _finish_reason_inside, _key_in_key, _reordered,
-                                     _float_id])
+@pytest.mark.parametrize("variant", [_spaced, _finish_reason_inside, _logprobs_inside,
+                                     _key_in_key, _reordered, _message_last, _float_id])
 def test_shapes_the_one_parse_does_not_read_are_stripped_the_long_way(
         variant: Callable[[bytes], bytes]) -> None:
-    """Whitespace between members, a `finish_reason` key inside logprobs, a key that ends
-    with `"token_ids`, logprobs not followed by finish_reason and a token id that is not an
-    integer: the one-parse read declines
-    (no answer parsed) and the body is stripped as strip() strips it."""
+    """Whitespace between members, a `finish_reason` or `logprobs` key inside logprobs, a key
+    that ends with `"token_ids`, logprobs not followed by finish_reason, an object between
+    finish_reason and token_ids and a token id that is not an integer: the one-parse read
+    declines (no answer parsed) and the body is stripped as strip() strips it."""
     from budgetproxy.proxy import capture
 
     cap, _ = capture.plan({}, "chat", "vllm")
