@@ -390,3 +390,13 @@ def test_a_next_member_inside_logprobs_does_not_end_them() -> None:
     parsed: dict[int, Any] = {}
     assert _value_end(buf, start, parsed) == start + len(inner)
     assert parsed == {}  # not read by the short way
+
+
+@pytest.mark.parametrize(("value", "integers"), [
+    ([1, 2, 3], True), ([], True), ([-1, 0, 2**63], True), ([1.5], False), ([1e20], False),
+    ([True], False), ([None], False), (["1"], False), ([[1]], False), ([{}], False),
+    ([float("inf")], False)])
+def test_an_id_array_is_known_integers_by_its_bytes(value: list[Any], integers: bool) -> None:
+    from budgetproxy.proxy.capture import _integers
+
+    assert _integers(orjson.dumps(value)) is integers
