@@ -315,11 +315,10 @@ _MEMBER_START = frozenset(b"{,")
 
 
 def _integers(text: bytes) -> bool:
-    """Whether orjson's writing of a list is a flat list of integers: no float (`.`, `e`),
-    null (`n`), true or false (`e`), string or object, nor a second bracket (each test one
-    C scan)."""
-    return (b"." not in text and b"e" not in text and b"n" not in text
-            and b'"' not in text and b"{" not in text and text.count(b"[") == 1)
+    """Whether orjson's writing of a list is a flat list of integers: nothing but digits,
+    minus signs, commas and its two brackets (one C pass; `in` on bytes would cost each test
+    a raised and cleared TypeError)."""
+    return not text.translate(None, b"0123456789,-[]") and text.count(b"[") == 1
 
 
 def _member_at(data: bytes, pos: int) -> bool:
