@@ -262,7 +262,7 @@ def strip(data: bytes, cap: Capture) -> bytes:
     vLLM writes `null` for token ids and logprobs it was not asked for; SGLang leaves token
     ids out and writes `null` logprobs. (SGLang's chat API asks for prompt ids apart, with
     `return_prompt_token_ids`, its text completions with `return_token_ids`.)"""
-    if cap.server == "sglang" and b"token_ids\":" in data:
+    if cap.server == "sglang" and data.find(b'token_ids":') >= 0:
         if cap.strip_prompt_ids:
             data = _drop_member(data, b"prompt_token_ids")
         if cap.strip_ids:
@@ -408,7 +408,7 @@ def strip_event(event: bytes, cap: Capture) -> bytes | None:
     """A stream event as the client would get it without capture; None: the server would not
     have sent it (vLLM sends a chunk with no text only to carry token ids or logprobs)."""
     out = strip(event, cap)
-    if b'"delta":{}' in out and b'"finish_reason":null' in out:
+    if out.find(b'"delta":{}') >= 0 and out.find(b'"finish_reason":null') >= 0:
         data = event_data(out)
         try:
             obj = orjson.loads(data) if data is not None else None
@@ -520,8 +520,8 @@ def read_events(events: list[bytes]) -> Tokens:
     out = Tokens()
     for event in events:
         data = event_data(event)
-        if data is None or data == b"[DONE]" or b"token_ids" not in data and (
-                b"logprob" not in data):
+        if data is None or data == b"[DONE]" or data.find(b"token_ids") < 0 and (
+                data.find(b"logprob") < 0):
             continue
         try:
             _read(orjson.loads(data), out)

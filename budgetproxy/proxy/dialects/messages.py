@@ -214,7 +214,7 @@ class MessagesDialect:
         return {"message": message, "finish_reason": stop, "usage": usage or None}
 
     def ends_stream(self, event: bytes) -> bool:
-        return b"message_stop" in event[:64]  # the `event:` line, or the data's "type"
+        return event.find(b"message_stop", 0, 64) >= 0  # the `event:` line, or the data's "type"
 
     def synthetic(
         self, model: str, finish_reason: str, stream: bool, payload: dict[str, Any]

@@ -202,8 +202,8 @@ class ResponsesDialect:
 
     def ends_stream(self, event: bytes) -> bool:
         head = event[:96]  # the `event:` line, or the data's leading "type"
-        return b"response.completed" in head or b"response.incomplete" in head or (
-            b"response.failed" in head)
+        return head.find(b"response.completed") >= 0 or head.find(
+            b"response.incomplete") >= 0 or head.find(b"response.failed") >= 0
 
     def synthetic(
         self, model: str, finish_reason: str, stream: bool, payload: dict[str, Any]
