@@ -366,8 +366,9 @@ def _strip_parsed(data: bytes) -> tuple[bytes, Tokens, Any] | None:
     # choice's (the member that follows it) when no other finish_reason follows.
     start = data.find(b'"logprobs":')
     end = data.find(_NEXT_MEMBER, start)
-    if (not _member_at(data, start) or end < 0
+    if (not _member_at(data, start) or end < 0 or data[end - 1] != 0x7D  # "}"
             or data.rfind(b'"finish_reason":') != end + 1
+            or not data.startswith(orjson.dumps(c0["finish_reason"]), end + len(_NEXT_MEMBER))
             or data.find(b'"logprobs":', start + 1, end) >= 0):
         return None
     start += len(b'"logprobs":')

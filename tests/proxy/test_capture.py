@@ -316,6 +316,14 @@ def _logprobs_inside(body: bytes) -> bytes:
     return orjson.dumps(obj)
 
 
+def _mixed_spacing(body: bytes) -> bytes:
+    # the choice's finish_reason key spaced from its colon (so not found as written), and one
+    # written compactly inside logprobs, after an object: that one must not end logprobs
+    obj = orjson.loads(body)
+    obj["choices"][0]["logprobs"]["content"][0].update({"x": {}, "finish_reason": "length"})
+    return orjson.dumps(obj).replace(b',"finish_reason":"stop"', b',"finish_reason" :"stop"')
+
+
 def _key_in_key(body: bytes) -> bytes:
     # a key whose text ends with `"token_ids` (its quote escaped), where token ids are looked
     # for: not a member of that name
@@ -349,11 +357,12 @@ def _float_id(body: bytes) -> bytes:
 
 
 @pytest.mark.parametrize("variant", [_spaced, _finish_reason_inside, _logprobs_inside,
-                                     _key_in_key, _reordered, _message_last, _float_id])
+                                     _mixed_spacing, _key_in_key, _reordered, _message_last,
+                                     _float_id])
 def test_shapes_the_one_parse_does_not_read_are_stripped_the_long_way(
         variant: Callable[[bytes], bytes]) -> None:
-    """Whitespace between members, a `finish_reason` or `logprobs` key inside logprobs, a key
-    that ends with `"token_ids`, logprobs not followed by finish_reason, an object between
+    """Whitespace between members, a `finish_reason` or `logprobs` key inside logprobs (also
+    with the choice's own finish_reason spaced), a key that ends with `"token_ids`, logprobs not followed by finish_reason, an object between
     finish_reason and token_ids and a token id that is not an integer: the one-parse read
     declines (no answer parsed) and the body is stripped as strip() strips it."""
     from budgetproxy.proxy import capture
