@@ -362,9 +362,10 @@ def _float_id(body: bytes) -> bytes:
 def test_shapes_the_one_parse_does_not_read_are_stripped_the_long_way(
         variant: Callable[[bytes], bytes]) -> None:
     """Whitespace between members, a `finish_reason` or `logprobs` key inside logprobs (also
-    with the choice's own finish_reason spaced), a key that ends with `"token_ids`, logprobs not followed by finish_reason, an object between
-    finish_reason and token_ids and a token id that is not an integer: the one-parse read
-    declines (no answer parsed) and the body is stripped as strip() strips it."""
+    with the choice's own finish_reason spaced), a key that ends with `"token_ids`, logprobs
+    not followed by finish_reason, an object between finish_reason and token_ids and a token
+    id that is not an integer: the one-parse read declines (no answer parsed) and the body is
+    stripped as strip() strips it."""
     from budgetproxy.proxy import capture
 
     cap, _ = capture.plan({}, "chat", "vllm")
