@@ -39,7 +39,7 @@ class Capture:
     strip_prompt_ids: bool | None = None
     # the fields the server writes as null when not asked for them (set from the above)
     null_keys: frozenset[bytes] = frozenset()
-    members: bytes = b""  # the request fields the plan adds, as JSON members
+    members: bytes = b""  # the request fields the plan adds, written as JSON members
 
     @property
     def strips(self) -> bool:
@@ -85,9 +85,9 @@ def _plan(kind: str, server: Server, asked_ids: bool, asked_lp: bool,
         add["logprobs"] = True if kind == "chat" else 0
     if server == "sglang" and kind == "chat" and not asked_prompt:
         add["return_prompt_token_ids"] = True
-    cap = Capture(kind, server, not asked_ids, not asked_lp, not asked_prompt)
-    cap.members = _members_json(add)
-    return cap, add
+    members = b"".join(b',"%s":%s' % (k.encode(), orjson.dumps(v)) for k, v in add.items())
+    return Capture(kind, server, not asked_ids, not asked_lp, not asked_prompt,
+                   members=members), add
 
 
 # (kind, server, and what the client asked for) -> plan: a few dozen at most
@@ -95,26 +95,16 @@ _PLANS: dict[tuple[str, str, bool, bool, bool], tuple[Capture, dict[str, Any]]] 
 
 
 def add_fields(body: bytes, payload: dict[str, Any], add: dict[str, Any],
-               members: bytes | None = None) -> bytes:
-    """The body with `add` as extra members when none of them is in it yet (its other bytes
-    unchanged); b"" when one is there (the caller re-encodes `payload`, now updated).
-    `members`: `add` written as JSON members already (the plan's `Capture.members`)."""
-    present = False
-    for k in add:
-        if k in payload:
-            present = True
-            break
+               members: bytes) -> bytes:
+    """The body with `add` (written as `members`, the plan's `Capture.members`) as extra
+    members when none of them is in it yet (its other bytes unchanged); b"" when one is there
+    (the caller re-encodes `payload`, now updated)."""
+    present = not add.keys().isdisjoint(payload)
     payload.update(add)
     if present or not body:
         return b""
     end = body.rindex(b"}")
-    if members is None:
-        members = _members_json(add)
     return body[:end] + members + body[end:]
-
-
-def _members_json(add: dict[str, Any]) -> bytes:
-    return b"".join(b',"%s":%s' % (k.encode(), orjson.dumps(v)) for k, v in add.items())
 
 
 def _value_end(buf: bytes, start: int, parsed: dict[int, Any] | None = None) -> int:
@@ -325,14 +315,9 @@ def _member_at(data: bytes, pos: int) -> bool:
     return pos > 0 and data[pos - 1] in _MEMBER_START
 
 
-def _flat_after(obj: dict[str, Any], key: str) -> bool:
-    """Whether every value after `key`'s in `obj` holds no members (no object or array)."""
-    seen = False
-    for k, v in obj.items():
-        if seen and (type(v) is dict or type(v) is list):
-            return False
-        seen = seen or k == key
-    return True
+def _hold_members(values: list[Any]) -> bool:
+    """Whether any of `values` is an object or an array (so could hold a member)."""
+    return any(type(v) is dict or type(v) is list for v in values)
 
 
 def _strip_parsed(data: bytes) -> tuple[bytes, Tokens, Any] | None:
@@ -357,10 +342,11 @@ def _strip_parsed(data: bytes) -> tuple[bytes, Tokens, Any] | None:
     if type(ids) is not list or type(prompt) is not list or type(lp) is not dict:
         return None
     keys, top = list(c0), list(obj)
-    i = keys.index("logprobs")
-    if (i + 1 == len(keys) or keys[i + 1] != "finish_reason" or keys.index("token_ids") < i
-            or "prompt_token_ids" in c0 or top.index("prompt_token_ids") < top.index("choices")
-            or not _flat_after(obj, "prompt_token_ids")):
+    i, j = keys.index("logprobs"), keys.index("token_ids")
+    p = top.index("prompt_token_ids")
+    if (i + 1 == len(keys) or keys[i + 1] != "finish_reason" or j < i
+            or "prompt_token_ids" in c0 or p < top.index("choices")
+            or _hold_members([obj[k] for k in top[p + 1:]])):
         return None
     # logprobs: the only `"logprobs":` before the last `,"finish_reason":`, which is its
     # choice's (the member that follows it) when no other finish_reason follows.
@@ -375,8 +361,7 @@ def _strip_parsed(data: bytes) -> tuple[bytes, Tokens, Any] | None:
     if data[start] != 0x7B:  # "{"
         return None
     # token ids: the first after finish_reason, when the members between hold no others
-    between = keys[i + 2:keys.index("token_ids")]
-    if any(type(c0[k]) is dict or type(c0[k]) is list for k in between):
+    if _hold_members([c0[k] for k in keys[i + 2:j]]):
         return None
     spans = [(start, end)]
     for key, value, pos in ((b"token_ids", ids, data.find(b'"token_ids":', end)),
