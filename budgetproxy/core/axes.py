@@ -74,21 +74,26 @@ def plan(st: Any, now: float, client_cap: int | None, out_rate: float | None,
     and no output rate given). Pure: `apply` makes the reservation."""
     deadline = None
     if st.time_budget_s is not None:
-        start = st.first_call_at if st.first_call_at is not None else now
-        deadline = start + st.time_budget_s
+        start = st.first_call_at
+        deadline = (now if start is None else start) + st.time_budget_s
         if now >= deadline:
             return "time"
+    token_budget, cost_budget = st.token_budget, st.cost_budget
+    if token_budget is None and cost_budget is None:  # time alone: nothing to hold
+        return AxisGrant(None, 0, 0.0, deadline)
     cap = client_cap
-    if st.token_budget is not None:
-        left = st.token_budget - st.tokens_used - st.tokens_reserved
+    if token_budget is not None:
+        used = st.tokens_used
+        left = token_budget - used - st.tokens_reserved
         if left < 1:
-            return "tokens" if st.tokens_used >= st.token_budget else HELD
-        cap = left if cap is None else min(cap, left)
+            return "tokens" if used >= token_budget else HELD
+        if cap is None or left < cap:
+            cap = left
     cost = 0.0
-    if st.cost_budget is not None:
+    if cost_budget is not None:
         if out_rate is None:
             return NEED_PRICE
-        unheld = st.cost_budget - st.cost_used
+        unheld = cost_budget - st.cost_used
         left_cost = unheld - st.cost_reserved
         if left_cost <= COST_EPS or (out_rate > 0 and math.floor(
                 left_cost / out_rate + 1e-9) < 1):
@@ -97,16 +102,16 @@ def plan(st: Any, now: float, client_cap: int | None, out_rate: float | None,
             return "cost" if spent else HELD
         if out_rate > 0:
             affordable = math.floor(left_cost / out_rate + 1e-9)
-            cap = affordable if cap is None else min(cap, affordable)
+            if cap is None or affordable < cap:
+                cap = affordable
             cost = cap * out_rate
-    capped = st.token_budget is not None or st.cost_budget is not None
-    if capped and client_cap is None and cap is not None and cap > output_hold:
+    if cap is None:  # a free model and no cap of the client's: nothing to hold
+        return AxisGrant(None, 0, cost, deadline)
+    if client_cap is None and cap > output_hold:
         # plenty left: no cap added, the usual most a call writes held
-        cost = cost * output_hold / cap
-        return AxisGrant(cap=None, tokens=output_hold, cost=cost, deadline=deadline)
-    tokens = cap if cap is not None and capped else 0
-    return AxisGrant(cap=cap if cap != client_cap else None, tokens=tokens, cost=cost,
-                     deadline=deadline)
+        return AxisGrant(None, output_hold, cost * output_hold / cap if cost else 0.0,
+                         deadline)
+    return AxisGrant(None if cap == client_cap else cap, cap, cost, deadline)
 
 
 def apply(st: Any, grant: AxisGrant, now: float) -> None:
@@ -155,9 +160,16 @@ def cumulative(st: Any, now: float) -> dict[str, Any]:
     return {
         "turns": st.turns_used,
         "tokens": st.tokens_used,
-        "cost": round(st.cost_used, 9) if st.cost_budget is not None else None,
-        "seconds": 0.0 if start is None or now <= start else round(now - start, 6),
+        "cost": decimal_places(st.cost_used, 1e9) if st.cost_budget is not None else None,
+        "seconds": 0.0 if start is None or now <= start else decimal_places(now - start, 1e6),
     }
+
+
+def decimal_places(x: float, scale: float) -> float:
+    """`x` (>= 0) to the decimal places of `scale` (1e6: six): the nearest double to an
+    integer over `scale` prints as that short decimal. A quarter of round()'s cost, which
+    goes through decimal strings; the two differ only on a tie, in the last place kept."""
+    return int(x * scale + 0.5) / scale
 
 
 def view(st: Any, now: float) -> dict[str, Any]:

@@ -6,7 +6,7 @@ import fnmatch
 from collections.abc import Mapping
 from typing import Any
 
-from budgetproxy.core.usage import billed_tokens
+from budgetproxy.core.usage import billed_tokens, token_counts
 
 
 class PriceTable:
@@ -30,8 +30,9 @@ class PriceTable:
 
     def _override(self, model: str) -> tuple[float, float] | None:
         matched = self._matched
-        if model in matched:
-            return matched[model]
+        found = matched.get(model, _UNSEEN)
+        if found is not _UNSEEN:
+            return found  # type: ignore[return-value]
         found = None
         for glob, inp, out in self.overrides:
             if fnmatch.fnmatchcase(model, glob):
@@ -59,15 +60,22 @@ class PriceTable:
         self._rates[model] = found
         return found
 
-    def cost(self, model: str, usage: Any) -> float | None:
-        """The USD price of one call's reported usage; None without a price or usage."""
+    def cost(self, model: str, usage: Any,
+             tokens: tuple[int | None, int | None] | None = None) -> float | None:
+        """The USD price of one call's reported usage; None without a price or usage.
+        `tokens`: the usage's `token_counts`, when the caller has them already."""
+        override = self._override(model)
+        if override is not None:  # input (cached included) and output at the config's rates
+            tin, tout = token_counts(usage) if tokens is None else tokens
+            if tin is None and tout is None:
+                return None
+            return (tin or 0) * override[0] + (tout or 0) * override[1]
         counts = billed_tokens(usage)
         if counts is None:
             return None
-        if self._override(model) is None:
-            exact = _library_cost(model, counts)
-            if exact is not None:
-                return exact
+        exact = _library_cost(model, counts)
+        if exact is not None:
+            return exact
         rates = self.rates(model)
         if rates is None:
             return None
@@ -75,6 +83,7 @@ class PriceTable:
 
 
 _MODELS_KEPT = 1024
+_UNSEEN = object()
 _PROBE = 1000  # tokens: the usage at which a library rate per token is read
 
 

@@ -142,19 +142,19 @@ def read_reply(call: ModelCall) -> Reply:
 def spend(prices: PriceTable, call: ModelCall, reply: Reply | None) -> axes.Spend | None:
     """What the call spent by its reported usage; None when it reported none."""
     usage = reply.get("usage") if reply else None
-    tin, tout = call.counts = token_counts(usage)  # (kept for the token metrics)
+    counts = call.counts = token_counts(usage)  # (kept for the token metrics)
+    tin, tout = counts
     if tin is None and tout is None:
         return None
     st = call.state
-    cost = prices.cost(call.model or "", usage) if st is not None and (
+    cost = prices.cost(call.model or "", usage, counts) if st is not None and (
         st.cost_budget is not None) else None
     return axes.Spend((tin or 0) + (tout or 0), cost)
 
 
-def remaining_headers(st: EpisodeState, now: float) -> list[tuple[bytes, bytes]]:
-    """X-Episode-{Tokens,Cost,Time}-Remaining of the axes the episode has (what is left after
-    the reservations of calls in flight, this one's included)."""
-    out = []
+def add_remaining_headers(out: list[tuple[bytes, bytes]], st: EpisodeState) -> None:
+    """Add X-Episode-{Tokens,Cost,Time}-Remaining of the axes the episode has to `out` (what
+    is left after the reservations of calls in flight, this one's included)."""
     if st.token_budget is not None:
         left = st.token_budget - st.tokens_used - st.tokens_reserved
         out.append((b"x-episode-tokens-remaining", b"%d" % (left if left > 0 else 0)))
@@ -162,9 +162,8 @@ def remaining_headers(st: EpisodeState, now: float) -> list[tuple[bytes, bytes]]
         cost = st.cost_budget - st.cost_used - st.cost_reserved
         out.append((b"x-episode-cost-remaining", b"%.6f" % (cost if cost > 0.0 else 0.0)))
     if st.time_budget_s is not None:
-        seconds = st.time_budget_s - axes.time_used(st, now)
+        seconds = st.time_budget_s - axes.time_used(st, time.time())
         out.append((b"x-episode-time-remaining", b"%.3f" % (seconds if seconds > 0.0 else 0.0)))
-    return out
 
 
 def template_fields(st: EpisodeState, now: float) -> dict[str, Any]:

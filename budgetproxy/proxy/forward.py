@@ -439,7 +439,7 @@ class ModelCalls:
             out.append((b"x-episode-budget", b"%d" % st.budget))
             out.append((b"x-episode-remaining", b"%d" % remaining))
             if axes.has_axes(st):
-                out.extend(axis_calls.remaining_headers(st, time.time()))
+                axis_calls.add_remaining_headers(out, st)
         return out
 
     async def _forward(
@@ -593,8 +593,7 @@ class ModelCalls:
             if grant.hold is None:
                 return closing
             closed = await closing
-            if closed.state is not None:
-                call.cumulative = axes.cumulative(closed.state, now)
+            call.cumulative = closed.spent
             if closed.ended:  # the episode ended meanwhile and waited for this turn
                 call.ended = closed.state
         except StoreUnavailable:

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
-from typing import Protocol
+from typing import Any, Protocol
 
 from budgetproxy.core.axes import OUTPUT_HOLD, Spend
 from budgetproxy.core.episode import (
@@ -30,12 +30,15 @@ class TurnOpen:
 @dataclass(frozen=True)
 class TurnClose:
     refunded: bool
-    # A snapshot after settling, for a call holding other axes (core.axes) or one that ended
-    # its episode (`ended`); a store may leave it None otherwise (as for an unknown episode).
+    # A snapshot after settling, for a call that ended its episode (`ended`); a store may
+    # leave it None otherwise (as for an unknown episode).
     state: EpisodeState | None
     # This settle was the last in-flight turn of an episode ended meanwhile (`end_pending`):
     # the caller records the episode now. True for exactly one caller across replicas.
     ended: bool = False
+    # For a call holding other axes (core.axes): the episode's spend on every axis after
+    # settling (core.axes.cumulative), for the turn's record.
+    spent: dict[str, Any] | None = None
 
 
 @dataclass(frozen=True)

@@ -12,7 +12,7 @@ from __future__ import annotations
 from collections import OrderedDict, deque
 from collections.abc import Callable
 
-from budgetproxy.core.axes import OUTPUT_HOLD, Spend
+from budgetproxy.core.axes import OUTPUT_HOLD, Spend, cumulative
 from budgetproxy.core.episode import (
     EpisodeState,
     FinishStatus,
@@ -180,11 +180,11 @@ class MemoryStore:
         refunded = settle(st, grant, result, now, count_failed=count_failed, spend=spend,
                           timed_out=timed_out)
         ended = pending and not st.end_pending
-        # (a turn-only call that ended nothing needs no snapshot: TurnClose.state)
-        snap = st.snapshot() if ended or grant.hold is not None else None
+        spent = cumulative(st, now) if grant.hold is not None else None
         if ended:
             self._ended(st)
-        return TurnClose(refunded, snap, ended)
+            return TurnClose(refunded, st.snapshot(), True, spent)
+        return TurnClose(refunded, None, False, spent)
 
     async def keep_told(self, episode_id: str, turn: int, text: str) -> None:
         st = self._active.get(episode_id)

@@ -37,7 +37,7 @@ except ImportError as e:  # pragma: no cover - depends on the install
         "pip install 'budgetproxy[redis]'"
     ) from e
 
-from budgetproxy.core.axes import OUTPUT_HOLD, AxisGrant, Spend
+from budgetproxy.core.axes import OUTPUT_HOLD, AxisGrant, Spend, cumulative
 from budgetproxy.core.episode import (
     EpisodeState,
     FinishStatus,
@@ -345,9 +345,11 @@ class RedisStore:
             grant.turn, 1 if grant.charged else 0, grant.body_hash, result.value,
             repr(float(now)), 1 if count_failed else 0, self._active_ttl_ms, self._retention_ms,
         ]
-        if grant.hold is not None:
-            args += _settle_args(grant.hold, spend, timed_out)
-        return self.submit(self._close, [self.episode_key(episode_id)], args, _turn_close)
+        if grant.hold is None:
+            return self.submit(self._close, [self.episode_key(episode_id)], args, _turn_close)
+        args += _settle_args(grant.hold, spend, timed_out)
+        return self.submit(self._close, [self.episode_key(episode_id)], args,
+                           lambda raw: _turn_close(raw, now))
 
     async def keep_told(self, episode_id: str, turn: int, text: str) -> None:
         keys = [self.episode_key(episode_id)]
@@ -548,15 +550,19 @@ def _json(raw: str | bytes) -> list[Any]:
     return reply
 
 
-def _turn_close(raw: Any) -> TurnClose:
+def _turn_close(raw: Any, now: float | None = None) -> TurnClose:
     """close_turn.lua's reply: nil (unknown episode), the refund alone (a turn-only call
-    that did not end its episode), or [refunded, snapshot, ended]."""
+    that did not end its episode), or [refunded, snapshot, ended] (`now`: the settle's time,
+    for a call holding other axes, whose spend the snapshot gives)."""
     if type(raw) is int:
         return TurnClose(raw == 1, None)
     if raw is None:
         return TurnClose(False, None)
     reply = _json(_raised(raw))
-    return TurnClose(bool(reply[0]), decode_state(reply[1]), bool(reply[2]))
+    st = decode_state(reply[1])
+    ended = bool(reply[2])
+    return TurnClose(bool(reply[0]), st if ended else None, ended,
+                     None if now is None else cumulative(st, now))
 
 
 def _turn_open(episode_id: str, body_hash: str, reply: list[Any]) -> TurnOpen:

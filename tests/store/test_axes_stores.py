@@ -11,6 +11,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from redis_support import REDIS_URL, drop_prefix, new_prefix, require_redis
 
+from budgetproxy.core import axes
 from budgetproxy.core.axes import Spend
 from budgetproxy.core.episode import EpisodeState, Grant, GrantKind, SettleResult
 from budgetproxy.store.memory import MemoryStore
@@ -78,12 +79,15 @@ async def test_redis_matches_the_core(redis_store: RedisStore, ops: list[tuple[o
             cm = await mem.close_turn(eid, gm, result, now, count_failed=False, spend=spend)
             cr = await redis_store.close_turn(eid, gr, result, now, count_failed=False,
                                               spend=spend)
-            # a turn-only call's settle answers its refund alone; one holding axes, a snapshot
-            assert (cr.state is None) == (gr.hold is None)
-            assert (cm.state is None) == (gm.hold is None)
-            sm = cm.state if cm.state is not None else await mem.get(eid)
-            sr = cr.state if cr.state is not None else await redis_store.get(eid)
+            # a turn-only call's settle answers its refund alone; one holding axes, the
+            # episode's spend after it, as a turn record gives it
+            assert (cr.spent is None) == (gr.hold is None)
+            assert (cm.spent is None) == (gm.hold is None)
+            sm, sr = await mem.get(eid), await redis_store.get(eid)
             assert sm is not None and sr is not None and cr.refunded == cm.refunded
+            if cm.spent is not None:
+                assert cm.spent == axes.cumulative(sm, now)
+                assert cr.spent == pytest.approx(cm.spent)
             for f in AXIS_FIELDS:
                 assert getattr(sm, f) == pytest.approx(getattr(sr, f)), f
             continue
