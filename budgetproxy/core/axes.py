@@ -25,7 +25,9 @@ agent that waits for each answer).
 
 from __future__ import annotations
 
+import functools
 import math
+from collections.abc import Callable
 from typing import Any, Literal, NamedTuple
 
 Axis = Literal["turns", "tokens", "cost", "time"]
@@ -50,6 +52,16 @@ class Spend(NamedTuple):
 
     tokens: int
     cost: float | None = None  # None: the episode has no cost budget, nothing was priced
+
+
+def _maker(cls: Any) -> Any:
+    """A named tuple's maker from a plain tuple of all its fields, made in C: the class's own
+    __new__ is Python, and costs twice as much (these are made on every call holding axes)."""
+    return functools.partial(tuple.__new__, cls)
+
+
+grant_of: Callable[[tuple[int | None, int, float, float | None]], AxisGrant] = _maker(AxisGrant)
+spend_of: Callable[[tuple[int, float | None]], Spend] = _maker(Spend)
 
 
 NEED_PRICE = "need_price"
@@ -80,7 +92,7 @@ def plan(st: Any, now: float, client_cap: int | None, out_rate: float | None,
             return "time"
     token_budget, cost_budget = st.token_budget, st.cost_budget
     if token_budget is None and cost_budget is None:  # time alone: nothing to hold
-        return AxisGrant(None, 0, 0.0, deadline)
+        return grant_of((None, 0, 0.0, deadline))
     cap = client_cap
     if token_budget is not None:
         used = st.tokens_used
@@ -95,23 +107,23 @@ def plan(st: Any, now: float, client_cap: int | None, out_rate: float | None,
             return NEED_PRICE
         unheld = cost_budget - st.cost_used
         left_cost = unheld - st.cost_reserved
-        if left_cost <= COST_EPS or (out_rate > 0 and math.floor(
-                left_cost / out_rate + 1e-9) < 1):
+        # the output tokens what is left buys (None: a free model, any number)
+        affordable = math.floor(left_cost / out_rate + 1e-9) if out_rate > 0 else None
+        if left_cost <= COST_EPS or (affordable is not None and affordable < 1):
             spent = unheld <= COST_EPS or (out_rate > 0 and math.floor(
                 unheld / out_rate + 1e-9) < 1)
             return "cost" if spent else HELD
-        if out_rate > 0:
-            affordable = math.floor(left_cost / out_rate + 1e-9)
+        if affordable is not None:
             if cap is None or affordable < cap:
                 cap = affordable
             cost = cap * out_rate
     if cap is None:  # a free model and no cap of the client's: nothing to hold
-        return AxisGrant(None, 0, cost, deadline)
+        return grant_of((None, 0, cost, deadline))
     if client_cap is None and cap > output_hold:
         # plenty left: no cap added, the usual most a call writes held
-        return AxisGrant(None, output_hold, cost * output_hold / cap if cost else 0.0,
-                         deadline)
-    return AxisGrant(None if cap == client_cap else cap, cap, cost, deadline)
+        return grant_of((None, output_hold, cost * output_hold / cap if cost else 0.0,
+                         deadline))
+    return grant_of((None if cap == client_cap else cap, cap, cost, deadline))
 
 
 def apply(st: Any, grant: AxisGrant, now: float) -> None:
@@ -125,18 +137,18 @@ def apply(st: Any, grant: AxisGrant, now: float) -> None:
 def settle(st: Any, grant: AxisGrant, spend: Spend | None, refunded: bool, *,
            timed_out: bool = False) -> None:
     """Release the reservation and charge what the call spent. Mutates `st`."""
-    reserved = st.tokens_reserved - grant.tokens
-    st.tokens_reserved = reserved if reserved > 0 else 0
-    if grant.cost:
-        held = st.cost_reserved - grant.cost
+    tokens, cost = grant.tokens, grant.cost
+    if tokens:
+        reserved = st.tokens_reserved - tokens
+        st.tokens_reserved = reserved if reserved > 0 else 0
+    if cost:
+        held = st.cost_reserved - cost
         st.cost_reserved = held if held > 0.0 else 0.0
     if not refunded:
-        if spend is None:
-            st.tokens_used += grant.tokens
-            cost = grant.cost
-        else:
-            st.tokens_used += spend.tokens
+        if spend is not None:
+            tokens = spend.tokens
             cost = spend.cost if spend.cost is not None else 0.0
+        st.tokens_used += tokens
         if cost:
             st.cost_used += cost
     if st.exhausted_by is None:
@@ -153,23 +165,22 @@ def time_used(st: Any, now: float) -> float:
 
 
 def cumulative(st: Any, now: float) -> dict[str, Any]:
-    """The spend on every axis so far, for a turn record (None: not tracked on this episode)."""
-    if not has_axes(st):
+    """The spend on every axis so far, for a turn record (None: not tracked on this episode).
+
+    Cost and seconds are kept to 9 and 6 decimal places as int(x * 10**n + 0.5) / 10**n: the
+    nearest double to an integer over 10**n prints as that short decimal. That is a quarter
+    of round()'s cost, which goes through decimal strings; the two differ only on a tie, in
+    the last place kept."""
+    if st.token_budget is None and st.cost_budget is None and st.time_budget_s is None:
         return {"turns": st.turns_used, "tokens": None, "cost": None, "seconds": None}
     start = st.first_call_at
     return {
         "turns": st.turns_used,
         "tokens": st.tokens_used,
-        "cost": decimal_places(st.cost_used, 1e9) if st.cost_budget is not None else None,
-        "seconds": 0.0 if start is None or now <= start else decimal_places(now - start, 1e6),
+        "cost": int(st.cost_used * 1e9 + 0.5) / 1e9 if st.cost_budget is not None else None,
+        "seconds": 0.0 if start is None or now <= start else int(
+            (now - start) * 1e6 + 0.5) / 1e6,
     }
-
-
-def decimal_places(x: float, scale: float) -> float:
-    """`x` (>= 0) to the decimal places of `scale` (1e6: six): the nearest double to an
-    integer over `scale` prints as that short decimal. A quarter of round()'s cost, which
-    goes through decimal strings; the two differ only on a tie, in the last place kept."""
-    return int(x * scale + 0.5) / scale
 
 
 def view(st: Any, now: float) -> dict[str, Any]:

@@ -149,7 +149,7 @@ def spend(prices: PriceTable, call: ModelCall, reply: Reply | None) -> axes.Spen
     st = call.state
     cost = prices.cost(call.model or "", usage, counts) if st is not None and (
         st.cost_budget is not None) else None
-    return axes.Spend((tin or 0) + (tout or 0), cost)
+    return axes.spend_of(((tin or 0) + (tout or 0), cost))
 
 
 def add_remaining_headers(out: list[tuple[bytes, bytes]], st: EpisodeState) -> None:
@@ -162,7 +162,8 @@ def add_remaining_headers(out: list[tuple[bytes, bytes]], st: EpisodeState) -> N
         cost = st.cost_budget - st.cost_used - st.cost_reserved
         out.append((b"x-episode-cost-remaining", b"%.6f" % (cost if cost > 0.0 else 0.0)))
     if st.time_budget_s is not None:
-        seconds = st.time_budget_s - axes.time_used(st, time.time())
+        start = st.first_call_at
+        seconds = st.time_budget_s - (0.0 if start is None else time.time() - start)
         out.append((b"x-episode-time-remaining", b"%.3f" % (seconds if seconds > 0.0 else 0.0)))
 
 

@@ -438,8 +438,7 @@ class ModelCalls:
                 remaining = min(st.budget, remaining + 1)
             out.append((b"x-episode-budget", b"%d" % st.budget))
             out.append((b"x-episode-remaining", b"%d" % remaining))
-            if axes.has_axes(st):
-                axis_calls.add_remaining_headers(out, st)
+            axis_calls.add_remaining_headers(out, st)  # (none on a turn-only episode)
         return out
 
     async def _forward(
@@ -584,7 +583,8 @@ class ModelCalls:
         call.settled = True
         try:
             now = time.time()
-            spend = axis_calls.spend(self.prices, call, reply) if grant.hold else None
+            spend = axis_calls.spend(self.prices, call, reply) if (
+                grant.hold is not None) else None
             closing = self.store.close_turn(
                 call.episode_id, grant, call.result, now,
                 count_failed=self.budget_cfg.count_failed_turns,
