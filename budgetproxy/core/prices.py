@@ -30,9 +30,8 @@ class PriceTable:
 
     def _override(self, model: str) -> tuple[float, float] | None:
         matched = self._matched
-        found = matched.get(model, _UNSEEN)
-        if found is not _UNSEEN:
-            return found  # type: ignore[return-value]
+        if model in matched:
+            return matched[model]
         found = None
         for glob, inp, out in self.overrides:
             if fnmatch.fnmatchcase(model, glob):
@@ -64,7 +63,8 @@ class PriceTable:
              tokens: tuple[int | None, int | None] | None = None) -> float | None:
         """The USD price of one call's reported usage; None without a price or usage.
         `tokens`: the usage's `token_counts`, when the caller has them already."""
-        override = self._override(model)
+        matched = self._matched  # (the usual case, a model seen before: no call)
+        override = matched[model] if model in matched else self._override(model)
         if override is not None:  # input (cached included) and output at the config's rates
             tin, tout = token_counts(usage) if tokens is None else tokens
             if tin is None and tout is None:
@@ -83,7 +83,6 @@ class PriceTable:
 
 
 _MODELS_KEPT = 1024
-_UNSEEN = object()
 _PROBE = 1000  # tokens: the usage at which a library rate per token is read
 
 
