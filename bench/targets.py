@@ -230,6 +230,10 @@ def budgetproxy_missing() -> str:
     return ""
 
 
+# Budgets beside turns are set past anything a run spends, the cost budget at $100: about
+# $0.0001 a call at the rows' prices, held $0.03 a call in flight. (A dollar amount, as users
+# set one: at $1e9 the six decimals of X-Episode-Cost-Remaining alone cost 2.6x the
+# instructions of $100's.)
 # budgetproxy rows: name -> (description, requests carry episode ids, config YAML or None).
 # The first two are the default rows; the others are ablations, run when named in --targets,
 # to attribute the cost of episodes to its parts.
@@ -251,7 +255,7 @@ BUDGETPROXY_VARIANTS: dict[str, tuple[str, bool, str | None]] = {
         "budgets beside turns (none reached)",
         True,
         "disclosure: {mode: disclosed, placement: last_message, history: keep}\n"
-        "budget: {default_tokens: 1000000000000, default_cost_usd: 1000000000.0, "
+        "budget: {default_tokens: 1000000000000, default_cost_usd: 100.0, "
         "default_time_s: 1000000000.0}\n"
         "prices: {'*': {input_per_mtok: 1.0, output_per_mtok: 2.0}}\n",
     ),
@@ -265,7 +269,7 @@ BUDGETPROXY_VARIANTS: dict[str, tuple[str, bool, str | None]] = {
         "ablation: episodes, disclosed, a cost budget beside turns (never reached)",
         True,
         "disclosure: {mode: disclosed, placement: last_message, history: keep}\n"
-        "budget: {default_cost_usd: 1000000000.0}\n"
+        "budget: {default_cost_usd: 100.0}\n"
         "prices: {'*': {input_per_mtok: 1.0, output_per_mtok: 2.0}}\n",
     ),
     "bp+episodes-time": (
