@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import dataclasses
 import logging
 import time
 from collections.abc import Awaitable, Callable
@@ -66,7 +65,7 @@ async def keep_told(store: EpisodeStore, episode_id: str, turn: int, text: str) 
 
 
 def reopened(opened: TurnOpen, created: bool) -> TurnOpen:
-    return dataclasses.replace(opened, created=created or opened.created)
+    return opened._replace(created=created or opened.created)
 
 
 def axis_exhausted(st: EpisodeState, status: int = 403) -> ProxyError:
