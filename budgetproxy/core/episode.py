@@ -183,11 +183,11 @@ def reserve(
     hold = None
     if axes.has_axes(st):
         planned = axes.plan(st, now, client_cap, out_rate, output_hold)
-        if planned == axes.NEED_PRICE:
-            return Grant(GrantKind.NEED_PRICE)
-        if planned == axes.HELD:
-            return Grant(GrantKind.HELD, turn=st.turns_used)
-        if not isinstance(planned, axes.AxisGrant):
+        if not isinstance(planned, axes.AxisGrant):  # why no hold: a word
+            if planned == axes.NEED_PRICE:
+                return Grant(GrantKind.NEED_PRICE)
+            if planned == axes.HELD:
+                return Grant(GrantKind.HELD, turn=st.turns_used)
             st.refused = True
             if st.exhausted_by is None:
                 st.exhausted_by = planned

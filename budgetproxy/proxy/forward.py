@@ -108,6 +108,8 @@ class ModelCalls:
         self.uncounted_prompts = frozenset(p.strip() for p in config.episodes.uncounted_prompts)
         self.budget_cfg = config.budget
         self.disc_cfg = config.disclosure
+        # whether the disclosure text tells the other axes (its fields change every turn)
+        self.tells_axes = disclosure.uses_axes(config.disclosure.template)
         self.max_body = config.server.max_body_bytes
         self.fail_open = config.store.on_unavailable == "fail_open"
         self.prices = PriceTable({g: p.model_dump() for g, p in config.prices.items()})
@@ -293,11 +295,11 @@ class ModelCalls:
             keep = cfg.history == "keep" and call.previous_response is None
             # (a template without axis fields renders as on a turn-only episode: cached)
             fields = axis_calls.template_fields(st, time.time()) if (
-                grant.hold and disclosure.uses_axes(cfg.template)) else None
+                grant.hold is not None and self.tells_axes) else None
             text, again = disclosure.texts(
                 cfg.template, grant.turn, st.budget, st.announced_budget, grant.disclosed_at,
                 call.prints if keep else None, fields=fields, told=st.told)
-            if fields is not None and keep and disclosure.uses_axes(cfg.template):
+            if fields is not None and keep:
                 await axis_calls.keep_told(self.store, eid, grant.turn, text)
             call.disclosure_text = text
             payload = dialect.place(payload, conversation, cfg.placement, text, again)
