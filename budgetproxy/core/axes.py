@@ -171,7 +171,7 @@ def cumulative(st: Any, now: float) -> dict[str, Any]:
     nearest double to an integer over 10**n prints as that short decimal. That is a quarter
     of round()'s cost, which goes through decimal strings; the two differ only on a tie, in
     the last place kept."""
-    if st.token_budget is None and st.cost_budget is None and st.time_budget_s is None:
+    if not has_axes(st):
         return {"turns": st.turns_used, "tokens": None, "cost": None, "seconds": None}
     start = st.first_call_at
     return {

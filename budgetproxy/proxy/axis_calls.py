@@ -161,8 +161,7 @@ def add_remaining_headers(out: list[tuple[bytes, bytes]], st: EpisodeState) -> N
         cost = st.cost_budget - st.cost_used - st.cost_reserved
         out.append((b"x-episode-cost-remaining", b"%.6f" % (cost if cost > 0.0 else 0.0)))
     if st.time_budget_s is not None:
-        start = st.first_call_at
-        seconds = st.time_budget_s - (0.0 if start is None else time.time() - start)
+        seconds = st.time_budget_s - axes.time_used(st, time.time())
         out.append((b"x-episode-time-remaining", b"%.3f" % (seconds if seconds > 0.0 else 0.0)))
 
 
