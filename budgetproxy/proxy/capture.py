@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import json
 import re
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, Literal
 
 import orjson
@@ -298,92 +298,87 @@ def strip_body(data: bytes, cap: Capture) -> tuple[bytes, Tokens | None, Any]:
     return sent, out, None
 
 
-# Where a member can start in compact JSON: after the object's `{` or the previous member's
-# `,`. Inside a string a quote follows a backslash, so `"key":` found after one of these is a
-# member, never text.
-_MEMBER_START = frozenset(b"{,")
-
-
-def _integers(text: bytes) -> bool:
-    """Whether orjson's writing of a list is a flat list of integers: nothing but digits,
-    minus signs, commas and its two brackets (one C pass; `in` on bytes would cost each test
-    a raised and cleared TypeError)."""
-    return not text.translate(None, b"0123456789,-[]") and text.count(b"[") == 1
-
-
-def _member_at(data: bytes, pos: int) -> bool:
-    return pos > 0 and data[pos - 1] in _MEMBER_START
-
-
-def _hold_members(values: list[Any]) -> bool:
-    """Whether any of `values` is an object or an array (so could hold a member)."""
-    return any(type(v) is dict or type(v) is list for v in values)
+# vLLM's chat logprobs as it writes them (compact JSON, members in this order), one entry a
+# token: {"content":[{"token":..,"logprob":..,"bytes":[..],"top_logprobs":[]},..]}. Its
+# choice's finish_reason follows.
+_LOGPROBS = b'"logprobs":{"content":[{"token":'
+_LOGPROB, _BYTES = b'"logprob":', b',"bytes":'
+_LAST_ENTRY_END = b'],"top_logprobs":[]}]}'
+_IDS = b',"token_ids":['
+_PROMPT_IDS = b',"prompt_token_ids":['
 
 
 def _strip_parsed(data: bytes) -> tuple[bytes, Tokens, Any] | None:
-    """`strip_body` of vLLM's usual answer, read by one parse: one choice; its `logprobs`
-    followed by its `finish_reason`, its `token_ids` after them; the body's `prompt_token_ids`
-    after its choices; compact JSON. Each value's bytes are found by its key, searching only
-    where the parse says it is, and checked against the parse. None: another shape.
+    """`strip_body` of vLLM's usual chat answer (one choice, its members in vLLM's order,
+    compact JSON) with no parse of its logprobs, which are most of its bytes and of what
+    reading it costs. The three values are cut out by their bytes; the rest is parsed once
+    (the reply and the client's answer); the ids are read from their own bytes, the logprob
+    values from the bytes between each `"logprob":` and `,"bytes":`. None: another shape.
 
-    A key found after a member's start (`{` or `,`) is a member, never text: inside a string
-    every quote follows a backslash."""
+    Why the cuts are exact (the body being JSON): a key found after `,` or `{` is a member,
+    never text, since inside a string every quote follows a backslash. Then:
+    - the body left parses only when each cut is whole values: a cut that ends inside a
+      value leaves its closing brackets unmatched;
+    - the logprobs cut ends as vLLM's last entry ends (its bytes array, then its empty top
+      logprobs and the closing brackets), with a `"logprob":`, `,"bytes":` pair for each
+      completion token id and between them numbers only: a member of the choice after
+      logprobs, or a next choice, would have to end the same way and bring entries of its
+      own, leaving fewer than one per token in logprobs;
+    - each of the three keys is left once in the body, as null where its parse says: the
+      values cut were the choice's logprobs and token ids and the body's prompt ids."""
+    start = data.find(_LOGPROBS)
+    if start <= 0 or data[start - 1] not in _MEMBER_START:
+        return None
+    start += len(b'"logprobs":')
+    end = data.find(_NEXT_MEMBER, start)
+    ids_at = data.find(_IDS, end)
+    prompt_at = data.rfind(_PROMPT_IDS)
+    if end < 0 or ids_at < 0 or prompt_at < ids_at:
+        return None
+    ids_at += len(_IDS) - 1
+    ids_end = data.find(b"]", ids_at) + 1
+    prompt_at += len(_PROMPT_IDS) - 1
+    prompt_end = data.find(b"]", prompt_at) + 1
+    if prompt_end <= 0 or not ids_at < ids_end < prompt_at:
+        return None
+    # the logprobs, split at each "logprob": and ,"bytes": (one delimiter for both)
+    pieces = data[start:end].replace(_BYTES, _LOGPROB).split(_LOGPROB)
+    last = pieces[-1]
+    if (not last.endswith(_LAST_ENTRY_END)
+            or last.find(b"]") != len(last) - len(_LAST_ENTRY_END)):
+        return None
+    sent = b"null".join((data[:start], data[end:ids_at], data[ids_end:prompt_at],
+                         data[prompt_end:]))
+    ids_text, prompt_text = data[ids_at + 1:ids_end - 1], data[prompt_at + 1:prompt_end - 1]
+    if not (ids_text.replace(b",", b"").isdigit() and prompt_text.replace(b",", b"").isdigit()):
+        return None  # (what is not a list of integers, or an empty one: the long way)
+    numbers = b"[%b]" % b",".join(pieces[1::2])
+    if numbers.translate(None, _NUMBER_BYTES) != b"[]":
+        return None  # (a logprob that is not a number: the long way, which skips it)
     try:
-        obj = orjson.loads(data)
+        obj = orjson.loads(sent)
+        ids = orjson.loads(data[ids_at:ids_end])
+        prompt = orjson.loads(data[prompt_at:prompt_end])
+        values = orjson.loads(numbers)
     except orjson.JSONDecodeError:
         return None
-    if type(obj) is not dict:
+    if type(obj) is not dict or len(pieces) != 2 * len(ids) + 1 or len(values) != len(ids):
         return None
     choices = obj.get("choices")
     if type(choices) is not list or len(choices) != 1 or type(choices[0]) is not dict:
         return None
     c0 = choices[0]
-    ids, prompt, lp = c0.get("token_ids"), obj.get("prompt_token_ids"), c0.get("logprobs")
-    if type(ids) is not list or type(prompt) is not list or type(lp) is not dict:
+    if ("logprobs" not in c0 or c0["logprobs"] is not None or c0.get("token_ids", 0) is not None
+            or obj.get("prompt_token_ids", 0) is not None
+            or sent.count(b'"logprobs":') != 1 or sent.count(b'"token_ids":') != 1
+            or sent.count(b'"prompt_token_ids":') != 1):
         return None
-    keys, top = list(c0), list(obj)
-    i, j = keys.index("logprobs"), keys.index("token_ids")
-    p = top.index("prompt_token_ids")
-    if (i + 1 == len(keys) or keys[i + 1] != "finish_reason" or j < i
-            or "prompt_token_ids" in c0 or p < top.index("choices")
-            or _hold_members([obj[k] for k in top[p + 1:]])):
-        return None
-    # logprobs: the only `"logprobs":` before the last `,"finish_reason":`, which is its
-    # choice's (the member that follows it) when no other finish_reason follows.
-    start = data.find(b'"logprobs":')
-    end = data.find(_NEXT_MEMBER, start)
-    if (not _member_at(data, start) or end < 0 or data[end - 1] != 0x7D  # "}"
-            or data.rfind(b'"finish_reason":') != end + 1
-            or not data.startswith(orjson.dumps(c0["finish_reason"]), end + len(_NEXT_MEMBER))
-            or data.find(b'"logprobs":', start + 1, end) >= 0):
-        return None
-    start += len(b'"logprobs":')
-    if data[start] != 0x7B:  # "{"
-        return None
-    # token ids: the first after finish_reason, when the members between hold no others
-    if _hold_members([c0[k] for k in keys[i + 2:j]]):
-        return None
-    spans = [(start, end)]
-    for key, value, pos in ((b"token_ids", ids, data.find(b'"token_ids":', end)),
-                            (b"prompt_token_ids", prompt, data.rfind(b'"prompt_token_ids":'))):
-        if not _member_at(data, pos):
-            return None
-        pos += len(key) + 3
-        text = orjson.dumps(value)
-        if not data.startswith(text, pos) or not _integers(text):
-            return None  # not these bytes, or not all integers
-        spans.append((pos, pos + len(text)))
-    spans.sort()
-    parts, pos = [], 0
-    for start, end in spans:
-        if start < pos:
-            return None
-        parts.append(data[pos:start])
-        pos = end
-    parts.append(data[pos:])
-    out = Tokens(prompt, ids, _logprob_values(lp))
-    c0["token_ids"] = c0["logprobs"] = obj["prompt_token_ids"] = None
-    return b"null".join(parts), out, obj
+    return sent, Tokens(prompt, ids, values, numbers), obj
+
+
+_MEMBER_START = frozenset(b"{,")
+# what a JSON number is written with (and the commas between them)
+_NUMBER_BYTES = b"0123456789+-.eE,"
 
 
 _ONE_CHOICE = sorted([b"logprobs", b"token_ids", b"prompt_token_ids"])
@@ -416,6 +411,9 @@ class Tokens:
     prompt_token_ids: list[int] | None = None
     completion_token_ids: list[int] | None = None
     logprobs: list[float] | None = None
+    # the logprobs as the server wrote them, a JSON array of numbers, when read from its bytes:
+    # written as they are (writing floats costs several times what copying their text does)
+    logprobs_json: bytes | None = field(default=None, compare=False, repr=False)
 
     @property
     def size(self) -> int:
@@ -424,8 +422,11 @@ class Tokens:
         return 12 * ((len(a) if a else 0) + (len(b) if b else 0) + (len(c) if c else 0))
 
     def fields(self) -> dict[str, Any]:
+        """The record's fields (for orjson: the logprobs may be an `orjson.Fragment`)."""
+        raw = self.logprobs_json
         return {"prompt_token_ids": self.prompt_token_ids,
-                "completion_token_ids": self.completion_token_ids, "logprobs": self.logprobs}
+                "completion_token_ids": self.completion_token_ids,
+                "logprobs": self.logprobs if raw is None else orjson.Fragment(raw)}
 
 
 def _ints(value: Any) -> list[int] | None:

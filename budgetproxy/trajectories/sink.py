@@ -32,6 +32,14 @@ _line = functools.partial(orjson.dumps, option=orjson.OPT_APPEND_NEWLINE)
 log = logging.getLogger("budgetproxy.trajectories.sink")
 
 
+def _plain(value: Any) -> Any:
+    """What the standard library writes for a value it does not know: an orjson.Fragment
+    (JSON text kept as it came, such as captured logprobs) as what it holds, else its str."""
+    if isinstance(value, orjson.Fragment):
+        return orjson.loads(orjson.dumps(value))
+    return str(value)
+
+
 def record_line(record: dict[str, Any]) -> bytes:
     """One JSONL line for a record, whatever the agent put in it.
 
@@ -44,7 +52,7 @@ def record_line(record: dict[str, Any]) -> bytes:
     except (TypeError, ValueError):
         pass
     try:
-        text = json.dumps(record, ensure_ascii=False, allow_nan=False, default=str,
+        text = json.dumps(record, ensure_ascii=False, allow_nan=False, default=_plain,
                           separators=(",", ":"))
         return text.encode() + b"\n"
     except (TypeError, ValueError, RecursionError):
