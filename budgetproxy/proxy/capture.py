@@ -306,6 +306,8 @@ _LOGPROB, _BYTES = b'"logprob":', b',"bytes":'
 _LAST_ENTRY_END = b'],"top_logprobs":[]}]}'
 _IDS = b',"token_ids":['
 _PROMPT_IDS = b',"prompt_token_ids":['
+_MEMBER_START = frozenset(b"{,")  # what a member follows in compact JSON
+_NUMBER_BYTES = b"0123456789+-.eE,"  # what JSON numbers (and commas between) are written with
 
 
 def _strip_parsed(data: bytes) -> tuple[bytes, Tokens, Any] | None:
@@ -374,11 +376,6 @@ def _strip_parsed(data: bytes) -> tuple[bytes, Tokens, Any] | None:
             or sent.count(b'"prompt_token_ids":') != 1):
         return None
     return sent, Tokens(prompt, ids, values, numbers), obj
-
-
-_MEMBER_START = frozenset(b"{,")
-# what a JSON number is written with (and the commas between them)
-_NUMBER_BYTES = b"0123456789+-.eE,"
 
 
 _ONE_CHOICE = sorted([b"logprobs", b"token_ids", b"prompt_token_ids"])
