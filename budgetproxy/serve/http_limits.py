@@ -129,6 +129,9 @@ class BoundedProtocol(HttpToolsProtocol):
 
     def connection_lost(self, exc: Exception | None) -> None:
         self._disarm()
+        # uvicorn cancels its keep-alive timer only on a clean close; after a reset the
+        # pending timer would hold this closed connection for timeout_keep_alive seconds.
+        self._unset_keepalive_if_required()
         if self._client_key is not None:
             self.per_client[self._client_key] -= 1
             if self.per_client[self._client_key] <= 0:

@@ -226,3 +226,54 @@ def test_answers_on_one_kept_connection_arrive_whole(bounded: Proxy) -> None:
             while len(rest) < length:
                 rest += s.recv(65536)
             assert f"keep {i}" in json.loads(rest[:length])["choices"][0]["message"]["content"]
+
+
+def test_a_reset_connection_leaves_no_keep_alive_timer() -> None:
+    """uvicorn cancels its keep-alive timer only on a clean close; a client that resets a
+    kept connection must not leave the closed connection held by a pending timer."""
+    import asyncio
+    import struct
+
+    import uvicorn
+
+    from budgetproxy.serve.http_limits import BoundedConfig, HttpLimits
+
+    async def app(scope: dict, receive: object, send: object) -> None:  # type: ignore[type-arg]
+        if scope["type"] != "http":
+            return
+        await send({"type": "http.response.start", "status": 200,  # type: ignore[operator]
+                    "headers": [(b"content-length", b"2")]})
+        await send({"type": "http.response.body", "body": b"ok"})  # type: ignore[operator]
+
+    async def go() -> None:
+        limits = HttpLimits(max_header_bytes=8192, max_headers=50, header_timeout_s=5,
+                            body_timeout_s=5, max_connections=100,
+                            max_connections_per_client=None)
+        config = BoundedConfig(app, limits=limits, host="127.0.0.1", port=0, lifespan="off",
+                               log_level="warning", timeout_keep_alive=30)
+        server = uvicorn.Server(config)
+        serving = asyncio.create_task(server.serve())
+        while not server.started:
+            await asyncio.sleep(0.01)
+        port = server.servers[0].sockets[0].getsockname()[1]
+        loop = asyncio.get_running_loop()
+        s = socket.create_connection(("127.0.0.1", port))
+        s.setblocking(False)
+        await loop.sock_sendall(s, b"GET / HTTP/1.1\r\nhost: x\r\n\r\n")
+        answer = b""
+        while not answer.endswith(b"ok"):
+            answer += await loop.sock_recv(s, 4096)
+        (protocol,) = server.server_state.connections
+        assert protocol.timeout_keep_alive_task is not None  # kept alive, timer armed
+        s.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
+        s.close()  # a reset, not a clean close
+        for _ in range(200):
+            if not server.server_state.connections:
+                break
+            await asyncio.sleep(0.01)
+        assert not server.server_state.connections
+        assert protocol.timeout_keep_alive_task is None
+        server.should_exit = True
+        await serving
+
+    asyncio.run(go())
