@@ -116,7 +116,11 @@ Placed = tuple[int, int, int, str]
 
 def placed(entries: list[list[Any]]) -> tuple[Placed, ...]:
     """Stored placements as tuples; entries of an older layout (no digest) are left out."""
-    return tuple((int(p[0]), int(p[1]), int(p[2]), str(p[3])) for p in entries if len(p) == 4)
+    # Built from a list, not a generator: tuple(generator) allocates ten slots and resizes,
+    # so each result of 11+ placements would be freed onto CPython's free list of its size
+    # without having been taken from it, and those lists (2,000 tuples per size) would grow
+    # by one per turn until full: megabytes that read as a leak in a 15-minute soak.
+    return tuple([(int(p[0]), int(p[1]), int(p[2]), str(p[3])) for p in entries if len(p) == 4])
 
 
 class GrantKind(StrEnum):
