@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import sys
+
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
@@ -15,6 +17,7 @@ from budgetproxy.core.episode import (
     SettleResult,
     end_reason,
     finish,
+    placed,
     reserve,
     settle,
 )
@@ -287,10 +290,6 @@ def test_placements_read_each_turn_leave_no_growing_free_lists() -> None:
     is allocated at ten slots and resized, so each result of 11+ placements would land on
     CPython's free list of its size without having been taken from it: up to 2,000 tuples
     per size kept for good, megabytes over a long run. Built from a list, it is balanced."""
-    import sys
-
-    from budgetproxy.core.episode import placed
-
     entries = [[i, i + 1, 2 * i + 2, f"{i}:digest"] for i in range(15)]
     for _ in range(50):
         placed(entries)

@@ -9,6 +9,7 @@ import socket
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager
+from typing import Any
 
 import pytest
 from conftest import Proxy, ProxyFactory, new_id
@@ -238,12 +239,12 @@ def test_a_reset_connection_leaves_no_keep_alive_timer() -> None:
 
     from budgetproxy.serve.http_limits import BoundedConfig, HttpLimits
 
-    async def app(scope: dict, receive: object, send: object) -> None:  # type: ignore[type-arg]
+    async def app(scope: dict[str, Any], receive: Any, send: Any) -> None:
         if scope["type"] != "http":
             return
-        await send({"type": "http.response.start", "status": 200,  # type: ignore[operator]
+        await send({"type": "http.response.start", "status": 200,
                     "headers": [(b"content-length", b"2")]})
-        await send({"type": "http.response.body", "body": b"ok"})  # type: ignore[operator]
+        await send({"type": "http.response.body", "body": b"ok"})
 
     async def go() -> None:
         limits = HttpLimits(max_header_bytes=8192, max_headers=50, header_timeout_s=5,
