@@ -75,6 +75,11 @@ class UpstreamConfig(_Strict):
     # (proxy/h1.py, ~10x less CPU a call than aiohttp); https:// upstreams, and "aiohttp"
     # here, use aiohttp.
     http_client: Literal["builtin", "aiohttp"] = "builtin"
+    # The built-in client's keep-alive (docs/security.md): a kept connection is reused only
+    # after `reuse_quiet_s` with no byte from the upstream; false gives every call a
+    # connection of its own, so no answer can reach another call whatever the upstream sends.
+    reuse_connections: bool = True
+    reuse_quiet_s: float = Field(0.25, ge=0, le=60)
 
     @field_validator("base_url")
     @classmethod

@@ -12,25 +12,50 @@ HTTPS upstreams and the passthrough routes keep aiohttp.
 Timeouts are aiohttp's: `timeout_s` bounds the whole exchange (a stream included), and
 `connect_timeout_s` a new connection. A connection that was idle in the pool and closes before
 any byte of its answer arrives (the server dropped it as it was reused) is retried once on a
-new connection; every other failure is the caller's to map.
+new connection: the one place a POST is sent twice, and only when no byte of an answer came
+(docs/security.md). Every other failure is the caller's to map.
+
+An answer must never reach a request it does not answer. HTTP/1.1 matches answers to requests
+only by their order on a connection, so an upstream that writes more than one answer breaks
+every later exchange on that connection. The rules that keep answers where they belong:
+
+- A connection goes back to the pool only when its answer's framing is complete and nothing
+  followed it in the same read. Any byte that arrives while a connection is idle, or after a
+  complete answer, closes it.
+- A kept connection is reused only after it has been quiet for `quiet_s` (and a poll of its
+  socket finds nothing unread). A stray answer that comes within that time after the answer
+  before it lands on an idle connection, where it is seen, instead of on the next request.
+- Such a byte is proof that the upstream does not keep HTTP/1.1's order: the origin stops
+  reusing connections for good (`Origin.desynced`, logged by the caller), so one answer per
+  connection from then on and nothing can cross again.
+- With `reuse=False` every request has a connection of its own (`connection: close`): the
+  guarantee then holds whatever the upstream sends, at the cost of a connection per call.
+
+What keep-alive cannot tell apart, no HTTP/1.1 client can: a stray answer written later than
+`quiet_s` after the one before it, while the next request is already on that connection, is
+read as that request's answer. `reuse=False` is the setting for an upstream not trusted that
+far (docs/security.md gives the figures).
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import select
 import socket
 import time
 import zlib
 from collections import deque
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from typing import cast
 
 import httptools
 
 HIGH_WATER = 1 << 16  # unread bytes of a stream at which its connection stops reading
 KEEPALIVE_S = 60.0  # an idle connection older than this is closed rather than reused
-MAX_IDLE = 256  # idle connections kept per origin; more are closed as they come back
+MAX_IDLE = 4096  # idle connections kept per origin; more are closed as they come back
+QUIET_S = 0.25  # a kept connection is reused only after this long with no byte from upstream
+CLOSE_WAIT_S = 5.0  # a connection: close answer the server does not close is closed here
 
 
 class UpstreamDisconnected(ConnectionError):
@@ -168,6 +193,8 @@ class _Connection(asyncio.Protocol):
         self.got_bytes = False
         self.interim = False  # parsing a 1xx answer, which another one follows
         self.idle_since = 0.0
+        self.fd = -1
+        self.closer: asyncio.TimerHandle | None = None
         self._raw: list[tuple[bytes, bytes]] = []
 
     # -- asyncio.Protocol ----------------------------------------------------------------------
@@ -175,16 +202,21 @@ class _Connection(asyncio.Protocol):
         self.transport = cast(asyncio.Transport, transport)  # (uvloop's is not a subclass)
         sock = transport.get_extra_info("socket")
         if sock is not None:
+            self.fd = sock.fileno()
             with contextlib.suppress(OSError):
                 sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
 
     def data_received(self, data: bytes) -> None:
         if self.resp is None:  # bytes no request asked for: nothing can be trusted after them
-            self.abort()
+            self.origin.desync(self, "bytes arrived on a connection with no request in flight")
             return
         self.got_bytes = True
         try:
             self.parser.feed_data(data)
+        except httptools.HttpParserUpgrade:  # 101: no protocol switch was asked for
+            self._failed(UpstreamProtocolError("upstream switched protocols (status 101), "
+                                               "which no model call asks for"))
+            self.abort()
         except httptools.HttpParserError as e:
             self._failed(UpstreamProtocolError(f"invalid HTTP response from upstream: {e}"))
             self.abort()
@@ -192,6 +224,9 @@ class _Connection(asyncio.Protocol):
     def connection_lost(self, exc: Exception | None) -> None:
         self.closed = True
         self.origin.forget(self)
+        if self.closer is not None:
+            self.closer.cancel()
+            self.closer = None
         # The parser holds this protocol's callbacks and the transport holds the protocol:
         # cycles the collector would find only in its rare full passes, each holding the
         # connection's buffers until then. Cut here, a closed connection is freed now.
@@ -210,7 +245,7 @@ class _Connection(asyncio.Protocol):
     # -- httptools callbacks -------------------------------------------------------------------
     def on_message_begin(self) -> None:
         if self.resp is None:  # an answer after the last one's end: nothing to trust after it
-            self.abort()
+            self.origin.desync(self, "a second answer followed a complete one")
         self._raw = []
 
     def on_header(self, name: bytes, value: bytes) -> None:
@@ -223,6 +258,11 @@ class _Connection(asyncio.Protocol):
             return
         if status < 200:
             self.interim = True  # 100 Continue and friends: the real answer follows
+            return
+        if status > 599:  # (RFC 9110: three digits, 1xx-5xx; no server can pass it on)
+            self._failed(UpstreamProtocolError(f"upstream answered status {status}, outside "
+                                               "HTTP's 100-599"))
+            self.abort()
             return
         resp.status = status
         headers = resp.headers = [(k.decode("latin-1").lower(), v.decode("latin-1"))
@@ -271,8 +311,14 @@ class _Connection(asyncio.Protocol):
             resp._finish()
         transport = self.transport
         if (self.parser.should_keep_alive() and not self.closed and transport is not None
-                and not transport.get_write_buffer_size()):  # (an early answer: body unsent)
+                and not transport.get_write_buffer_size()  # (an early answer: body unsent)
+                and self.origin.reuse):
             self.origin.idle(self)
+        elif transport is not None and not self.closed and self.origin.reuse is False:
+            # One answer per connection: the server closes it (its TIME_WAIT, not ours);
+            # anything it sends first is dropped with it (data_received).
+            self.origin.forget(self)
+            self.closer = asyncio.get_running_loop().call_later(CLOSE_WAIT_S, self.abort)
         else:
             self.closed = True
             self.origin.forget(self)
@@ -288,6 +334,18 @@ class _Connection(asyncio.Protocol):
         head = self.head = asyncio.get_running_loop().create_future()
         self.transport.write(data)
         return head
+
+    def unread(self) -> bool:
+        """Whether the socket holds bytes (or an end) that the event loop has not read."""
+        fd = self.fd
+        if fd < 0:
+            return True
+        poller = select.poll()
+        poller.register(fd, select.POLLIN)
+        try:
+            return bool(poller.poll(0))
+        except OSError:
+            return True
 
     def resume(self) -> None:
         self.paused = False
@@ -316,15 +374,23 @@ class _Connection(asyncio.Protocol):
 
 class Origin:
     """Keep-alive connections to one host and port (plain HTTP); one request per connection
-    at a time, idle connections reused most recent first."""
+    at a time. A connection that comes back goes to `_cooling` until it has been quiet for
+    `quiet_s`, then to `_ready`, from which the most recent is reused (the rules are in the
+    module's docstring)."""
 
     def __init__(self, host: str, port: int, *, keepalive_s: float = KEEPALIVE_S,
-                 max_idle: int = MAX_IDLE) -> None:
+                 max_idle: int = MAX_IDLE, quiet_s: float = QUIET_S, reuse: bool = True,
+                 on_desync: Callable[[str], None] | None = None) -> None:
         self.host = host
         self.port = port
         self.keepalive_s = keepalive_s
         self.max_idle = max_idle
-        self._idle: deque[_Connection] = deque()
+        self.quiet_s = quiet_s
+        self.reuse = reuse
+        self.desynced: str | None = None  # why the origin stopped reusing connections
+        self.on_desync = on_desync
+        self._cooling: deque[_Connection] = deque()  # oldest first
+        self._ready: deque[_Connection] = deque()  # most recent last
         self._busy: set[_Connection] = set()
 
     async def post(self, target: bytes, host_header: bytes, headers: dict[str, str],
@@ -336,6 +402,7 @@ class Origin:
         lines = "".join([f"{k}: {v}\r\n" for k, v in headers.items()])
         data = b"".join((b"POST ", target, b" HTTP/1.1\r\nhost: ", host_header,
                          b"\r\ncontent-length: %d\r\n" % len(body),
+                         b"" if self.reuse else b"connection: close\r\n",
                          lines.encode("latin-1"), b"\r\n", body))
         loop = asyncio.get_running_loop()
         deadline = loop.time() + timeout_s
@@ -353,7 +420,11 @@ class Origin:
             except UpstreamDisconnected:
                 resp.release()
                 if reused and not conn.got_bytes and attempt == 0:
-                    continue  # a keep-alive connection the server had dropped: once more
+                    # A kept connection the server had closed as it was reused: the request
+                    # is sent once more, on a new one. No byte of an answer came, so the
+                    # server did not answer it (it may have read it: a model call is not
+                    # idempotent, and this is the one resend; docs/security.md).
+                    continue
                 raise
             except BaseException:
                 resp.release()  # cancelled, timed out or broken mid-request: never reused
@@ -368,29 +439,54 @@ class Origin:
         return conn
 
     def _take(self, now: float) -> _Connection | None:
-        idle = self._idle
-        while idle:
-            conn = idle.pop()
-            if not conn.closed and now - conn.idle_since < self.keepalive_s:
-                return conn
-            conn.abort()
+        """The most recently used connection that has been quiet for `quiet_s`, its socket
+        polled empty; None when there is none (a new one is opened)."""
+        cooling, ready = self._cooling, self._ready
+        quiet_since = now - self.quiet_s
+        while cooling and cooling[0].idle_since <= quiet_since:
+            ready.append(cooling.popleft())
+        while ready:
+            conn = ready.pop()
+            if conn.closed or now - conn.idle_since >= self.keepalive_s:
+                conn.abort()
+                continue
+            if conn.unread():  # (bytes the loop has not read yet: never reused)
+                conn.abort()
+                continue
+            return conn
         return None
 
     def idle(self, conn: _Connection) -> None:
         self._busy.discard(conn)
-        if len(self._idle) >= self.max_idle:
+        if len(self._cooling) + len(self._ready) >= self.max_idle:
             conn.abort()
             return
         conn.idle_since = time.monotonic()
-        self._idle.append(conn)
+        self._cooling.append(conn)
 
     def forget(self, conn: _Connection) -> None:
         self._busy.discard(conn)
-        if conn in self._idle:
-            self._idle.remove(conn)
+        for pool in (self._ready, self._cooling):
+            if conn in pool:
+                pool.remove(conn)
+                return
+
+    def desync(self, conn: _Connection, why: str) -> None:
+        """`conn` received what no request asked for: it is closed, and the origin reuses
+        no connection from here on (every kept one is closed as well)."""
+        conn.abort()
+        if not self.reuse:
+            return
+        self.reuse = False
+        self.desynced = why
+        for kept in [*self._cooling, *self._ready]:
+            kept.abort()
+        if self.on_desync is not None:
+            self.on_desync(why)
 
     def close(self) -> None:
-        for conn in [*self._idle, *self._busy]:
+        for conn in [*self._cooling, *self._ready, *self._busy]:
             conn.abort()
-        self._idle.clear()
+        self._cooling.clear()
+        self._ready.clear()
         self._busy.clear()

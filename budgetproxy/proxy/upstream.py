@@ -4,7 +4,9 @@ one shared aiohttp session for the rest), and the model-name routing over them."
 from __future__ import annotations
 
 import fnmatch
-from collections.abc import AsyncIterator
+import logging
+from collections.abc import AsyncIterator, Callable
+from functools import partial
 from typing import Protocol
 
 import aiohttp
@@ -13,6 +15,8 @@ from yarl import URL
 from budgetproxy.config import UpstreamConfig
 from budgetproxy.core.paths import wire_path
 from budgetproxy.proxy import h1
+
+log = logging.getLogger("budgetproxy")
 
 
 class UpstreamResponse(Protocol):
@@ -53,8 +57,10 @@ class AiohttpResponse:
 class UpstreamPool:
     """Routes a model name to the first upstream whose `models` patterns match it."""
 
-    def __init__(self, upstreams: list[UpstreamConfig]) -> None:
+    def __init__(self, upstreams: list[UpstreamConfig],
+                 on_desync: Callable[[str], None] | None = None) -> None:
         self.upstreams = upstreams
+        self.on_desync = on_desync  # (the upstream's name) after h1.Origin stops reusing
         self._routes: dict[str | None, UpstreamConfig | None] = {}
         self._timeouts = {
             u.name: aiohttp.ClientTimeout(total=u.timeout_s, connect=u.connect_timeout_s)
@@ -70,11 +76,20 @@ class UpstreamPool:
             url = URL(u.base_url)
             if (u.http_client == "builtin" and url.scheme == "http" and url.raw_host
                     and url.user is None):  # (credentials in the URL: aiohttp sends them)
-                self._origins[u.name] = h1.Origin(url.raw_host, url.port or 80)
+                self._origins[u.name] = h1.Origin(
+                    url.raw_host, url.port or 80, quiet_s=u.reuse_quiet_s,
+                    reuse=u.reuse_connections, on_desync=partial(self._desynced, u.name))
         connector = aiohttp.TCPConnector(limit=0, ttl_dns_cache=300, keepalive_timeout=60)
         self._session = aiohttp.ClientSession(
             connector=connector, auto_decompress=True, skip_auto_headers=("User-Agent",)
         )
+
+    def _desynced(self, name: str, why: str) -> None:
+        log.error("upstream %r sent an answer no request asked for (%s): its connections are "
+                  "no longer reused, one call per connection from now on; fix the upstream, "
+                  "or set reuse_connections: false for it", name, why)
+        if self.on_desync is not None:
+            self.on_desync(name)
 
     @property
     def session(self) -> aiohttp.ClientSession:

@@ -17,6 +17,7 @@ from budgetproxy.errors import ProxyError, upstream_redirect
 from budgetproxy.proxy.asgi import Receive, Send, send_response
 from budgetproxy.proxy.calls import ModelCall
 from budgetproxy.proxy.capture import strip_body, strip_event
+from budgetproxy.proxy.h1 import UpstreamProtocolError
 from budgetproxy.proxy.relay import StreamEnd, relay_stream
 from budgetproxy.proxy.sse import EventSplitter
 from budgetproxy.proxy.upstream import UpstreamPool, UpstreamResponse
@@ -62,11 +63,19 @@ class UpstreamCall:
             self._fail(call, "timeout", t_up)
             raise ProxyError(504, "upstream_timeout",
                              f"Upstream {upstream.name!r} timed out") from None
+        except UpstreamProtocolError as e:
+            self._fail(call, "protocol", t_up)
+            raise ProxyError(502, "upstream_error",
+                             f"Upstream {upstream.name!r} answered badly: {e}") from None
         except (aiohttp.ClientError, OSError, ValueError) as e:
             self._fail(call, "connect", t_up)
             raise ProxyError(502, "upstream_unreachable",
                              f"Upstream {upstream.name!r} is unreachable: {e}") from None
         try:
+            if not 200 <= resp.status <= 599:  # (aiohttp reads any three digits)
+                self._fail(call, "protocol", t_up)
+                raise ProxyError(502, "upstream_error", f"Upstream {upstream.name!r} answered "
+                                 f"status {resp.status}, which HTTP does not allow here")
             if 300 <= resp.status < 400:
                 self._fail(call, "redirect", t_up)
                 raise upstream_redirect(upstream.name, resp.status)

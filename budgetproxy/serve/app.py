@@ -149,7 +149,7 @@ class BudgetProxy:
             if self.metrics is not None and span_processor is not None:
                 self.metrics.touch_trace_labels()
         self.tracing = Tracing(span_processor, capture_content=config.tracing.capture_content)
-        self.pool = UpstreamPool(config.upstreams)
+        self.pool = UpstreamPool(config.upstreams, on_desync=self._upstream_desynced)
         if self.metrics is not None:
             for u in config.upstreams:
                 self.metrics.touch_upstream_labels(u.name)
@@ -175,6 +175,10 @@ class BudgetProxy:
         self._keys = KeyRing.of(config.auth)
         self._sweeper: asyncio.Task[None] | None = None
         self._flusher: asyncio.Task[None] | None = None
+
+    def _upstream_desynced(self, upstream: str) -> None:
+        if self.metrics is not None:
+            self.metrics.upstream_errors.labels(upstream, "desync").inc()
 
     def _extra_routes(self, app: FastAPI) -> None:
         """The rollout gateway's routes, registered before the pass-through ones."""

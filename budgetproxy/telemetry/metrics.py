@@ -199,7 +199,7 @@ class Metrics:
         self.upstream_errors = Counter(
             "budgetproxy_upstream_errors",
             "Upstream failures by class (connect|timeout|status_4xx|status_429|status_5xx|"
-            "stream_broken).",
+            "stream_broken|redirect|protocol|desync).",
             ("upstream", "class"),
             registry=registry,
         )
@@ -255,7 +255,7 @@ class Metrics:
 
     OUTCOMES = ("success", "failure", "exhausted", "abandoned")
     ERROR_CLASSES = ("connect", "timeout", "status_4xx", "status_429", "status_5xx",
-                     "stream_broken", "redirect")
+                     "stream_broken", "redirect", "protocol", "desync")
 
     def touch_episode_labels(self, tier: str, arm: str) -> None:
         """Create a (tier, arm)'s series at zero so rate() sees their first increment."""

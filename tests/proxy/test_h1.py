@@ -51,7 +51,9 @@ class Server:
         return int(self.server.sockets[0].getsockname()[1])
 
     def origin(self, **kw: Any) -> h1.Origin:
-        return h1.Origin("127.0.0.1", self.port, **kw)
+        """A client origin for this server; a kept connection is reused at once unless
+        `quiet_s` says otherwise (the quiet rule has tests of its own)."""
+        return h1.Origin("127.0.0.1", self.port, **{"quiet_s": 0.0, **kw})
 
     async def _serve(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         self.connections += 1
