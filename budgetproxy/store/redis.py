@@ -68,6 +68,9 @@ _UNAVAILABLE: tuple[type[BaseException], ...] = (
     *CLUSTER_UNAVAILABLE,
 )
 _SWEEP_BATCH = 256
+# Connections to Redis (per node on a cluster) besides the turns' pipelined one; a burst past
+# it waits for one to come free.
+MAX_CONNECTIONS = 64
 # Active turn-only episodes whose fixed fields this process keeps (RedisStore._fixed), so
 # their turns' replies carry only what a turn changes (~1 KB each); an episode leaves when
 # it ends through this process, or, oldest first, when more would be kept.
@@ -120,6 +123,7 @@ class RedisStore:
         socket_timeout_s: float = 5.0,
         connect_timeout_s: float = 2.0,
         cluster: bool = False,
+        max_connections: int = MAX_CONNECTIONS,
     ) -> None:
         if not prefix or "{" in prefix or "}" in prefix:
             raise ValueError("store.key_prefix: must be non-empty, without '{' or '}'")
@@ -132,12 +136,18 @@ class RedisStore:
         self._cluster = cluster
         self._cluster_ready = False
         self._cluster_lock = asyncio.Lock()
+        self._cluster_slots = asyncio.Semaphore(max_connections)  # (cluster commands)
         if cluster:  # redis_cluster.py: the same scripts, routed to their slot's node
             self._redis: Any = cluster_client(url, socket_timeout_s=socket_timeout_s,
-                                              connect_timeout_s=connect_timeout_s)
+                                              connect_timeout_s=connect_timeout_s,
+                                              max_connections=max_connections)
         else:
-            self._redis = aioredis.Redis.from_url(
+            # A burst waits for a pooled connection (up to the socket timeout) instead of
+            # failing at the pool's limit: only Redis itself not answering is "unavailable".
+            pool = aioredis.BlockingConnectionPool.from_url(
                 url,
+                max_connections=max_connections,
+                timeout=socket_timeout_s,
                 decode_responses=True,
                 socket_timeout=socket_timeout_s,
                 socket_connect_timeout=connect_timeout_s,
@@ -146,6 +156,7 @@ class RedisStore:
                 # server closed, and the first command after a Redis restart would fail.
                 protocol=2,
             )
+            self._redis = aioredis.Redis(connection_pool=pool)
         self._fixed: dict[str, EpisodeState] = {}  # by episode id: see _FIXED_MAX
         self._queue: list[Pending] = []  # a cluster's scripts of this iteration
         self._closed = False
@@ -174,6 +185,8 @@ class RedisStore:
         with _store_errors():
             if self._cluster:
                 await self._discover()
+                async with self._cluster_slots:
+                    return await op()
             return await op()
 
     async def _discover(self) -> None:
@@ -204,7 +217,7 @@ class RedisStore:
         if self._cluster:
             with _store_errors():
                 await self._discover()
-                return await run_each(self._redis, ops, _Eval)
+                return await run_each(self._redis, ops, _Eval, self._cluster_slots)
         with _store_errors():
             pipe = self._redis.pipeline(transaction=False)
             for op in ops:
@@ -270,7 +283,7 @@ class RedisStore:
             try:
                 async with asyncio.timeout(self._socket_timeout_s):
                     await self._discover()
-                    results = await eval_each([op for op, _, _ in batch])
+                    results = await eval_each([op for op, _, _ in batch], self._cluster_slots)
             except Exception as e:  # the whole batch failed (connection lost): all see it
                 results = [e] * len(batch)
             for (_, fut, convert), r in zip(batch, results, strict=True):

@@ -25,12 +25,16 @@ CLUSTER_UNAVAILABLE: tuple[type[BaseException], ...] = (
 )
 
 
-def cluster_client(url: str, *, socket_timeout_s: float, connect_timeout_s: float) -> Any:
+def cluster_client(url: str, *, socket_timeout_s: float, connect_timeout_s: float,
+                   max_connections: int) -> Any:
     """A cluster client for `url` (any node; the others are discovered). Commands are
     never retried on a connection error (a script whose reply was lost may have run);
-    MOVED and ASK redirections are followed, which is routing, not a retry."""
+    MOVED and ASK redirections are followed, which is routing, not a retry. At most
+    `max_connections` per node: `eval_each` and `run_each` keep to it (the client itself
+    fails a command past it instead of waiting)."""
     return RedisCluster.from_url(
         url,
+        max_connections=max_connections,
         decode_responses=True,
         socket_timeout=socket_timeout_s,
         socket_connect_timeout=connect_timeout_s,
@@ -39,27 +43,33 @@ def cluster_client(url: str, *, socket_timeout_s: float, connect_timeout_s: floa
     )
 
 
-async def eval_each(ops: Sequence[Any]) -> list[Any]:
-    """Run each script op (`.script`, `.keys`, `.args`) on its slot's node, concurrently;
-    replies or errors in order. redis-py's Script sends EVALSHA and loads the script on
-    NOSCRIPT (a restarted or new master), as the single-node path does."""
-    results = await asyncio.gather(
-        *(op.script(keys=op.keys, args=op.args) for op in ops), return_exceptions=True)
+async def eval_each(ops: Sequence[Any], slots: asyncio.Semaphore) -> list[Any]:
+    """Run each script op (`.script`, `.keys`, `.args`) on its slot's node, concurrently,
+    at most `slots` at a time (a burst waits for a connection rather than failing at the
+    client's limit); replies or errors in order. redis-py's Script sends EVALSHA and loads
+    the script on NOSCRIPT (a restarted or new master), as the single-node path does."""
+    async def one(op: Any) -> Any:
+        async with slots:
+            return await op.script(keys=op.keys, args=op.args)
+
+    results = await asyncio.gather(*(one(op) for op in ops), return_exceptions=True)
     return list(results)
 
 
-async def run_each(client: Any, ops: Sequence[Any], is_eval: type) -> list[Any]:
+async def run_each(client: Any, ops: Sequence[Any], is_eval: type,
+                   slots: asyncio.Semaphore) -> list[Any]:
     """What a pipeline does on one node, on a cluster: each op in turn (scripts by
     `eval_each`, other commands as functions of a one-command pipeline), errors in place."""
     results: list[Any] = []
     for op in ops:
         try:
             if isinstance(op, is_eval):
-                results.extend(await eval_each([op]))
+                results.extend(await eval_each([op], slots))
             else:
-                pipe = client.pipeline(transaction=False)
-                op(pipe)
-                results.extend(await pipe.execute(raise_on_error=False))
+                async with slots:
+                    pipe = client.pipeline(transaction=False)
+                    op(pipe)
+                    results.extend(await pipe.execute(raise_on_error=False))
         except Exception as e:
             results.append(e)
     return results
