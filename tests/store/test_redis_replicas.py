@@ -299,3 +299,35 @@ def test_workers_with_the_memory_store_are_refused(fake: FakeUpstream) -> None:
     lines = done.stderr.strip().splitlines()
     assert len(lines) == 1, done.stderr
     assert "workers" in lines[0] and "redis" in lines[0]
+
+
+async def burst(urls: list[str], episodes: list[str], calls: int) -> list[int]:
+    """`calls` concurrent first calls spread over `episodes` and the replicas; their statuses.
+    (A plain HTTP client: the official one builds requests slowly enough on two shared cores
+    that a burst never reaches the proxy at once.)"""
+    limits = httpx.Limits(max_connections=calls, max_keepalive_connections=calls)
+    async with httpx.AsyncClient(timeout=60, limits=limits) as client:
+        async def one(i: int) -> int:
+            eid = episodes[i % len(episodes)]
+            r = await client.post(
+                f"{urls[i % len(urls)]}/chat/completions",
+                json={"model": "fake-model",
+                      "messages": [{"role": "user", "content": f"{eid} burst {i}"}]},
+                headers={"X-Episode-Id": eid, "X-Episode-Budget": "100000"})
+            return r.status_code
+
+        return list(await asyncio.gather(*(one(i) for i in range(calls))))
+
+
+@pytest.mark.parametrize("calls,episodes", [(256, 1), (1280, 20)])
+def test_a_burst_with_redis_healthy_is_answered_without_5xx(
+    replicas: list[ProxyProcess], fake: FakeUpstream, calls: int, episodes: int
+) -> None:
+    """Hundreds of calls at once on new episodes (the creation path included) wait for a
+    Redis connection instead of reading a healthy Redis as unavailable."""
+    ids = [f"burst-{uuid.uuid4().hex[:10]}" for _ in range(episodes)]
+    statuses = asyncio.run(burst([p.base_url for p in replicas], ids, calls))
+    assert statuses.count(200) == calls, {s: statuses.count(s) for s in set(statuses)}
+    used = sum(httpx.get(f"{replicas[0].url}/v1/episodes/{e}").json()["turns_used"]
+               for e in ids)
+    assert used == calls
