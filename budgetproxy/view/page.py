@@ -388,11 +388,12 @@ def index_page(tasks: Mapping[str | None, Sequence[EpisodeLog]], note: str = "")
 
 
 def by_task(logs: Iterable[EpisodeLog]) -> dict[str | None, list[EpisodeLog]]:
-    """Episodes grouped by task id, tasks in the order they first appear."""
+    """Episodes grouped by task id, tasks sorted by id (those without one last, as in the
+    report), episodes in the order they first appear."""
     out: dict[str | None, list[EpisodeLog]] = {}
     for log in logs:
         out.setdefault(log.task_id, []).append(log)
-    return out
+    return dict(sorted(out.items(), key=lambda kv: (kv[0] is None, kv[0] or "")))
 
 
 def site(logs: Sequence[EpisodeLog], note: str = "") -> dict[str, str]:
