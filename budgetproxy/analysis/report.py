@@ -245,6 +245,9 @@ def tier_charts(
         f" Whiskers: 95% bootstrap intervals over tasks ({_span(tasks)} tasks per bar); the "
         "number over a bar (where it fits, and on hover) is its episodes."
     )
+    if any(r.tasks == 1 for (s, t), r in rates.items() if t is not None):
+        counted += (" Hatched bars rest on one task (n = 1 task, no interval): an interval over "
+                    "tasks needs two, so they have no whisker and are no firmer than the rest.")
     kinds: list[tuple[str, str, Callable[[TierRates], int], str]] = [
         (
             "Success by budget tier",
@@ -271,19 +274,23 @@ def tier_charts(
                                         else r.exhausted_ci)
                 for r in here
             ]  # fmt: skip
+            single = [r is not None and r.tasks == 1 for r in here]
             series.append(
                 Series(
                     s,
                     [None if r is None else pick(r) / r.finished for r in here],
-                    low=[None if ci is None else ci[0] for ci in cis],
-                    high=[None if ci is None else ci[1] for ci in cis],
+                    low=[None if ci is None or one else ci[0] for ci, one in zip(cis, single,
+                                                                              strict=True)],
+                    high=[None if ci is None or one else ci[1] for ci, one in zip(cis, single,
+                                                                               strict=True)],
                     color=colors.get(s),
                     tips=[
                         None if r is None else f"{pick(r)} of {r.finished} episodes, "
-                        f"{r.tasks} tasks"
+                        + ("n = 1 task, no interval" if r.tasks == 1 else f"{r.tasks} tasks")
                         for r in here
                     ],
                     counts=[None if r is None else str(r.finished) for r in here],
+                    hatched=single,
                 )
             )
         svg = bar_chart(
