@@ -12,7 +12,6 @@ import argparse
 import asyncio
 import contextlib
 import hashlib
-import html
 import io
 import json
 import sys
@@ -198,9 +197,10 @@ def _analyze(argv: list[str]) -> tuple[int, str]:
 
 def add_summary_to_report(report: Path, summary: Sequence[str]) -> None:
     """Put the demo's findings at the top of the analysis report."""
+    from budgetproxy.demo.summary_page import summary_section
+
     page = report.read_text(encoding="utf-8")
-    section = ("<h2>What this demo shows</h2><pre>" + html.escape("\n".join(summary))
-               + "</pre>")
+    section = summary_section(summary)
     at = page.find("<h2>")
     page = page[:at] + section + page[at:] if at >= 0 else page.replace("</body>",
                                                                          section + "</body>")
@@ -223,7 +223,13 @@ def run_demo(s: DemoSettings, out: TextIO = sys.stdout, err: TextIO = sys.stderr
     from budgetproxy.demo import token_arm
     from budgetproxy.demo.model_server import ModelServer
     from budgetproxy.demo.probe import add_to_report, claims, run_demo_probe
-    from budgetproxy.demo.summary import BY, COMPARE, token_claim, what_this_shows
+    from budgetproxy.demo.summary import (
+        BY,
+        COMPARE,
+        refusal_breakdown,
+        token_claim,
+        what_this_shows,
+    )
     from budgetproxy.serve.server import ProxyServer
 
     started = time.monotonic()
@@ -292,10 +298,10 @@ def run_demo(s: DemoSettings, out: TextIO = sys.stdout, err: TextIO = sys.stderr
     print("\n".join(outcome.summary), file=out)
     print("\n" + "\n".join(claims(outcome.probe)), file=out)
     turns = sum(r.turns for r in outcome.results)
-    refused = sum(r.exhausted for r in outcome.results)
-    # The log has a turn record for each refused call too: the two counts differ by those.
-    print(f"\n{len(outcome.results)} episodes, {turns:,} turns answered and {refused:,} calls "
-          f"refused for a spent budget in {outcome.seconds:.0f}s. Left in {s.out}:", file=out)
+    # Every run's refusals, where "Enforcement" above counts the tier runs' alone.
+    print(f"\n{len(outcome.results)} episodes, {turns:,} turns answered and "
+          f"{refusal_breakdown(outcome.results)} refused for a spent budget in "
+          f"{outcome.seconds:.0f}s. Left in {s.out}:", file=out)
     for name, what in (("report.html", "the HTML report"),
                        ("trajectories/", "the proxy's JSONL trajectories"),
                        ("trajectories-tokens/", "the token arm's trajectories"),
