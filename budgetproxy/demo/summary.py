@@ -126,7 +126,7 @@ def disclosure_effect(
 
 
 RUNS = (("tiers", "the tier runs"), ("budgetmix", "the BudgetMix groups"),
-        ("tokens", "the token arm (spent tokens)"))
+        ("tokens", "the token arm"))
 
 
 def refusals(results: Sequence[EpisodeResult]) -> dict[str, int]:
@@ -136,10 +136,10 @@ def refusals(results: Sequence[EpisodeResult]) -> dict[str, int]:
 
 
 def refusal_breakdown(results: Sequence[EpisodeResult]) -> str:
-    """'542 calls (412 in the tier runs, 40 in ..., 90 in ...)': where the refusals were."""
+    """'542 calls (412 in the tier runs, 14 in ..., 116 in ...)': where the refusals were."""
     counts = refusals(results)
     parts = [f"{counts[run]:,} in {words}" for run, words in RUNS if counts[run]]
-    return f"{sum(counts.values()):,} calls ({', '.join(parts) or 'none'})"
+    return f"{sum(counts.values()):,} calls" + (f" ({', '.join(parts)})" if parts else "")
 
 
 def enforcement(results: Sequence[EpisodeResult]) -> list[str]:
@@ -157,9 +157,10 @@ def enforcement(results: Sequence[EpisodeResult]) -> list[str]:
     return [
         f"The proxy refused {total} episodes of the tier runs a turn past their budget (403 "
         f"turn_budget_exhausted): " + ", ".join(parts) + ".",
-        f"  Over the whole run it refused {refusal_breakdown(results)} for a spent budget: "
-        "one call per episode that ran out, since an agent stops at its first refusal. The "
-        "tier runs' count above leaves out the BudgetMix groups and the token arm.",
+        f"  Over the whole run it refused {refusal_breakdown(results)} for a spent budget (turns, "
+        "or tokens in the token arm): one call per episode that ran out, since an agent stops "
+        "at its first refusal. The tier runs' count above leaves out the BudgetMix groups and "
+        "the token arm.",
     ]
 
 

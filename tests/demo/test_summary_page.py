@@ -83,7 +83,8 @@ def test_enforcement_says_why_the_tier_count_and_the_run_total_differ() -> None:
     assert first.startswith("The proxy refused 2 episodes of the tier runs a turn past their "
                             "budget") and "careful hidden 2/3" in first  # fmt: skip
     assert refusal_breakdown(results) == ("5 calls (2 in the tier runs, 1 in the BudgetMix "
-                                          "groups, 2 in the token arm (spent tokens))")
+                                          "groups, 2 in the token arm)")
+    assert refusal_breakdown(results[1:2]) == "0 calls"
     assert "refused 5 calls (2 in the tier runs" in second
     assert "one call per episode that ran out" in second
     assert "leaves out the BudgetMix groups and the token arm" in second
