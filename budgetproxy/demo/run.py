@@ -53,6 +53,7 @@ class DemoSettings:
     # the token arm (demo/token_arm.py): episodes per task and arm, and the budget's size
     token_k: int = 8
     token_calls_per_cell: float = 1.5
+    figure: Path | None = None  # also draw the README's figure here (demo/figure.py)
 
     @classmethod
     def quick(cls, out: Path, seed: int = 0) -> DemoSettings:
@@ -274,7 +275,7 @@ def run_demo(s: DemoSettings, out: TextIO = sys.stdout, err: TextIO = sys.stderr
     common = [str(traj), "--k", ks, "--by", ",".join(BY), "--seed", str(s.seed)]
     for pair in COMPARE:
         common += ["--compare", pair]
-    code, table = _analyze([*common, "--report", str(report)])
+    code, table = _analyze([*common, "--report", str(report), "--view", str(s.out / "episodes")])
     if code not in (0, 1):
         raise RuntimeError(f"budgetproxy analyze failed (exit {code})")
     table = table.split("Paired differences", 1)[0].rstrip() + "\n"  # the claims cite them
@@ -293,6 +294,11 @@ def run_demo(s: DemoSettings, out: TextIO = sys.stdout, err: TextIO = sys.stderr
     add_to_report(report, outcome.probe)
     (s.out / "pass_at.json").write_text(as_json, encoding="utf-8")
     (s.out / "summary.txt").write_text("\n".join(outcome.summary) + "\n", encoding="utf-8")
+    if s.figure is not None:
+        from budgetproxy.demo.figure import write_figure
+
+        data = write_figure(analysis, s.figure)
+        print(f"figure: {s.figure} (drawn from {data})", file=err)
     outcome.seconds = time.monotonic() - started
     print(table, file=out)
     print("\n".join(outcome.summary), file=out)
@@ -303,6 +309,8 @@ def run_demo(s: DemoSettings, out: TextIO = sys.stdout, err: TextIO = sys.stderr
           f"{refusal_breakdown(outcome.results)} refused for a spent budget in "
           f"{outcome.seconds:.0f}s. Left in {s.out}:", file=out)
     for name, what in (("report.html", "the HTML report"),
+                       ("episodes/", "a page per episode, linked from the report's tasks "
+                                     "(budgetproxy view)"),
                        ("trajectories/", "the proxy's JSONL trajectories"),
                        ("trajectories-tokens/", "the token arm's trajectories"),
                        ("metrics.txt", "a /metrics snapshot (Prometheus text)"),
@@ -316,4 +324,5 @@ def run_demo(s: DemoSettings, out: TextIO = sys.stdout, err: TextIO = sys.stderr
           + " ".join(f"--compare {c}" for c in COMPARE), file=out)
     print("  and of the token arm: budgetproxy analyze "
           + " ".join(token_arm.analyze_args(s.out, ks, s.seed)), file=out)
+    print(f"Look at one episode, turn by turn: budgetproxy view {traj} --serve", file=out)
     return outcome
