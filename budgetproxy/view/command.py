@@ -55,15 +55,15 @@ def write_site(paths: list[str], out: Path, episode: str | None = None,
 
 
 def run(args: argparse.Namespace) -> int:
-    """0 with pages written (or served until Ctrl-C), 1 when no episode matched, 2 on a bad
-    path."""
+    """0 with pages written (or served until Ctrl-C), 1 when no episode matched, 2 on a path
+    that does not exist or is not a JSONL log."""
     import tempfile
 
     with tempfile.TemporaryDirectory(prefix="budgetproxy-view-") as tmp:
         out = args.out or (Path(tmp) if args.serve else Path("episode-view"))
         try:
             count, first = write_site(args.paths, out, args.episode, args.task)
-        except FileNotFoundError as e:
+        except (FileNotFoundError, ValueError) as e:
             print(f"budgetproxy view: {e}", file=sys.stderr)
             return 2
         if not count:

@@ -53,6 +53,9 @@ def log_files(paths: Sequence[str | Path]) -> list[Path]:
             found += sorted(p for p in path.rglob("*") if p.is_file()
                             and p.name.endswith(LOG_SUFFIXES))  # fmt: skip
         elif path.is_file():
+            if path.name.endswith(".parquet"):
+                raise ValueError(f"{raw}: the episode view reads the JSONL logs (.jsonl, "
+                                 ".jsonl.gz), not Parquet")
             found.append(path)
         else:
             raise FileNotFoundError(f"no such file or folder: {raw}")

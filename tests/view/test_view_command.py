@@ -57,6 +57,9 @@ def test_nothing_matched_is_1_and_a_missing_path_2(
     assert "no records of episode 'nope'" in capsys.readouterr().err
     assert main(["view", str(tmp_path / "missing"), "--out", str(tmp_path / "y")]) == 2
     assert "no such file or folder" in capsys.readouterr().err
+    (tmp_path / "e.parquet").write_bytes(b"PAR1")
+    assert main(["view", str(tmp_path / "e.parquet"), "--out", str(tmp_path / "z")]) == 2
+    assert "reads the JSONL logs (.jsonl, .jsonl.gz), not Parquet" in capsys.readouterr().err
     with pytest.raises(SystemExit):
         main(["view", str(logs), "--episode", "a", "--task", "b"])
 
@@ -76,6 +79,13 @@ def test_serve_answers_on_127_0_0_1_until_interrupted(logs: Path) -> None:
         base = url.rsplit("/", 1)[0]
         episode = httpx.get(f"{base}/{episode_page_name('ep-1')}", timeout=10)
         assert episode.status_code == 200 and "Turn 4" in episode.text
+        assert episode.headers["content-type"] == "text/html; charset=utf-8"
+        root = httpx.get(base + "/", timeout=10)
+        assert root.status_code == 302 and root.headers["location"] == "/" + INDEX
+        # only the flat .html pages: no listing, no other file, no way out of the folder
+        for path in ("/..%2f..%2fetc%2fpasswd", "/../a.jsonl", "/sub/index.html", "/x.html",
+                     "/index.htm"):
+            assert httpx.get(base + path, timeout=10).status_code == 404, path
     finally:
         proc.send_signal(signal.SIGINT)
         code = proc.wait(20)
