@@ -80,7 +80,7 @@ def _svg_size(svg: str) -> tuple[int, int]:
 def figure_page(data: Mapping[str, Any]) -> tuple[str, tuple[int, int]]:
     """The figure as a page and the window size that shows all of it: the report's Pass@(K,T)
     charts at FIGURE_K side by side, at their own size, under one line saying what run it is."""
-    from budgetproxy.analysis.report import STYLE, pass_curves
+    from budgetproxy.analysis.report import pass_curves
     from budgetproxy.analysis.svg import PALETTE
 
     cells = _cells(data)
@@ -99,7 +99,8 @@ def figure_page(data: Mapping[str, Any]) -> tuple[str, tuple[int, int]]:
     body = "".join(f"<div>{s}</div>" for s in svgs)
     page = (
         "<!doctype html><html lang=en><head><meta charset=utf-8><title>budgetproxy demo figure"
-        f"</title><style>{STYLE} body {{ margin: 0; padding: {PAD}px; max-width: none; "
+        "</title><style>body { font: 14px/1.45 system-ui, sans-serif; color: #222; } "
+        f"body {{ margin: 0; padding: {PAD}px; max-width: none; "
         f"width: {width - 2 * PAD}px; background: #fff; }} .row {{ display: flex; gap: {GAP}px; "
         f"}} p {{ margin: 0 0 8px; height: {HEAD - 8}px; font-size: 14px; }}</style></head>"
         f"<body><p>{escape(title)}</p><div class=row>{body}</div></body></html>\n"
