@@ -1,4 +1,4 @@
-"""The command line: `budgetproxy serve | analyze | export | probe | demo`."""
+"""The command line: `budgetproxy serve | analyze | export | probe | demo | view`."""
 
 from __future__ import annotations
 
@@ -147,7 +147,8 @@ def build_parser() -> argparse.ArgumentParser:
                        "exit: 0 when valid, 2 with one line naming the key when not")
     serve.set_defaults(func=_serve)
     for module in ("budgetproxy.analysis.command", "budgetproxy.analysis.export_command",
-                   "budgetproxy.probe.command", "budgetproxy.demo.command"):
+                   "budgetproxy.probe.command", "budgetproxy.demo.command",
+                   "budgetproxy.view.command"):
         try:
             mod = __import__(module, fromlist=["register"])
         except ImportError:

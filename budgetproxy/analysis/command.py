@@ -159,6 +159,13 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
     p.add_argument("--json", action="store_true", help="print JSON instead of tables")
     p.add_argument("--report", type=Path, metavar="FILE.html", help="write an HTML report")
     p.add_argument(
+        "--view",
+        type=Path,
+        metavar="DIR",
+        help="also write the episode view (budgetproxy view) of the JSONL logs into DIR; the "
+        "report's task rows link to it",
+    )
+    p.add_argument(
         "--seed",
         type=_int_in(0, 2**63 - 1, "a seed in 0..2^63-1"),
         default=0,
@@ -276,6 +283,9 @@ def _run(args: argparse.Namespace) -> int:
     from budgetproxy.analysis.progress import Progress
     from budgetproxy.analysis.table import Budget, compute_cells, format_cells
 
+    if getattr(args, "view", None) is not None and args.report is None:
+        raise load.InputError("--view links the report's task rows: give --report FILE.html "
+                              "too (budgetproxy view writes the pages alone)", 2)
     inputs = load.discover(args.paths)
     if not inputs.files:
         raise load.InputError(
@@ -505,7 +515,17 @@ def _write_report(
         compute_differences(con, c, args.k, budgets, by, args.resamples, args.seed)
         for c in args.compare
     ]
-    html = render_report(con, cells, by, facts, extra, differences, args.resamples, args.seed)
+    view = None
+    if args.view is not None:
+        import os
+
+        from budgetproxy.view.command import write_site
+
+        count, _ = write_site(list(args.paths), args.view)
+        print(f"wrote {count:,} episode page(s) in {args.view}", file=sys.stderr)
+        view = Path(os.path.relpath(args.view.resolve(), args.report.parent.resolve())).as_posix()
+    html = render_report(con, cells, by, facts, extra, differences, args.resamples, args.seed,
+                         view)
     args.report.parent.mkdir(parents=True, exist_ok=True)
     args.report.write_text(html, encoding="utf-8")
     print(f"wrote {args.report}", file=sys.stderr)

@@ -245,6 +245,9 @@ def tier_charts(
         f" Whiskers: 95% bootstrap intervals over tasks ({_span(tasks)} tasks per bar); the "
         "number over a bar (where it fits, and on hover) is its episodes."
     )
+    if any(r.tasks == 1 for (s, t), r in rates.items() if t is not None):
+        counted += (" Hatched bars rest on one task (n = 1 task, no interval): an interval over "
+                    "tasks needs two, so they have no whisker and are no firmer than the rest.")
     kinds: list[tuple[str, str, Callable[[TierRates], int], str]] = [
         (
             "Success by budget tier",
@@ -271,19 +274,23 @@ def tier_charts(
                                         else r.exhausted_ci)
                 for r in here
             ]  # fmt: skip
+            single = [r is not None and r.tasks == 1 for r in here]
             series.append(
                 Series(
                     s,
                     [None if r is None else pick(r) / r.finished for r in here],
-                    low=[None if ci is None else ci[0] for ci in cis],
-                    high=[None if ci is None else ci[1] for ci in cis],
+                    low=[None if ci is None or one else ci[0] for ci, one in zip(cis, single,
+                                                                              strict=True)],
+                    high=[None if ci is None or one else ci[1] for ci, one in zip(cis, single,
+                                                                               strict=True)],
                     color=colors.get(s),
                     tips=[
                         None if r is None else f"{pick(r)} of {r.finished} episodes, "
-                        f"{r.tasks} tasks"
+                        + ("n = 1 task, no interval" if r.tasks == 1 else f"{r.tasks} tasks")
                         for r in here
                     ],
                     counts=[None if r is None else str(r.finished) for r in here],
+                    hatched=single,
                 )
             )
         svg = bar_chart(
@@ -341,6 +348,41 @@ def turns_chart(con: Any, by: Sequence[str], colors: Mapping[str, str]) -> str:
     return _figure(svg, caption)
 
 
+TASKS_SQL = """
+SELECT task_id, count(*), count(*) FILTER (WHERE success),
+    count(*) FILTER (WHERE end_reason = 'exhausted' AND NOT success),
+    count(*) FILTER (WHERE end_reason = 'abandoned')
+FROM episodes GROUP BY task_id ORDER BY task_id NULLS LAST
+"""
+
+
+def task_table(con: Any, episode_view: str | None) -> str:
+    """One row per task: its episodes and how they ended. With `episode_view` (the episode
+    view's folder, relative to the report) each task links to its page there, which lists the
+    task's episodes, each linking to its turns."""
+    from budgetproxy.view.page import INDEX, task_page_name
+
+    rows = []
+    for task, total, won, exhausted, abandoned in con.execute(TASKS_SQL).fetchall():
+        name = escape(str(task)) if task is not None else "<i>no task id</i>"
+        if episode_view is not None:
+            href = escape(f"{episode_view}/{task_page_name(task)}", quote=True)
+            name = f"<a href='{href}'>{name}</a>"
+        rows.append(f"<tr><td>{name}</td><td>{total:,}</td><td>{won:,}</td>"
+                    f"<td>{exhausted:,}</td><td>{abandoned:,}</td></tr>")  # fmt: skip
+    note = (
+        f"Each task links to its episodes in the <a href='{escape(episode_view, quote=True)}/"
+        f"{INDEX}'>episode view</a>, and each episode to its turns."
+        if episode_view is not None
+        else "budgetproxy analyze --view DIR (or budgetproxy view) writes a page per episode "
+        "and links these rows to them."
+    )
+    return (
+        "<table><tr><th>task</th><th>episodes</th><th>succeeded</th><th>exhausted</th>"
+        f"<th>abandoned</th></tr>{''.join(rows)}</table><p class=muted>{note}</p>"
+    )
+
+
 def slice_colors(cells: Sequence[Cell], con: Any, by: Sequence[str]) -> dict[str, str]:
     """One colour per slice for the whole page, in the table's slice order."""
     names = list(dict.fromkeys(_slice_name(c) for c in cells))
@@ -358,9 +400,11 @@ def render_report(
     differences: Sequence[Sequence[Difference]] = (),
     resamples: int = 1000,
     seed: int = 0,
+    episode_view: str | None = None,
 ) -> str:
     """The whole page. `extra_sections` are (title, preformatted text) pairs; `differences`
-    the --compare results, one list per comparison."""
+    the --compare results, one list per comparison; `episode_view` the folder of the episode
+    pages, relative to the report, which the task rows link to."""
     facts = "".join(
         f"<tr><td>{escape(str(k))}</td><td>{escape(str(v))}</td></tr>" for k, v in summary.items()
     )
@@ -388,6 +432,8 @@ def render_report(
         f"<div class=charts>{''.join(tier_charts(con, by, colors, resamples, seed))}</div>",
         "<h2>Turns used</h2>",
         f"<div class=charts>{turns_chart(con, by, colors)}</div>",
+        "<h2>Tasks</h2>",
+        task_table(con, episode_view),
     ]
     for title, text in extra_sections:
         sections.append(f"<h2>{escape(title)}</h2><pre>{escape(text)}</pre>")

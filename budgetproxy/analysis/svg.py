@@ -30,6 +30,7 @@ class Series:
     color: str | None = None
     tips: Sequence[str | None] | None = None  # more words for a point's hover text
     counts: Sequence[str | None] | None = None  # bar charts: a short count over each bar
+    hatched: Sequence[bool] | None = None  # bar charts: bars drawn hatched (e.g. one task)
 
     def tip(self, i: int) -> str:
         extra = self.tips[i] if self.tips is not None else None
@@ -85,6 +86,7 @@ class _Frame:
         height: int,
     ) -> None:
         self.x_labels, self.percent, self.width = list(x_labels), percent, width
+        self.patterns: set[str] = set()
         self.ticks = nice_ticks(top)
         self.y_max = self.ticks[-1]
         step = self.ticks[1] - self.ticks[0] if len(self.ticks) > 1 else 1.0
@@ -162,6 +164,18 @@ class _Frame:
             f'<text transform="translate(14 {self.top + self.ph / 2:.1f}) rotate(-90)" '
             f'text-anchor="middle">{escape(y_title)}</text>'
         )
+
+    def hatch(self, color: str) -> str:
+        """The fill of a hatched bar in `color`; its pattern is defined once per chart. Charts
+        on one page share ids, so a pattern's id names its colour and every copy is alike."""
+        pid = "hatch-" + "".join(ch for ch in color if ch.isalnum())
+        if pid not in self.patterns:
+            self.patterns.add(pid)
+            self.parts.insert(1, (
+                f'<defs><pattern id="{pid}" patternUnits="userSpaceOnUse" width="6" height="6" '
+                f'patternTransform="rotate(45)"><rect width="6" height="6" fill="#fff"/>'
+                f'<rect width="2.5" height="6" fill="{escape(color)}"/></pattern></defs>'))
+        return f"url(#{pid})"
 
     def done(self) -> str:
         for row, x, color, name in self.legend:
@@ -301,9 +315,13 @@ def bar_chart(
             if low is not None and high is not None:
                 label += f" [{f.value(low)}, {f.value(high)}]"
             label += s.tip(i)
+            color = color_of(s, n)
+            paint = f'fill="{color}"'
+            if s.hatched is not None and s.hatched[i]:
+                paint = f'fill="{f.hatch(color)}" stroke="{color}" stroke-width="1"'
             f.parts.append(
                 f'<rect x="{x:.1f}" y="{y:.1f}" width="{bar:.1f}" '
-                f'height="{f.top + f.ph - y:.1f}" fill="{color_of(s, n)}">'
+                f'height="{f.top + f.ph - y:.1f}" {paint}>'
                 f"<title>{escape(label)}</title></rect>"
             )
             mid = x + bar / 2
@@ -335,19 +353,32 @@ class ForestRow:
     strong: bool = False  # the interval excludes 0: drawn dark, else grey
 
 
+def forest_span(rows: Sequence[ForestRow]) -> float:
+    """The largest distance from 0 of any value or interval end: what the x axis must hold."""
+    return max((abs(v) for r in rows for v in (r.value, r.low, r.high) if v is not None),
+               default=0.0)  # fmt: skip
+
+
 def forest_chart(
-    title: str, rows: Sequence[ForestRow], *, x_title: str, width: int = WIDTH
+    title: str,
+    rows: Sequence[ForestRow],
+    *,
+    x_title: str,
+    width: int = WIDTH,
+    shared: Sequence[ForestRow] = (),
 ) -> str:
     """Differences as points with interval whiskers, one row each, around a line at 0: the
-    x axis spans negative and positive values alike, in percentage points."""
+    x axis spans negative and positive values alike, in percentage points. `shared` holds the
+    rows of every chart meant to be compared with this one: the axis's reach and the margins
+    for labels fit them all, so each value sits at the same place in each chart."""
     if not any(r.value is not None for r in rows):
         return empty_chart(title, "no data (no task has both values)", width)
-    spans = [abs(v) for r in rows for v in (r.value, r.low, r.high) if v is not None]
-    ticks = nice_ticks(max(max(spans), 0.01), 2)
+    every = [*rows, *shared]
+    ticks = nice_ticks(max(forest_span(every), 0.01), 2)
     top = ticks[-1]
-    left = 12 + round(max(text_width(r.label[:LEGEND_CHARS]) for r in rows))
+    left = 12 + round(max(text_width(r.label[:LEGEND_CHARS]) for r in every))
     texts = [_forest_text(r) for r in rows]
-    right = 12 + round(max(text_width(t) for t in texts))
+    right = 12 + round(max(text_width(_forest_text(r)) for r in every))
     pw = max(120, width - left - right - 12)
     row_h, y0 = 18, TITLE_H
     height = y0 + row_h * len(rows) + 46

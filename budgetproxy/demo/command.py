@@ -12,8 +12,8 @@ FrozenLake agents (gymnasium) that call it through the official openai client; r
 episodes per map at the 25/50/75/100% budget tiers in hidden and disclosed arms, plus
 BudgetMix groups; print the Pass@(K,T) table and what it shows; run budgetproxy probe on
 the logs (careful vs recovering from the same states) and print its claims; leave
-report.html, probe.json, the trajectories and a metrics snapshot in --out. Needs the [demo]
-extra."""
+report.html (its tasks linked to a page per episode in episodes/), probe.json, the
+trajectories and a metrics snapshot in --out. Needs the [demo] extra."""
 
 
 def _positive(text: str) -> int:
@@ -42,6 +42,10 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
                    help="episodes per map, tier and arm (default 8)")
     p.add_argument("--concurrency", type=_positive, default=16,
                    help="episodes played at once (default 16)")
+    p.add_argument("--figure", type=Path, metavar="FILE.png",
+                   help="also draw the report's Pass@(1,T) and Pass@(8,T) charts into FILE.png "
+                   "(headless Chromium) and the data they are drawn from into FILE.json; the "
+                   "README's figure is the full run's")
     p.set_defaults(func=run)
 
 
@@ -59,7 +63,7 @@ def run(args: argparse.Namespace) -> int:
 
     settings = DemoSettings.quick(args.out, args.seed) if args.quick else DemoSettings(
         out=args.out, seed=args.seed)
-    settings = replace(settings, concurrency=args.concurrency)
+    settings = replace(settings, concurrency=args.concurrency, figure=args.figure)
     if args.k is not None:
         settings = replace(settings, k=args.k)
     try:

@@ -12,7 +12,6 @@ import argparse
 import asyncio
 import contextlib
 import hashlib
-import html
 import io
 import json
 import sys
@@ -54,6 +53,7 @@ class DemoSettings:
     # the token arm (demo/token_arm.py): episodes per task and arm, and the budget's size
     token_k: int = 8
     token_calls_per_cell: float = 1.5
+    figure: Path | None = None  # also draw the README's figure here (demo/figure.py)
 
     @classmethod
     def quick(cls, out: Path, seed: int = 0) -> DemoSettings:
@@ -198,9 +198,10 @@ def _analyze(argv: list[str]) -> tuple[int, str]:
 
 def add_summary_to_report(report: Path, summary: Sequence[str]) -> None:
     """Put the demo's findings at the top of the analysis report."""
+    from budgetproxy.demo.summary_page import summary_section
+
     page = report.read_text(encoding="utf-8")
-    section = ("<h2>What this demo shows</h2><pre>" + html.escape("\n".join(summary))
-               + "</pre>")
+    section = summary_section(summary)
     at = page.find("<h2>")
     page = page[:at] + section + page[at:] if at >= 0 else page.replace("</body>",
                                                                          section + "</body>")
@@ -223,7 +224,13 @@ def run_demo(s: DemoSettings, out: TextIO = sys.stdout, err: TextIO = sys.stderr
     from budgetproxy.demo import token_arm
     from budgetproxy.demo.model_server import ModelServer
     from budgetproxy.demo.probe import add_to_report, claims, run_demo_probe
-    from budgetproxy.demo.summary import BY, COMPARE, token_claim, what_this_shows
+    from budgetproxy.demo.summary import (
+        BY,
+        COMPARE,
+        refusal_breakdown,
+        token_claim,
+        what_this_shows,
+    )
     from budgetproxy.serve.server import ProxyServer
 
     started = time.monotonic()
@@ -268,7 +275,7 @@ def run_demo(s: DemoSettings, out: TextIO = sys.stdout, err: TextIO = sys.stderr
     common = [str(traj), "--k", ks, "--by", ",".join(BY), "--seed", str(s.seed)]
     for pair in COMPARE:
         common += ["--compare", pair]
-    code, table = _analyze([*common, "--report", str(report)])
+    code, table = _analyze([*common, "--report", str(report), "--view", str(s.out / "episodes")])
     if code not in (0, 1):
         raise RuntimeError(f"budgetproxy analyze failed (exit {code})")
     table = table.split("Paired differences", 1)[0].rstrip() + "\n"  # the claims cite them
@@ -287,16 +294,23 @@ def run_demo(s: DemoSettings, out: TextIO = sys.stdout, err: TextIO = sys.stderr
     add_to_report(report, outcome.probe)
     (s.out / "pass_at.json").write_text(as_json, encoding="utf-8")
     (s.out / "summary.txt").write_text("\n".join(outcome.summary) + "\n", encoding="utf-8")
+    if s.figure is not None:
+        from budgetproxy.demo.figure import write_figure
+
+        data = write_figure(analysis, s.figure)
+        print(f"figure: {s.figure} (drawn from {data})", file=err)
     outcome.seconds = time.monotonic() - started
     print(table, file=out)
     print("\n".join(outcome.summary), file=out)
     print("\n" + "\n".join(claims(outcome.probe)), file=out)
     turns = sum(r.turns for r in outcome.results)
-    refused = sum(r.exhausted for r in outcome.results)
-    # The log has a turn record for each refused call too: the two counts differ by those.
-    print(f"\n{len(outcome.results)} episodes, {turns:,} turns answered and {refused:,} calls "
-          f"refused for a spent budget in {outcome.seconds:.0f}s. Left in {s.out}:", file=out)
+    # Every run's refusals, where "Enforcement" above counts the tier runs' alone.
+    print(f"\n{len(outcome.results)} episodes, {turns:,} turns answered and "
+          f"{refusal_breakdown(outcome.results)} refused for a spent budget in "
+          f"{outcome.seconds:.0f}s. Left in {s.out}:", file=out)
     for name, what in (("report.html", "the HTML report"),
+                       ("episodes/", "a page per episode, linked from the report's tasks "
+                                     "(budgetproxy view)"),
                        ("trajectories/", "the proxy's JSONL trajectories"),
                        ("trajectories-tokens/", "the token arm's trajectories"),
                        ("metrics.txt", "a /metrics snapshot (Prometheus text)"),
@@ -310,4 +324,5 @@ def run_demo(s: DemoSettings, out: TextIO = sys.stdout, err: TextIO = sys.stderr
           + " ".join(f"--compare {c}" for c in COMPARE), file=out)
     print("  and of the token arm: budgetproxy analyze "
           + " ".join(token_arm.analyze_args(s.out, ks, s.seed)), file=out)
+    print(f"Look at one episode, turn by turn: budgetproxy view {traj} --serve", file=out)
     return outcome

@@ -125,8 +125,26 @@ def disclosure_effect(
     return lines, shown
 
 
+RUNS = (("tiers", "the tier runs"), ("budgetmix", "the BudgetMix groups"),
+        ("tokens", "the token arm"))
+
+
+def refusals(results: Sequence[EpisodeResult]) -> dict[str, int]:
+    """Calls refused for a spent budget, per run. An agent stops at its first refusal, so each
+    is one episode that ran out."""
+    return {run: sum(r.exhausted for r in results if r.plan.run == run) for run, _ in RUNS}
+
+
+def refusal_breakdown(results: Sequence[EpisodeResult]) -> str:
+    """'542 calls (412 in the tier runs, 14 in ..., 116 in ...)': where the refusals were."""
+    counts = refusals(results)
+    parts = [f"{counts[run]:,} in {words}" for run, words in RUNS if counts[run]]
+    return f"{sum(counts.values()):,} calls" + (f" ({', '.join(parts)})" if parts else "")
+
+
 def enforcement(results: Sequence[EpisodeResult]) -> list[str]:
-    """How often the proxy refused a turn, per policy and arm of the tier runs."""
+    """How often the proxy refused a turn: per policy and arm of the tier runs (the episodes
+    the table and the claims above count), then every refusal of the run."""
     counts: dict[tuple[str, str], list[int]] = defaultdict(lambda: [0, 0])
     for r in results:
         if r.plan.run != "tiers":
@@ -137,8 +155,12 @@ def enforcement(results: Sequence[EpisodeResult]) -> list[str]:
     total = sum(c[0] for c in counts.values())
     parts = [f"{p} {arm} {n}/{m}" for (p, arm), (n, m) in sorted(counts.items())]
     return [
-        f"The proxy refused {total} episodes a turn past their budget (403 "
-        f"turn_budget_exhausted): " + ", ".join(parts) + "."
+        f"The proxy refused {total} episodes of the tier runs a turn past their budget (403 "
+        f"turn_budget_exhausted): " + ", ".join(parts) + ".",
+        f"  Over the whole run it refused {refusal_breakdown(results)} for a spent budget (turns, "
+        "or tokens in the token arm): one call per episode that ran out, since an agent stops "
+        "at its first refusal. The tier runs' count above leaves out the BudgetMix groups and "
+        "the token arm.",
     ]
 
 
@@ -198,7 +220,8 @@ def what_this_shows(
         control_lines, _ = disclosure_effect(diffs, control, tiers)
         if "not enough" not in control_lines[0]:
             lines.append("  Control (ignores the budget line): " + control_lines[0])
-    lines += ["- Enforcement. " + enforcement(results)[0]]
+    enforced = enforcement(results)
+    lines += ["- Enforcement. " + enforced[0], *enforced[1:]]
     lines += budgetmix_groups(results)
     return lines
 

@@ -60,8 +60,8 @@ def test_exhaustion_counts_the_end_reason_not_the_flag(tmp_path: Path, con: Any)
                                                       tasks=1, success_ci=third,
                                                       exhausted_ci=third)}  # fmt: skip
     success, exhaustion = report.tier_charts(con, ["disclosure"], {})
-    assert tips(success) == ["50%, hidden: 33.3% [33.3%, 33.3%] (1 of 3 episodes, 1 tasks)"]
-    assert tips(exhaustion) == ["50%, hidden: 33.3% [33.3%, 33.3%] (1 of 3 episodes, 1 tasks)"]
+    one = "50%, hidden: 33.3% (1 of 3 episodes, n = 1 task, no interval)"
+    assert tips(success) == [one] and tips(exhaustion) == [one]
     assert "end reason is <i>exhausted</i>" in exhaustion  # the chart says what it counts
     # success, exhausted and failure shares are disjoint and add up
     (r,) = rates.values()
@@ -110,8 +110,9 @@ def test_one_colour_per_slice_across_the_page(tmp_path: Path, con: Any) -> None:
     assert colors == {"disclosed": svg.PALETTE[0], "hidden": svg.PALETTE[1]}
     # the 20% tier has only the disclosed slice, the 50% one only hidden: colours still hold
     charts = "".join(report.tier_charts(con, ["disclosure"], colors))
-    assert re.search(rf'fill="{svg.PALETTE[1]}"><title>50%, hidden', charts)
-    assert re.search(rf'fill="{svg.PALETTE[0]}"><title>20%, disclosed', charts)
+    # (one task each: the bars are hatched, outlined in the slice's colour)
+    assert re.search(rf'stroke="{svg.PALETTE[1]}" [^>]*><title>50%, hidden', charts)
+    assert re.search(rf'stroke="{svg.PALETTE[0]}" [^>]*><title>20%, disclosed', charts)
 
 
 def test_table_legend_explains_dashes_and_left_out_tasks(tmp_path: Path, con: Any) -> None:
@@ -208,6 +209,51 @@ def test_bars_carry_intervals_over_tasks_and_counts(tmp_path: Path, con: Any) ->
     assert success.count("<path d=") == 1  # the whisker
     assert ">48</text>" in success  # the count over the bar
     assert "12 tasks per bar" in success
+
+
+def test_bars_on_one_task_are_hatched_and_have_no_whisker(tmp_path: Path, con: Any) -> None:
+    won: dict[str, Any] = {"outcome": "success", "end_reason": "success", "success_turn": 2}
+    loaded(con, tmp_path / "log.jsonl", [
+        *(episode(f"a{i}", task="t1", budget=5, max_turns=20, **(won if i else {}))
+          for i in range(4)),  # 25%: one task
+        *(episode(f"b{t}{i}", task=f"t{t}", budget=10, max_turns=20, **(won if i < t else {}))
+          for t in range(1, 4) for i in range(4)),  # 50%: three tasks
+    ])  # fmt: skip
+    success, _ = report.tier_charts(con, ["disclosure"], {"hidden": "#0072B2"})
+    bars = re.findall(r"<rect x=\S+ y=\S+ width=\S+ height=\S+ ([^>]*)><title>([^<]*)", success)
+    assert [(paint, tip.split(" (")[0]) for paint, tip in bars] == [
+        ('fill="url(#hatch-0072B2)" stroke="#0072B2" stroke-width="1"', "25%, hidden: 75.0%"),
+        ('fill="#0072B2"', tips(success)[1].split(" (")[0]),
+    ]
+    assert "n = 1 task, no interval" in bars[0][1] and "3 tasks" in bars[1][1]
+    assert success.count("<path d=") == 1  # the three-task bar's whisker only
+    assert success.count('<pattern id="hatch-0072B2"') == 1
+    assert "Hatched bars rest on one task (n = 1 task, no interval)" in success
+
+
+def test_difference_charts_of_one_comparison_share_one_x_scale() -> None:
+    from budgetproxy.analysis.compare import Difference, parse_comparison
+    from budgetproxy.analysis.compare_chart import difference_charts
+
+    c = parse_comparison("disclosure=disclosed,hidden")
+    budget = Budget("tier", Fraction(25))
+
+    def diff(k: int, value: float, low: float, high: float, label: str = "x") -> Difference:
+        return Difference(comparison=c, k=k, budget=budget, by=(("policy", label),), diff=value,
+                          ci_low=low, ci_high=high, a_value=0.5, b_value=0.5, n_tasks=12,
+                          n_tasks_unpaired=0)  # fmt: skip
+
+    charts = difference_charts([[diff(1, 0.4, 0.2, 0.6), diff(8, 0.02, -0.01, 0.05,
+                                                              "a much longer slice name")]])
+    assert len(charts) == 2
+
+    def axis(chart: str) -> dict[str, str]:  # tick label → its x
+        return {label: x for x, label in re.findall(
+            r'<text x="([\d.]+)" y="\d+" text-anchor="middle">([+-]\d+)</text>', chart)}
+
+    first, second = axis(charts[0]), axis(charts[1])
+    assert first == second and set(first) == {"-100", "-50", "+0", "+50", "+100"}
+    assert "has the same x scale" in charts[0]
 
 
 def test_report_has_paired_difference_charts_and_task_counts(tmp_path: Path, con: Any) -> None:

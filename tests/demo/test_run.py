@@ -50,6 +50,12 @@ def test_demo_leaves_report_metrics_and_trajectories(
     assert done.returncode == 0, done.stderr[-3000:]
     report = (out / "report.html").read_text(encoding="utf-8")
     assert "What this demo shows" in report and "Pass@(K,T)" in report
+    assert "<div class=claim><h3>Enforcement</h3>" in report  # laid out, not a text dump
+    # every task row links to its page in the episode view beside the report
+    links = re.findall(r"<td><a href='(episodes/task-[^']+)'>", report)
+    assert len(links) == 2 and all((out / link).exists() for link in links)
+    assert (out / "episodes" / "index.html").exists()
+    assert "refused for a spent budget" in done.stdout and "in the token arm" in done.stdout
     metrics = (out / "metrics.txt").read_text(encoding="utf-8")
     assert "budgetproxy_turns_total" in metrics
     assert 'budgetproxy_episodes_finished_total{disclosure="disclosed"' in metrics

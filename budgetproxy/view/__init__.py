@@ -1,0 +1,1 @@
+"""`budgetproxy view`: one HTML page per episode, read from trajectory logs."""
