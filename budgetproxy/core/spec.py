@@ -17,6 +17,41 @@ TAGS_MAX_BYTES = 8 * 1024
 METADATA_MAX_BYTES = 64 * 1024
 
 
+# Characters a task id, group or tag may not hold: C0/C1 controls, and the bidirectional
+# formatting characters that make a log line, a label or a dashboard read other than it is
+# (Unicode's Bidi_Control set: ALM, LRM, RLM, LRE..RLO, LRI..PDI).
+_UNSAFE = frozenset(
+    [chr(c) for c in range(0x20)] + ["\x7f"] + [chr(c) for c in range(0x80, 0xA0)]
+    + ["\u061c", "\u200e", "\u200f"] + [chr(c) for c in range(0x202A, 0x202F)]
+    + [chr(c) for c in range(0x2066, 0x206A)]
+)
+
+
+# The same rule as a JSON Schema pattern, for request bodies the API validates itself.
+PRINTABLE_PATTERN = ("^[^\\x00-\\x1f\\x7f-\\x9f\\u061c\\u200e\\u200f\\u202a-\\u202e"
+                     "\\u2066-\\u2069]*$")
+
+
+def _printable(param: str, text: str) -> None:
+    if not _UNSAFE.isdisjoint(text):
+        bad = next(ch for ch in text if ch in _UNSAFE)
+        raise SpecError(param, f"{param} holds the control or bidirectional formatting "
+                        f"character U+{ord(bad):04X}, which ids, task names and tags may not")
+
+
+def _printable_json(param: str, value: Any) -> None:
+    """Every string in `value` (keys too) passes `_printable`."""
+    if isinstance(value, str):
+        _printable(param, value)
+    elif isinstance(value, dict):
+        for k, v in value.items():
+            _printable(param, str(k))
+            _printable_json(param, v)
+    elif isinstance(value, list):
+        for v in value:
+            _printable_json(param, v)
+
+
 class SpecError(ValueError):
     """A spec value that cannot be used; `param` names the field."""
 
@@ -55,6 +90,9 @@ def new_episode(
                               ("group", spec.group, GROUP_MAX_CHARS)):
         if text is not None and len(text) > most:
             raise SpecError(param, f"{param} is {len(text)} characters long; at most {most}")
+        if text is not None:
+            _printable(param, text)
+    _printable_json("tags", spec.tags)
     bm = budget_cfg.budgetmix
     sampled = budget_cfg.sampler == "budgetmix"
     max_turns = spec.max_turns

@@ -14,6 +14,7 @@ from budgetproxy.config import Config
 from budgetproxy.core.episode import EpisodeState
 from budgetproxy.core.keys import OPEN
 from budgetproxy.core.rewards import advantages, final_reward
+from budgetproxy.core.spec import PRINTABLE_PATTERN
 from budgetproxy.core.tenants import local_id, tenant_for
 from budgetproxy.errors import ProxyError
 from budgetproxy.proxy.grouping import GROUP_SIZE_MAX, tenant_group
@@ -27,8 +28,8 @@ RECHECK_S = 1.0  # a long poll looks again at least this often (an end it could 
 
 class GroupCreate(BaseModel):
     model_config = ConfigDict(extra="forbid")
-    task_id: str = Field(min_length=1, max_length=256, pattern=r"^[^\x00]*$")
-    group: str = Field(min_length=1, max_length=256)
+    task_id: str = Field(min_length=1, max_length=256, pattern=PRINTABLE_PATTERN)
+    group: str = Field(min_length=1, max_length=256, pattern=PRINTABLE_PATTERN)
     size: Annotated[int, Field(ge=1, le=GROUP_SIZE_MAX, strict=True), BeforeValidator(whole)]
 
 

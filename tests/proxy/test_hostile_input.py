@@ -342,3 +342,40 @@ def test_odd_responses_and_messages_bodies_are_never_a_500(
     if r.status_code == 200:
         assert p.wait_records(1, type="turn", episode_id=eid)
     _still_logging(p)
+
+
+BIDI_AND_CONTROL = ["\u202e", "\u2066", "\u200f", "\x1b", "\x85", "\x07"]
+
+
+@pytest.mark.parametrize("char", BIDI_AND_CONTROL)
+def test_task_ids_groups_and_tags_with_bidi_or_control_characters_are_a_400(
+        default_proxy: Proxy, char: str) -> None:
+    """A right-to-left override (or a control character) in a task id, group or tag would
+    reach logs, metric labels and dashboards reading other than it is."""
+    evil = f"task{char}gpj.exe"
+    eid = new_id("bidi")
+    r = _post(default_proxy, "/v1/chat/completions", chat_body(),
+              {"X-Episode-Id": eid, "X-Episode-Task": evil.encode("utf-8")})
+    if char.isascii():  # the HTTP server refuses an ASCII control in a header itself
+        assert r.status_code == 400
+    else:
+        assert_openai_error(r, 400, "invalid_request")
+        assert r.json()["error"]["param"] == "task_id"
+        assert f"U+{ord(char):04X}" in r.json()["error"]["message"]
+    for body, param in (({"task_id": evil}, "task_id"), ({"group": evil}, "group"),
+                        ({"tags": {"policy": evil}}, "tags"), ({"tags": {evil: 1}}, "tags"),
+                        ({"tags": {"a": [{"b": evil}]}}, "tags")):
+        r = _post(default_proxy, "/v1/episodes", body)
+        assert r.status_code == 400, (body, r.text)
+        assert param in r.text
+    r = _post(default_proxy, "/v1/groups", {"task_id": evil, "group": "g", "size": 2})
+    assert r.status_code == 400, r.text
+    r = default_proxy.http().get(f"/v1/episodes/{eid}")
+    assert r.status_code == 404  # nothing was created
+    _still_logging(default_proxy)
+
+
+def test_printable_text_of_any_script_is_kept(default_proxy: Proxy) -> None:
+    r = _post(default_proxy, "/v1/episodes", {"task_id": "مهمة-١ 任务 😀",
+                                              "tags": {"note": "שלום – ok"}})
+    assert r.status_code == 201, r.text
