@@ -206,6 +206,8 @@ class StoreConfig(_Strict):
     # redis only: url names one node of a Redis Cluster; the others are discovered
     cluster: bool = False
     on_unavailable: Literal["fail_closed", "fail_open"] = "fail_closed"
+    # redis only: connections per node besides the turns' pipelined one; a burst waits
+    max_connections: int = Field(64, ge=1, le=10_000)
 
 
 _TENANT = re.compile(r"[A-Za-z0-9._:\-]{1,64}")

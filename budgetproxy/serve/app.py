@@ -56,7 +56,8 @@ def _make_store(config: Config) -> EpisodeStore:
         store: EpisodeStore = RedisStore(config.store.url, prefix=config.store.key_prefix,
                                          idle_timeout_s=ep.idle_timeout_s,
                                          retention_s=ep.retention_s,
-                                         cluster=config.store.cluster)
+                                         cluster=config.store.cluster,
+                                         max_connections=config.store.max_connections)
         return store
     from budgetproxy.store.memory import MemoryStore
 
@@ -66,7 +67,7 @@ def _make_store(config: Config) -> EpisodeStore:
 def _make_groups(config: Config) -> GroupStore:
     if config.store.kind == "redis":
         return RedisGroups(config.store.url, config.store.key_prefix,
-                           config.episodes.retention_s)
+                           config.episodes.retention_s, config.store.max_connections)
     return MemoryGroups()
 
 

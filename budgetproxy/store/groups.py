@@ -99,13 +99,21 @@ class MemoryGroups:
 class RedisGroups:
     """Groups shared by replicas on one Redis."""
 
-    def __init__(self, url: str, prefix: str, retention_s: float) -> None:
+    def __init__(self, url: str, prefix: str, retention_s: float,
+                 max_connections: int = 64) -> None:
         import redis.asyncio as aioredis
 
-        self._redis: Any = aioredis.Redis.from_url(url, socket_timeout=5.0,
-                                                   socket_connect_timeout=5.0)
+        # A burst waits for a pooled connection instead of failing at the pool's limit.
+        pool = aioredis.BlockingConnectionPool.from_url(
+            url, max_connections=max_connections, timeout=5.0, socket_timeout=5.0,
+            socket_connect_timeout=5.0)
+        self._redis: Any = aioredis.Redis(connection_pool=pool)
         self._prefix = prefix
         self._ttl = max(60, int(retention_s))
+        # Long polls share one subscription per process (to every group's end channel),
+        # however many wait: a connection each would take thousands of them.
+        self._waiters: dict[bytes, set[asyncio.Future[None]]] = {}
+        self._listener: asyncio.Task[None] | None = None
 
     def _keys(self, key: GroupKey) -> tuple[str, str, str]:
         name = f"{key[0]}\0{key[1]}"
@@ -146,19 +154,46 @@ class RedisGroups:
         await self._run(self._redis.publish(self._keys(key)[2], b"1"))
 
     async def wait(self, key: GroupKey, timeout: float) -> None:
-        pubsub = self._redis.pubsub()
+        """Until an episode of the group ends (on any replica) or `timeout`; a lost
+        subscription only makes the caller's next look come at its timeout."""
+        if self._listener is None or self._listener.done():
+            self._listener = asyncio.ensure_future(self._listen())
+        channel = self._keys(key)[2].encode()
+        fut: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+        self._waiters.setdefault(channel, set()).add(fut)
         try:
-            await self._run(pubsub.subscribe(self._keys(key)[2]))
-            loop = asyncio.get_running_loop()
-            deadline = loop.time() + timeout
-            while (left := deadline - loop.time()) > 0:
-                msg = await self._run(pubsub.get_message(ignore_subscribe_messages=True,
-                                                         timeout=left))
-                if msg is not None:
-                    return
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(fut, timeout)
         finally:
-            with contextlib.suppress(Exception):
-                await pubsub.aclose()
+            waiting = self._waiters.get(channel)
+            if waiting is not None:
+                waiting.discard(fut)
+                if not waiting:
+                    del self._waiters[channel]
+
+    async def _listen(self) -> None:
+        """The one subscription: wakes the waiters of each group whose end is published."""
+        pattern = f"{self._prefix}:grp-ended:*"
+        while self._waiters or self._listener is None:
+            pubsub = self._redis.pubsub()
+            try:
+                await pubsub.psubscribe(pattern)
+                while self._waiters:
+                    msg = await pubsub.get_message(ignore_subscribe_messages=True, timeout=1.0)
+                    if msg is None:
+                        continue
+                    for fut in self._waiters.get(msg["channel"], ()):
+                        if not fut.done():
+                            fut.set_result(None)
+            except Exception:  # Redis away: waiters fall back on their timeouts
+                await asyncio.sleep(1.0)
+            finally:
+                with contextlib.suppress(Exception):
+                    await pubsub.aclose()
 
     async def close(self) -> None:
+        if self._listener is not None:
+            self._listener.cancel()
+            with contextlib.suppress(BaseException):
+                await self._listener
         await self._redis.aclose()
