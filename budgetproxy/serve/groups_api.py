@@ -23,7 +23,7 @@ from budgetproxy.store.base import EpisodeStore
 from budgetproxy.store.groups import GroupKey, GroupStore
 
 WAIT_MAX_S = 600.0
-RECHECK_S = 1.0  # a long poll looks again at least this often (an end it could miss)
+RECHECK_S = 5.0  # a long poll looks again at least this often (a wake-up it could miss)
 
 
 class GroupCreate(BaseModel):
@@ -110,6 +110,17 @@ async def group_view(key: GroupKey, groups: GroupStore, store: EpisodeStore,
 
 def add_group_routes(app: FastAPI, config: Config, store: EpisodeStore,
                      groups: GroupStore) -> None:
+    # One look at a group at a time, shared by every request that wants it meanwhile: the
+    # thousands of long polls a group's end wakes at once read the store once.
+    looking: dict[GroupKey, asyncio.Future[dict[str, Any] | None]] = {}
+
+    async def shared_view(key: GroupKey) -> dict[str, Any] | None:
+        fut = looking.get(key)
+        if fut is None:
+            fut = looking[key] = asyncio.ensure_future(group_view(key, groups, store, config))
+            fut.add_done_callback(lambda _: looking.pop(key, None))
+        return await asyncio.shield(fut)
+
     @app.post("/v1/groups", status_code=201, responses={
         201: {**_VIEW, "description": "The group is declared: its view"},
         200: {**_VIEW, "description": "The group was already declared with this size (or its "
@@ -140,7 +151,7 @@ def add_group_routes(app: FastAPI, config: Config, store: EpisodeStore,
         loop = asyncio.get_running_loop()
         deadline = loop.time() + timeout_s
         while True:
-            view = await group_view(key, groups, store, config)
+            view = await shared_view(key)
             left = deadline - loop.time()
             if not wait or left <= 0 or (view is not None and view["done"]):
                 break

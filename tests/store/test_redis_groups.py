@@ -128,3 +128,72 @@ async def test_redis_turn_log_bounds() -> None:
         await log.close()
         await store.close()
         drop_prefix(prefix)
+
+
+def _redis_clients() -> int:
+    import redis
+
+    return int(redis.Redis.from_url(REDIS_URL).info("clients")["connected_clients"])
+
+
+def _proc_status(url: str, field: str) -> int:
+    """A field of the serving process's /proc status (VmRSS in kB), found by its port."""
+    import subprocess
+
+    port = url.rsplit(":", 1)[1]
+    pid = subprocess.run(["fuser", f"{port}/tcp"], capture_output=True,
+                         text=True).stdout.split()[0]
+    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+        if line.startswith(field + ":"):
+            return int(line.split()[1])
+    raise AssertionError(field)
+
+
+def test_two_thousand_long_polls_take_one_subscription_and_model_calls_go_on(
+        replicas: tuple[str, str]) -> None:
+    """2,000 clients wait on a group's end at once: Redis sees a few connections more, not
+    2,000; model calls meanwhile are answered; every waiter wakes when the group is done."""
+    import asyncio
+
+    a, b = replicas
+    task = f"waiters-{time.time_ns()}"
+    eid = f"ep-{task}"
+    with httpx.Client(timeout=20) as c:
+        assert c.post(a + "/v1/groups", json={"task_id": task, "group": "g",
+                                              "size": 1}).status_code == 201
+        assert c.post(a + "/v1/chat/completions",
+                      json={"model": "m", "messages": [{"role": "user", "content": "hi"}]},
+                      headers={"X-Episode-Id": eid, "X-Episode-Task": task,
+                               "X-Episode-Group": "g"}).status_code == 200
+    clients_before = _redis_clients()
+    rss_before = _proc_status(a, "VmRSS")
+
+    async def go() -> tuple[list[Any], list[float], int, int]:
+        limits = httpx.Limits(max_connections=2100, max_keepalive_connections=0)
+        async with httpx.AsyncClient(timeout=60, limits=limits) as client:
+            polls = [asyncio.ensure_future(client.get(
+                f"{a if i % 2 else b}/v1/groups/{task}/g?wait=true&timeout_s=45"))
+                for i in range(2000)]
+            await asyncio.sleep(8)  # every poll is in and waiting
+            assert not any(p.done() for p in polls), "a long poll ended early"
+            during = _redis_clients()
+            rss = _proc_status(a, "VmRSS")
+            took = []
+            for i in range(5):
+                t = time.monotonic()
+                r = await client.post(a + "/v1/chat/completions", json={
+                    "model": "m", "messages": [{"role": "user", "content": f"meanwhile {i}"}]},
+                    headers={"X-Episode-Id": f"{eid}-other-{i}"})
+                assert r.status_code == 200, r.text
+                took.append(time.monotonic() - t)
+            r = await client.post(b + f"/v1/episodes/{eid}/outcome", json={"success": True})
+            assert r.status_code == 200
+            done = await asyncio.wait_for(asyncio.gather(*polls), 30)
+            return done, took, during, rss
+
+    done, took, during, rss = asyncio.run(go())
+    bad = [(r.status_code, r.text[:200]) for r in done if r.status_code != 200 or not r.json()["done"]]
+    assert not bad, (len(bad), bad[:3])
+    assert during - clients_before <= 10, (clients_before, during)
+    assert max(took) < 5.0, took
+    assert rss - rss_before < 200_000, (rss_before, rss)  # kB: under ~100 kB a waiter
