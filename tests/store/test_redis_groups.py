@@ -192,7 +192,8 @@ def test_two_thousand_long_polls_take_one_subscription_and_model_calls_go_on(
             return done, took, during, rss
 
     done, took, during, rss = asyncio.run(go())
-    bad = [(r.status_code, r.text[:200]) for r in done if r.status_code != 200 or not r.json()["done"]]
+    bad = [(r.status_code, r.text[:200]) for r in done
+           if r.status_code != 200 or not r.json()["done"]]
     assert not bad, (len(bad), bad[:3])
     assert during - clients_before <= 10, (clients_before, during)
     assert max(took) < 5.0, took
