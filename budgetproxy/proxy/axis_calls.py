@@ -12,7 +12,6 @@ from typing import Any
 
 import orjson
 
-from budgetproxy.config import BudgetConfig
 from budgetproxy.core import axes
 from budgetproxy.core.budget import tier_label
 from budgetproxy.core.episode import EpisodeState, SettleResult
@@ -21,7 +20,7 @@ from budgetproxy.core.tenants import local_id
 from budgetproxy.core.usage import token_counts
 from budgetproxy.errors import ProxyError, invalid_request
 from budgetproxy.proxy import capture, output_cap
-from budgetproxy.proxy.asgi import Message, Send, send_response
+from budgetproxy.proxy.asgi import Message, Send
 from budgetproxy.proxy.calls import ModelCall
 from budgetproxy.proxy.dialects import Reply
 from budgetproxy.store.base import EpisodeStore, StoreUnavailable, TurnOpen
@@ -89,27 +88,22 @@ def held(st: EpisodeState) -> ProxyError:
 
 
 async def time_up(
-    call: ModelCall, send: Send, budget_cfg: BudgetConfig, metrics: Metrics | None,
-    episode_headers: Callable[[ModelCall], list[tuple[bytes, bytes]]], refused: int,
+    call: ModelCall, send: Send, metrics: Metrics | None, refused: int,
+    final: Callable[[ModelCall, EpisodeState, Send, int], Awaitable[None]] | None,
 ) -> None:
     """A call its episode's time budget ran out on before any byte was sent: answered as an
-    exhausted episode's (refusal or finish, nothing more from upstream), its turn given back;
-    the turn record follows as for every forwarded call."""
+    exhausted episode's (a refusal, or in finish mode `final`'s reply), nothing more from
+    upstream, its turn given back; the turn record follows as for every forwarded call."""
     st = call.state
     assert st is not None
     st.exhausted_by = st.exhausted_by or "time"
     if metrics is not None:
         metrics.budget_exhausted.labels(tier_label(st.budget, st.max_turns),
                                         st.disclosure).inc()
-    finish_mode = budget_cfg.on_exhausted == "finish"
-    call.refuse(200 if finish_mode else refused)
-    if not finish_mode:
+    call.refuse(refused)
+    if final is None:
         raise axis_exhausted(st, refused)
-    ctype, data = call.dialect.synthetic(call.model or "", budget_cfg.finish_reason,
-                                         call.stream, call.payload or {})
-    call.started = True
-    await send_response(send, 200, [(b"content-type", ctype), *episode_headers(call),
-                                    (b"x-episode-exhausted", b"true")], data)
+    await final(call, st, send, refused)
 
 
 def read_reply(call: ModelCall) -> Reply:

@@ -8,8 +8,6 @@ from typing import Any
 
 import orjson
 
-from budgetproxy.proxy.synthetic import EXHAUSTED_TEXT
-
 
 def _usage() -> dict[str, Any]:
     return {"input_tokens": 0, "input_tokens_details":
@@ -44,12 +42,12 @@ def _message(mid: str, status: str, text: str | None) -> dict[str, Any]:
             "content": content}
 
 
-def reply(model: str, payload: dict[str, Any], stream: bool) -> tuple[bytes, bytes]:
-    """A completed Response whose one output is an assistant message saying the budget is
-    spent (no tool calls, usage zeros), whole or as the event stream clients expect."""
+def reply(model: str, payload: dict[str, Any], stream: bool, text: str) -> tuple[bytes, bytes]:
+    """A completed Response whose one output is an assistant message saying `text` (no tool
+    calls, usage zeros), whole or as the event stream clients expect."""
     hexid = uuid.uuid4().hex
     rid, mid = f"resp_budget_{hexid[:24]}", f"msg_budget_{hexid[:24]}"
-    done = _message(mid, "completed", EXHAUSTED_TEXT)
+    done = _message(mid, "completed", text)
     final = _response(rid, model, payload, "completed", [done], _usage())
     if not stream:
         return b"application/json", orjson.dumps(final)
@@ -62,8 +60,8 @@ def reply(model: str, payload: dict[str, Any], stream: bool) -> tuple[bytes, byt
         ("response.output_item.added",
          {"output_index": 0, "item": _message(mid, "in_progress", None)}),
         ("response.content_part.added", {**where, "part": part}),
-        ("response.output_text.delta", {**where, "delta": EXHAUSTED_TEXT, "logprobs": []}),
-        ("response.output_text.done", {**where, "text": EXHAUSTED_TEXT, "logprobs": []}),
+        ("response.output_text.delta", {**where, "delta": text, "logprobs": []}),
+        ("response.output_text.done", {**where, "text": text, "logprobs": []}),
         ("response.content_part.done", {**where, "part": done["content"][0]}),
         ("response.output_item.done", {"output_index": 0, "item": done}),
         ("response.completed", {"response": final}),
