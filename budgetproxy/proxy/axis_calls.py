@@ -145,9 +145,26 @@ def spend(prices: PriceTable, call: ModelCall, reply: Reply | None) -> axes.Spen
     return axes.spend_of(((tin or 0) + (tout or 0), cost))
 
 
+def as_settled(prices: PriceTable, call: ModelCall, st: EpisodeState) -> EpisodeState:
+    """The episode as settling this forwarded call will leave it (core.axes.settle: its hold
+    released, the spend its reported usage gives charged): what the headers of an answer read
+    whole before its head is sent report as left. The body parsed here is kept on the call
+    (`answer`), so reading the reply back for the settle parses it no second time."""
+    grant = call.grant
+    assert grant is not None and grant.hold is not None
+    if call.answer is None and call.capture is None and call.data:
+        with contextlib.suppress(orjson.JSONDecodeError):
+            call.answer = orjson.loads(call.data)
+    out = st.snapshot()
+    axes.settle(out, grant.hold, spend(prices, call, read_reply(call)),
+                call.result is SettleResult.REFUNDABLE)
+    return out
+
+
 def add_remaining_headers(out: list[tuple[bytes, bytes]], st: EpisodeState) -> None:
     """Add X-Episode-{Tokens,Cost,Time}-Remaining of the axes the episode has to `out` (what
-    is left after the reservations of calls in flight, this one's included)."""
+    is left after the reservations of calls in flight: this one's hold, or this one's spend
+    when `st` is `as_settled`)."""
     if st.token_budget is not None:
         left = st.token_budget - st.tokens_used - st.tokens_reserved
         out.append((b"x-episode-tokens-remaining", b"%d" % (left if left > 0 else 0)))

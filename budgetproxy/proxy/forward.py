@@ -473,7 +473,11 @@ class ModelCalls:
                 remaining = min(st.budget, remaining + 1)
             out.append((b"x-episode-budget", b"%d" % st.budget))
             out.append((b"x-episode-remaining", b"%d" % remaining))
-            axis_calls.add_remaining_headers(out, st)  # (none on a turn-only episode)
+            # (none on a turn-only episode; a forwarded call's whole answer, read before its
+            # head, reports what is left once it settles)
+            axis_calls.add_remaining_headers(out, st if grant is None or grant.hold is None
+                                             or call.data is None
+                                             else axis_calls.as_settled(self.prices, call, st))
         return out
 
     async def _forward(
