@@ -27,12 +27,22 @@ class EventSplitter:
         buf = self._buf + data if self._buf else data
         # (find, not `in`: `in` on bytes first reads its needle as an integer, and raises and
         # clears a TypeError when it is bytes; per event that is most of the test's cost)
-        if not self._lf_owed:
-            if buf.find(b"\r") < 0:  # LF line ends only: the common stream, cut by find
-                return self._cut(buf, b"\n\n")
-            if buf.count(b"\r") == buf.count(b"\r\n") == buf.count(b"\n"):  # CRLF only
+        if self._lf_owed or buf.find(b"\r") >= 0:
+            if not self._lf_owed and (
+                    buf.count(b"\r") == buf.count(b"\r\n") == buf.count(b"\n")):  # CRLF only
                 return self._cut(buf, b"\r\n\r\n")
-        return self._scan(buf)
+            return self._scan(buf)
+        # LF line ends only, the common stream: cut by find, here (no call per chunk)
+        events: list[bytes] = []
+        start = 0
+        while True:
+            end = buf.find(b"\n\n", start)
+            if end < 0:
+                break
+            events.append(buf[start : end + 2])
+            start = end + 2
+        self._buf = buf[start:]
+        return events
 
     def _cut(self, buf: bytes, sep: bytes) -> list[bytes]:
         events: list[bytes] = []
