@@ -4,6 +4,7 @@ answered episode_finished after `budget.finish_replies` final replies, in its AP
 
 from __future__ import annotations
 
+import asyncio
 import itertools
 from typing import Any
 
@@ -165,3 +166,60 @@ def test_final_replies_are_counted_across_replicas_sharing_redis(
                 ask(p, "chat", eid)
     finally:
         drop_prefix(prefix)
+
+
+def test_an_agents_sdk_harness_that_keeps_asking_ends_within_the_bound(
+        proxy: ProxyFactory) -> None:
+    """A harness that runs the agent again after each final answer ("keep going"): the first
+    run after the budget ends on the final reply, the next gets episode_finished, which the
+    SDK (retries on) does not retry."""
+    agents = pytest.importorskip("agents")
+    agents.set_tracing_disabled(True)
+    p = proxy({"budget": FINISH})
+    eid = new_id()
+
+    @agents.function_tool
+    def look(where: str) -> str:
+        """Look somewhere."""
+        return f"nothing at {where}"
+
+    async def harness() -> tuple[list[str], BaseException | None]:
+        c = openai.AsyncOpenAI(base_url=p.base_url, api_key="k", max_retries=2,
+                               default_headers={"X-Episode-Id": eid, "X-Episode-Budget": "1"})
+        agent = agents.Agent(name="finder", instructions="find the key", tools=[look],
+                             model=agents.OpenAIResponsesModel(model="m1", openai_client=c))
+        said: list[str] = []
+        items: Any = "where is the key?"
+        try:
+            for _ in range(10):
+                result = await agents.Runner.run(agent, items, max_turns=10)
+                said.append(result.final_output)
+                items = [*result.to_input_list(), {"role": "user", "content": "keep going"}]
+        except openai.APIStatusError as e:
+            return said, e
+        finally:
+            await c.close()
+        return said, None
+
+    said, err = asyncio.run(harness())
+    assert said == [FinishTexts().turns]
+    assert isinstance(err, openai.PermissionDeniedError) and err.code == "episode_finished"
+    recs = p.wait_records(3, type="turn", episode_id=eid)
+    assert [r["status"] for r in recs] == ["ok", "synthetic", "rejected"]  # no SDK retry
+
+
+def test_a_langchain_loop_that_keeps_asking_ends_within_the_bound(proxy: ProxyFactory) -> None:
+    lc = pytest.importorskip("langchain_openai")
+    p = proxy({"budget": {**FINISH, "finish_replies": 2}})
+    eid = new_id()
+    llm = lc.ChatOpenAI(model="m1", base_url=p.base_url, api_key="k", max_retries=2,
+                        default_headers={"X-Episode-Id": eid, "X-Episode-Budget": "2"})
+    history: list[Any] = [("user", "start")]
+    answers = []
+    with pytest.raises(openai.PermissionDeniedError, match="had its final 2 replies"):
+        for i in range(20):
+            answer = llm.invoke(history)
+            answers.append(answer.text)
+            history += [answer, ("user", f"keep going {i}")]
+    assert answers[2:] == [FinishTexts().turns] * 2 and len(answers) == 4
+    assert p.episode(eid)["turns_used"] == 2
