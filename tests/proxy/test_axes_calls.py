@@ -191,6 +191,8 @@ def test_a_time_budget_that_expires_before_the_answer_finishes_the_call(
         model="m1", messages=[{"role": "user", "content": "x"}], stream=stream,
         extra_headers={"X-Fake-Delay-Ms": "3000"})
     parsed = raw.parse()
+    if stream:
+        parsed = list(parsed)
     finish = [ch.choices[0].finish_reason for ch in parsed if ch.choices][-1] if stream else (
         parsed.choices[0].finish_reason)
     assert time.monotonic() - t0 < 2.0
@@ -198,6 +200,13 @@ def test_a_time_budget_that_expires_before_the_answer_finishes_the_call(
     assert 0.0 <= float(raw.headers["x-episode-time-remaining"]) <= 0.5
     ep = p.episode(eid)
     assert ep["exhausted_by"] == "time" and ep["turns_used"] == 0  # its turn given back
+    # the reply names the axis that ran out, and its record holds it as the client had it
+    text = "".join(ch.choices[0].delta.content or "" for ch in parsed if ch.choices) if (
+        stream) else parsed.choices[0].message.content
+    assert text == "[Time budget exhausted] This episode has no time left."
+    (rec,) = p.wait_records(1, type="turn", episode_id=eid)
+    assert (rec["status"], rec["http_status"], rec["charged"]) == ("synthetic", 200, False)
+    assert rec["response"]["content"] == text and rec["finish_reason"] == "length"
 
 
 def test_a_time_budget_past_the_upstream_timeout_leaves_the_call_to_that_timeout(
