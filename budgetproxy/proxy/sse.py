@@ -91,9 +91,11 @@ class EventSplitter:
 
 
 def event_data(event: bytes) -> bytes | None:
-    """The data payload of one event (data lines joined), or None."""
+    """The data payload of one event (data lines joined, each without the one space that may
+    follow its colon), or None."""
     parts = [
-        line[5:].lstrip(b" ") for line in event.splitlines() if line.startswith(b"data:")
+        line[6:] if line[5:6] == b" " else line[5:]
+        for line in event.splitlines() if line.startswith(b"data:")
     ]
     if not parts:
         return None

@@ -90,6 +90,12 @@ def test_events_come_out_as_the_reference_reads_them_and_when_it_dispatches_them
     assert [event_data(e) or b"" for e in got] == [b"\n".join(d) for _, d in expected]
 
 
+def test_a_data_line_loses_one_leading_space_as_the_spec_and_the_sdks_read_it() -> None:
+    assert event_data(b"data:  {}\n\n") == b" {}"
+    assert event_data(b"data:{}\r\r") == b"{}"
+    assert event_data(b"data: a\r\ndata:b\r\n\r\n") == b"a\nb"
+
+
 @pytest.mark.parametrize("stream", [
     b"data: a\r\n\r\ndata: b\n\ndata: c\r\rdata: d\n\r\n",  # CRLF, then LF, CR, mixed
     b"data: a\r\rdata: b\r\r",
