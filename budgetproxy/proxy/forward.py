@@ -278,7 +278,7 @@ class ModelCalls:
         if grant.kind is GrantKind.HELD:
             raise axis_calls.held(st)
         if grant.kind is GrantKind.EXHAUSTED:
-            await self._exhausted(call, st, send, payload, conversation,
+            await self._exhausted(call, st, send, conversation,
                                   refusal_status(headers))
             return
         if grant.hold is not None and grant.hold.cap is not None:
@@ -387,8 +387,8 @@ class ModelCalls:
 
     # -- budget spent --------------------------------------------------------------------------
     async def _exhausted(
-        self, call: ModelCall, st: EpisodeState, send: Send, payload: dict[str, Any],
-        conversation: list[Any], refused: int,
+        self, call: ModelCall, st: EpisodeState, send: Send, conversation: list[Any],
+        refused: int,
     ) -> None:
         if self.metrics is not None:
             self.metrics.budget_exhausted.labels(tier_label(st.budget, st.max_turns),
