@@ -31,5 +31,8 @@ def finish_text(texts: Mapping[str, str], st: EpisodeState, now: float) -> str:
     if axis not in AXES:
         axis = "turns"
     total, used = _numbers(st, axis, now)
-    return texts[axis].format(
-        total="n/a" if total is None else total, used=used)
+    template = texts[axis]
+    try:
+        return template.format(total="n/a" if total is None else total, used=used)
+    except (ValueError, TypeError):  # a format spec this axis's values do not take ({:d})
+        return template
