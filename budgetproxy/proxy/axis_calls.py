@@ -152,9 +152,12 @@ def as_settled(prices: PriceTable, call: ModelCall, st: EpisodeState) -> Episode
     (`answer`), so reading the reply back for the settle parses it no second time."""
     grant = call.grant
     assert grant is not None and grant.hold is not None
-    if call.answer is None and call.capture is None and call.data:
+    if call.answer is None and call.data:
         with contextlib.suppress(orjson.JSONDecodeError):
-            call.answer = orjson.loads(call.data)
+            obj = orjson.loads(call.data)
+            if call.capture is not None and call.tokens is None:  # (as read_reply reads it)
+                call.tokens = capture.read_parsed(obj)
+            call.answer = obj
     out = st.snapshot()
     axes.settle(out, grant.hold, spend(prices, call, read_reply(call)),
                 call.result is SettleResult.REFUNDABLE)

@@ -501,3 +501,24 @@ def test_logprobs_read_from_their_bytes_are_written_as_the_list_is() -> None:
     assert orjson.loads(orjson.dumps(tokens.fields())) == as_list.fields()
     big = {"n": 2**70, **tokens.fields()}  # orjson refuses it: the fallback writes the line
     assert orjson.loads(record_line(big))["logprobs"] == tokens.logprobs
+
+
+def test_a_token_budget_on_a_captured_call_reports_the_settled_rest(
+    proxy: ProxyFactory, upstream: WatchedUpstream
+) -> None:
+    """The whole answer is read before its head (for what is left once it settles): the
+    token ids are read from that one parse, and the client's bytes stay as without capture."""
+    on, off = _proxies(proxy, upstream, "vllm")
+    body = {**CHAT, "max_tokens": 40}
+    e_on, e_off = new_id(), new_id()
+    got_on = on.http().post("/v1/chat/completions", json=body, headers={
+        "X-Episode-Id": e_on, "X-Fake-Token-Server": "vllm", "X-Episode-Token-Budget": "60"})
+    got_off = off.http().post("/v1/chat/completions", json=body, headers={
+        "X-Episode-Id": e_off, "X-Fake-Token-Server": "vllm", "X-Episode-Token-Budget": "60"})
+    assert _normal(got_on.content) == _normal(got_off.content)
+    for p, r, eid in ((on, got_on, e_on), (off, got_off, e_off)):
+        used = p.episode(eid)["tokens_used"]
+        assert 0 < used < 60 and r.headers["x-episode-tokens-remaining"] == str(60 - used)
+    rec = _turn(on, e_on)
+    assert rec["completion_token_ids"] == fake_tokens.completion_ids(
+        "echo: say three words please")
