@@ -151,11 +151,10 @@ def test_a_stream_that_changes_line_endings_reaches_the_client_event_by_event(
     with _Mixed() as up:
         cfg = load_config(None, {"upstreams": [{"base_url": up.base_url}],
                                  "trajectories": {"dir": str(tmp_path)}})
-        with ProxyServer(cfg) as srv:
+        with ProxyServer(cfg) as srv, httpx.Client(timeout=10) as http:
             eid = new_id("sse")
             client = openai.OpenAI(base_url=srv.url + "/v1", api_key="k", max_retries=0,
-                                   default_headers={"X-Episode-Id": eid},
-                                   http_client=httpx.Client(timeout=10))
+                                   default_headers={"X-Episode-Id": eid}, http_client=http)
             texts: list[str] = []
             start = time.monotonic()
             for ch in client.chat.completions.create(**chat_body(stream=True)):
