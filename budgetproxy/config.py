@@ -108,6 +108,26 @@ class BudgetMixConfig(_Strict):
     max_time_s: float | None = Field(None, gt=0)
 
 
+class FinishTexts(_Strict):
+    """Finish mode's final reply, per axis that ran out; `{total}` is that axis's budget and
+    `{used}` what the episode used of it."""
+
+    turns: str = "[Turn budget exhausted] This episode has no turns left."
+    tokens: str = "[Token budget exhausted] This episode has no tokens left."
+    cost: str = "[Cost budget exhausted] This episode has no cost budget left."
+    time: str = "[Time budget exhausted] This episode has no time left."
+
+    @field_validator("turns", "tokens", "cost", "time")
+    @classmethod
+    def _text_renders(cls, v: str) -> str:
+        try:
+            v.format(total=2, used=1)
+        except (KeyError, IndexError, ValueError) as e:
+            raise ValueError(f"cannot render ({e!r}); allowed fields are {{total}} {{used}}"
+                             ) from None
+        return v
+
+
 class BudgetConfig(_Strict):
     default_turns: int = Field(20, ge=1)
     on_exhausted: Literal["reject", "finish"] = "reject"
@@ -124,6 +144,11 @@ class BudgetConfig(_Strict):
     # Output tokens held for a call that sets no output cap while more is left (no cap is
     # added then: APIs refuse caps past a model's own maximum). Set to the model's maximum.
     output_hold_tokens: int = Field(16384, ge=1)
+    # Finish mode: the final reply's text per axis that ran out (fields {total}, {used}), and
+    # how many final replies an episode gets before later calls are refused episode_finished
+    # (null: every call gets one).
+    finish_texts: FinishTexts = FinishTexts()
+    finish_replies: int | None = Field(1, ge=1)
 
 
 class DisclosureConfig(_Strict):

@@ -124,7 +124,16 @@ def budget_exhausted(episode_id: str, budget: int, status: int = 403) -> ProxyEr
     )
 
 
-def episode_finished(episode_id: str, status: int = 403) -> ProxyError:
+def episode_finished(episode_id: str, status: int = 403, final_replies: int | None = None
+                     ) -> ProxyError:
+    """A call on a finished episode, or (`final_replies`) on an exhausted one that has had
+    all its final replies in finish mode."""
+    if final_replies is not None:
+        return ProxyError(
+            status, "episode_finished",
+            f"Episode {episode_id!r} has used its budget and had its final "
+            f"{'reply' if final_replies == 1 else f'{final_replies} replies'}; model calls "
+            "on it are refused. Report the outcome or start a new episode.")
     return ProxyError(
         status,
         "episode_finished",

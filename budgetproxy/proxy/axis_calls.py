@@ -12,7 +12,6 @@ from typing import Any
 
 import orjson
 
-from budgetproxy.config import BudgetConfig
 from budgetproxy.core import axes
 from budgetproxy.core.budget import tier_label
 from budgetproxy.core.episode import EpisodeState, SettleResult
@@ -21,7 +20,7 @@ from budgetproxy.core.tenants import local_id
 from budgetproxy.core.usage import token_counts
 from budgetproxy.errors import ProxyError, invalid_request
 from budgetproxy.proxy import capture, output_cap
-from budgetproxy.proxy.asgi import Message, Send, send_response
+from budgetproxy.proxy.asgi import Message, Send
 from budgetproxy.proxy.calls import ModelCall
 from budgetproxy.proxy.dialects import Reply
 from budgetproxy.store.base import EpisodeStore, StoreUnavailable, TurnOpen
@@ -89,27 +88,22 @@ def held(st: EpisodeState) -> ProxyError:
 
 
 async def time_up(
-    call: ModelCall, send: Send, budget_cfg: BudgetConfig, metrics: Metrics | None,
-    episode_headers: Callable[[ModelCall], list[tuple[bytes, bytes]]], refused: int,
+    call: ModelCall, send: Send, metrics: Metrics | None, refused: int,
+    final: Callable[[ModelCall, EpisodeState, Send, int], Awaitable[None]] | None,
 ) -> None:
     """A call its episode's time budget ran out on before any byte was sent: answered as an
-    exhausted episode's (refusal or finish, nothing more from upstream), its turn given back;
-    the turn record follows as for every forwarded call."""
+    exhausted episode's (a refusal, or in finish mode `final`'s reply), nothing more from
+    upstream, its turn given back; the turn record follows as for every forwarded call."""
     st = call.state
     assert st is not None
     st.exhausted_by = st.exhausted_by or "time"
     if metrics is not None:
         metrics.budget_exhausted.labels(tier_label(st.budget, st.max_turns),
                                         st.disclosure).inc()
-    finish_mode = budget_cfg.on_exhausted == "finish"
-    call.refuse(200 if finish_mode else refused)
-    if not finish_mode:
+    call.refuse(refused)
+    if final is None:
         raise axis_exhausted(st, refused)
-    ctype, data = call.dialect.synthetic(call.model or "", budget_cfg.finish_reason,
-                                         call.stream, call.payload or {})
-    call.started = True
-    await send_response(send, 200, [(b"content-type", ctype), *episode_headers(call),
-                                    (b"x-episode-exhausted", b"true")], data)
+    await final(call, st, send, refused)
 
 
 def read_reply(call: ModelCall) -> Reply:
@@ -151,9 +145,29 @@ def spend(prices: PriceTable, call: ModelCall, reply: Reply | None) -> axes.Spen
     return axes.spend_of(((tin or 0) + (tout or 0), cost))
 
 
+def as_settled(prices: PriceTable, call: ModelCall, st: EpisodeState) -> EpisodeState:
+    """The episode as settling this forwarded call will leave it (core.axes.settle: its hold
+    released, the spend its reported usage gives charged): what the headers of an answer read
+    whole before its head is sent report as left. The body parsed here is kept on the call
+    (`answer`), so reading the reply back for the settle parses it no second time."""
+    grant = call.grant
+    assert grant is not None and grant.hold is not None
+    if call.answer is None and call.data:
+        with contextlib.suppress(orjson.JSONDecodeError):
+            obj = orjson.loads(call.data)
+            if call.capture is not None and call.tokens is None:  # (as read_reply reads it)
+                call.tokens = capture.read_parsed(obj)
+            call.answer = obj
+    out = st.snapshot()
+    axes.settle(out, grant.hold, spend(prices, call, read_reply(call)),
+                call.result is SettleResult.REFUNDABLE)
+    return out
+
+
 def add_remaining_headers(out: list[tuple[bytes, bytes]], st: EpisodeState) -> None:
     """Add X-Episode-{Tokens,Cost,Time}-Remaining of the axes the episode has to `out` (what
-    is left after the reservations of calls in flight, this one's included)."""
+    is left after the reservations of calls in flight: this one's hold, or this one's spend
+    when `st` is `as_settled`)."""
     if st.token_budget is not None:
         left = st.token_budget - st.tokens_used - st.tokens_reserved
         out.append((b"x-episode-tokens-remaining", b"%d" % (left if left > 0 else 0)))

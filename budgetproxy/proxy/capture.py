@@ -67,9 +67,11 @@ def plan(payload: dict[str, Any], kind: str, server: Server) -> tuple[Capture, d
     else:  # completions: logprobs is the number of alternatives; 0 gives the sampled token's
         asked_lp = type(lp) is int and lp >= 0
     asked_prompt = asked_ids
+    sglang_chat_stream = False
     if server == "sglang" and kind == "chat":
         asked_prompt = payload.get("return_prompt_token_ids") is True
-    key = (kind, server, asked_ids, asked_lp, asked_prompt)
+        sglang_chat_stream = payload.get("stream") is True
+    key = (kind, server, asked_ids, asked_lp, asked_prompt, sglang_chat_stream)
     planned = _PLANS.get(key)
     if planned is None:
         planned = _PLANS[key] = _plan(*key)
@@ -77,8 +79,15 @@ def plan(payload: dict[str, Any], kind: str, server: Server) -> tuple[Capture, d
 
 
 def _plan(kind: str, server: Server, asked_ids: bool, asked_lp: bool,
-          asked_prompt: bool) -> tuple[Capture, dict[str, Any]]:
+          asked_prompt: bool, sglang_chat_stream: bool) -> tuple[Capture, dict[str, Any]]:
     add: dict[str, Any] = {}
+    if sglang_chat_stream:
+        # SGLang refuses return_token_ids and return_prompt_token_ids on a streamed chat call
+        # (400, serving_chat.py: "not supported with streaming"); its chunks carry logprobs.
+        if not asked_lp:
+            add["logprobs"] = True
+        members = b"".join(b',"%s":%s' % (k.encode(), orjson.dumps(v)) for k, v in add.items())
+        return Capture(kind, server, False, not asked_lp, False, members=members), add
     if not asked_ids:
         add["return_token_ids"] = True
     if not asked_lp:
@@ -90,8 +99,8 @@ def _plan(kind: str, server: Server, asked_ids: bool, asked_lp: bool,
                    members=members), add
 
 
-# (kind, server, and what the client asked for) -> plan: a few dozen at most
-_PLANS: dict[tuple[str, str, bool, bool, bool], tuple[Capture, dict[str, Any]]] = {}
+# (kind, server, what the client asked for, an SGLang chat stream) -> plan: a few dozen at most
+_PLANS: dict[tuple[str, str, bool, bool, bool, bool], tuple[Capture, dict[str, Any]]] = {}
 
 
 def add_fields(body: bytes, payload: dict[str, Any], add: dict[str, Any],

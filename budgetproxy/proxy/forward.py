@@ -17,6 +17,7 @@ from budgetproxy.core import axes, disclosure
 from budgetproxy.core.budget import tier_label
 from budgetproxy.core.episode import EpisodeState, Grant, GrantKind, SettleResult
 from budgetproxy.core.fingerprint import Fingerprint
+from budgetproxy.core.finish import finish_text
 from budgetproxy.core.forwarded_headers import HeaderPolicy
 from budgetproxy.core.keys import KeyRing, Principal
 from budgetproxy.core.paths import wire_query
@@ -56,6 +57,7 @@ from budgetproxy.proxy.dialects.base import lone_text
 from budgetproxy.proxy.episode_keys import EpisodeKeys
 from budgetproxy.proxy.grouping import RolloutRecorder, group_key, group_size
 from budgetproxy.proxy.refusal import refusal_status
+from budgetproxy.proxy.sse import EventSplitter
 from budgetproxy.proxy.upstream import UpstreamPool
 from budgetproxy.proxy.upstream_call import UpstreamCall
 from budgetproxy.proxy.wire import (
@@ -108,6 +110,7 @@ class ModelCalls:
         self.uncounted_prompts = frozenset(p.strip() for p in config.episodes.uncounted_prompts)
         self.budget_cfg = config.budget
         self.disc_cfg = config.disclosure
+        self.finish_texts = config.budget.finish_texts.model_dump()
         # whether the disclosure text tells the other axes (its fields change every turn)
         self.tells_axes = disclosure.uses_axes(config.disclosure.template)
         self.max_body = config.server.max_body_bytes
@@ -275,7 +278,7 @@ class ModelCalls:
         if grant.kind is GrantKind.HELD:
             raise axis_calls.held(st)
         if grant.kind is GrantKind.EXHAUSTED:
-            await self._exhausted(call, st, send, payload, conversation,
+            await self._exhausted(call, st, send, conversation,
                                   refusal_status(headers))
             return
         if grant.hold is not None and grant.hold.cap is not None:
@@ -384,27 +387,57 @@ class ModelCalls:
 
     # -- budget spent --------------------------------------------------------------------------
     async def _exhausted(
-        self, call: ModelCall, st: EpisodeState, send: Send, payload: dict[str, Any],
-        conversation: list[Any], refused: int,
+        self, call: ModelCall, st: EpisodeState, send: Send, conversation: list[Any],
+        refused: int,
     ) -> None:
         if self.metrics is not None:
             self.metrics.budget_exhausted.labels(tier_label(st.budget, st.max_turns),
                                                  st.disclosure).inc()
         call.status = "rejected"
+        call.http_status = refused
         if axes.has_axes(st):
             call.cumulative = axes.cumulative(st, time.time())
-        finish_mode = self.budget_cfg.on_exhausted == "finish"
-        call.http_status = 200 if finish_mode else refused
-        await self._record_turn(call, conversation, None, charged=False)
-        if not finish_mode:
-            if st.exhausted_by is not None:
+        try:
+            if self.budget_cfg.on_exhausted == "finish":
+                await self._final_reply(call, st, send, refused)
+            elif st.exhausted_by is not None:
                 raise axis_calls.axis_exhausted(st, refused)
-            raise budget_exhausted(local_id(st.episode_id), st.budget, refused)
+            else:
+                raise budget_exhausted(local_id(st.episode_id), st.budget, refused)
+        finally:  # (what the client was answered: the final reply, or none)
+            reply = axis_calls.read_reply(call) if call.status == "synthetic" else None
+            await self._record_turn(call, conversation, reply, charged=False)
+
+    async def _final_reply(
+        self, call: ModelCall, st: EpisodeState, send: Send, refused: int
+    ) -> None:
+        """Finish mode's answer to a call its episode has no budget for: a final assistant
+        reply that names the axis that ran out (`budget.finish_texts`), while the episode has
+        final replies left (`budget.finish_replies`); past them, episode_finished (an agent
+        that keeps asking must end). The reply stays on the call, as an upstream's answer
+        does, for its record."""
+        limit = self.budget_cfg.finish_replies
+        if limit is not None and not await self._finish_reply_left(st.episode_id, limit):
+            call.status, call.http_status = "rejected", refused
+            raise episode_finished(local_id(st.episode_id), refused, limit)
+        text = finish_text(self.finish_texts, st, time.time())
         ctype, data = call.dialect.synthetic(call.model or "", self.budget_cfg.finish_reason,
-                                             call.stream, payload)
+                                             call.stream, call.payload or {}, text)
+        call.status, call.http_status = "synthetic", 200
+        if call.stream:
+            call.events = EventSplitter().feed(data)
+        else:
+            call.data = data
         call.started = True
         await send_response(send, 200, [(b"content-type", ctype), *self._episode_headers(call),
                                         (b"x-episode-exhausted", b"true")], data)
+
+    async def _finish_reply_left(self, episode_id: str, limit: int) -> bool:
+        try:
+            return await self.store.finish_reply(episode_id, limit)
+        except StoreUnavailable:  # the reply, uncounted: what finish mode gave before the cap
+            log.warning("store unavailable while counting the final replies of %s", episode_id)
+            return True
 
     # -- forwarding ----------------------------------------------------------------------------
     def _settled(self, call: ModelCall, charged: bool) -> tuple[bool, int | None]:
@@ -440,7 +473,11 @@ class ModelCalls:
                 remaining = min(st.budget, remaining + 1)
             out.append((b"x-episode-budget", b"%d" % st.budget))
             out.append((b"x-episode-remaining", b"%d" % remaining))
-            axis_calls.add_remaining_headers(out, st)  # (none on a turn-only episode)
+            # (none on a turn-only episode; a forwarded call's whole answer, read before its
+            # head, reports what is left once it settles)
+            axis_calls.add_remaining_headers(out, st if grant is None or grant.hold is None
+                                             or call.data is None
+                                             else axis_calls.as_settled(self.prices, call, st))
         return out
 
     async def _forward(
@@ -488,8 +525,9 @@ class ModelCalls:
                     call, grant.hold.deadline, lambda out: self._upstream_leg(
                         call, upstream, headers, sent, payload, receive, out, drop_usage),
                     send, lambda c, out: axis_calls.time_up(
-                        c, out, self.budget_cfg, self.metrics, self._episode_headers,
-                        refusal_status(headers)))
+                        c, out, self.metrics, refusal_status(headers),
+                        self._final_reply if self.budget_cfg.on_exhausted == "finish"
+                        else None))
             else:
                 await self._upstream_leg(call, upstream, headers, body, payload, receive,
                                          send, drop_usage)

@@ -9,19 +9,42 @@ import orjson
 
 
 class EventSplitter:
-    """Cuts a byte stream into whole SSE events (each ending in a blank line)."""
+    """Cuts a byte stream into whole SSE events, each as soon as its blank line arrives.
+
+    Lines end in CRLF, LF or a lone CR, mixed as they come (the WHATWG event-stream rules);
+    an event ends at an empty line that follows one of its lines. Events are returned as
+    the bytes that came (what they and `rest()` return, joined, is the stream).
+    """
+
+    __slots__ = ("_buf", "_lf_owed")
 
     def __init__(self) -> None:
         self._buf = b""
-        self._sep = b"\n\n"
+        # The stream's last byte ended an event with a CR: an LF next belongs to that CR.
+        self._lf_owed = False
 
     def feed(self, data: bytes) -> list[bytes]:
         buf = self._buf + data if self._buf else data
         # (find, not `in`: `in` on bytes first reads its needle as an integer, and raises and
         # clears a TypeError when it is bytes; per event that is most of the test's cost)
-        if self._sep == b"\n\n" and data.find(b"\r\n") >= 0 and buf.find(b"\n\n") < 0:
-            self._sep = b"\r\n\r\n"
-        sep = self._sep
+        if self._lf_owed or buf.find(b"\r") >= 0:
+            if not self._lf_owed and (
+                    buf.count(b"\r") == buf.count(b"\r\n") == buf.count(b"\n")):  # CRLF only
+                return self._cut(buf, b"\r\n\r\n")
+            return self._scan(buf)
+        # LF line ends only, the common stream: cut by find, here (no call per chunk)
+        events: list[bytes] = []
+        start = 0
+        while True:
+            end = buf.find(b"\n\n", start)
+            if end < 0:
+                break
+            events.append(buf[start : end + 2])
+            start = end + 2
+        self._buf = buf[start:]
+        return events
+
+    def _cut(self, buf: bytes, sep: bytes) -> list[bytes]:
         events: list[bytes] = []
         start = 0
         while True:
@@ -33,15 +56,46 @@ class EventSplitter:
         self._buf = buf[start:]
         return events
 
+    def _scan(self, buf: bytes) -> list[bytes]:
+        """Line by line, for streams with lone CRs or line ends that change."""
+        events: list[bytes] = []
+        n = len(buf)
+        start = line = 0
+        if self._lf_owed and buf[:1] == b"\n":
+            line = 1  # the end of the CR that ended the previous event
+        self._lf_owed = False
+        lines = False  # the event so far has a line that is not empty
+        while line < n:
+            lf = buf.find(b"\n", line)
+            cr = buf.find(b"\r", line, lf if lf >= 0 else n)
+            if cr >= 0:
+                nl = cr
+                end = cr + 2 if buf[cr + 1 : cr + 2] == b"\n" else cr + 1
+            elif lf >= 0:
+                nl, end = lf, lf + 1
+            else:
+                break
+            if nl > line:
+                lines = True
+            elif lines:  # an empty line ends the event
+                events.append(buf[start:end])
+                start, lines = end, False
+                self._lf_owed = end == n and buf[nl] == 0x0D
+            line = end
+        self._buf = buf[start:]
+        return events
+
     def rest(self) -> bytes:
         out, self._buf = self._buf, b""
         return out
 
 
 def event_data(event: bytes) -> bytes | None:
-    """The data payload of one event (data lines joined), or None."""
+    """The data payload of one event (data lines joined, each without the one space that may
+    follow its colon), or None."""
     parts = [
-        line[5:].lstrip(b" ") for line in event.splitlines() if line.startswith(b"data:")
+        line[6:] if line[5:6] == b" " else line[5:]
+        for line in event.splitlines() if line.startswith(b"data:")
     ]
     if not parts:
         return None

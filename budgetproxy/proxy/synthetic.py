@@ -7,14 +7,12 @@ import uuid
 
 import orjson
 
-EXHAUSTED_TEXT = "[Turn budget exhausted] This episode has no turns left."
-
 
 def _ids() -> tuple[str, int]:
     return f"chatcmpl-budget-{uuid.uuid4().hex[:24]}", int(time.time())
 
 
-def chat_completion(model: str, finish_reason: str) -> bytes:
+def chat_completion(model: str, finish_reason: str, text: str) -> bytes:
     cid, created = _ids()
     return orjson.dumps(
         {
@@ -25,7 +23,7 @@ def chat_completion(model: str, finish_reason: str) -> bytes:
             "choices": [
                 {
                     "index": 0,
-                    "message": {"role": "assistant", "content": EXHAUSTED_TEXT},
+                    "message": {"role": "assistant", "content": text},
                     "finish_reason": finish_reason,
                     "logprobs": None,
                 }
@@ -35,13 +33,14 @@ def chat_completion(model: str, finish_reason: str) -> bytes:
     )
 
 
-def chat_completion_stream(model: str, finish_reason: str, include_usage: bool) -> bytes:
+def chat_completion_stream(model: str, finish_reason: str, include_usage: bool,
+                           text: str) -> bytes:
     cid, created = _ids()
     base = {"id": cid, "object": "chat.completion.chunk", "created": created, "model": model}
     chunks = [
         {**base, "choices": [{"index": 0, "delta": {"role": "assistant", "content": ""},
                               "finish_reason": None}]},
-        {**base, "choices": [{"index": 0, "delta": {"content": EXHAUSTED_TEXT},
+        {**base, "choices": [{"index": 0, "delta": {"content": text},
                               "finish_reason": None}]},
         {**base, "choices": [{"index": 0, "delta": {}, "finish_reason": finish_reason}]},
     ]
@@ -54,7 +53,7 @@ def chat_completion_stream(model: str, finish_reason: str, include_usage: bool) 
     return out + b"data: [DONE]\n\n"
 
 
-def text_completion(model: str, finish_reason: str) -> bytes:
+def text_completion(model: str, finish_reason: str, text: str) -> bytes:
     cid, created = _ids()
     return orjson.dumps(
         {
@@ -63,7 +62,7 @@ def text_completion(model: str, finish_reason: str) -> bytes:
             "created": created,
             "model": model,
             "choices": [
-                {"index": 0, "text": EXHAUSTED_TEXT, "finish_reason": finish_reason,
+                {"index": 0, "text": text, "finish_reason": finish_reason,
                  "logprobs": None}
             ],
             "usage": {"prompt_tokens": 0, "completion_tokens": 0, "total_tokens": 0},
@@ -71,11 +70,11 @@ def text_completion(model: str, finish_reason: str) -> bytes:
     )
 
 
-def text_completion_stream(model: str, finish_reason: str) -> bytes:
+def text_completion_stream(model: str, finish_reason: str, text: str) -> bytes:
     cid, created = _ids()
     base = {"id": cid, "object": "text_completion", "created": created, "model": model}
     chunks = [
-        {**base, "choices": [{"index": 0, "text": EXHAUSTED_TEXT, "finish_reason": None}]},
+        {**base, "choices": [{"index": 0, "text": text, "finish_reason": None}]},
         {**base, "choices": [{"index": 0, "text": "", "finish_reason": finish_reason}]},
     ]
     out = b"".join(b"data: " + orjson.dumps(c) + b"\n\n" for c in chunks)
@@ -83,14 +82,14 @@ def text_completion_stream(model: str, finish_reason: str) -> bytes:
 
 
 def reply(kind: str, model: str, finish_reason: str, stream: bool,
-          stream_options: object = None) -> tuple[bytes, bytes]:
-    """The content type and body of the synthetic reply to a chat or text completion call,
-    streamed (with a usage chunk when `stream_options` asks for one) or not."""
+          stream_options: object, text: str) -> tuple[bytes, bytes]:
+    """The content type and body of the synthetic reply (`text`) to a chat or text completion
+    call, streamed (with a usage chunk when `stream_options` asks for one) or not."""
     if stream:
         usage = isinstance(stream_options, dict) and bool(stream_options.get("include_usage"))
-        data = (chat_completion_stream(model, finish_reason, usage) if kind == "chat"
-                else text_completion_stream(model, finish_reason))
+        data = (chat_completion_stream(model, finish_reason, usage, text) if kind == "chat"
+                else text_completion_stream(model, finish_reason, text))
         return b"text/event-stream", data
-    data = (chat_completion(model, finish_reason) if kind == "chat"
-            else text_completion(model, finish_reason))
+    data = (chat_completion(model, finish_reason, text) if kind == "chat"
+            else text_completion(model, finish_reason, text))
     return b"application/json", data

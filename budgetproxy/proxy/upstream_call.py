@@ -96,21 +96,22 @@ class UpstreamCall:
             call.t_upstream = time.perf_counter() - t_up
             call.http_status = resp.status
             self._classify(call, resp.status)
-            out = self._response_headers(resp, call)
-            call.started = True
-            if call.result is SettleResult.REFUNDABLE:
-                await self.settle(call)
             cap = call.capture
             sent = data
             if cap is not None and cap.strips and resp.status == 200:
                 sent, call.tokens, call.answer = strip_body(data, cap)
+            # (tokens read on the way: the reply is read from the smaller body the client got)
+            # Set before the head: its remaining-budget headers read the usage in it.
+            call.data = sent if call.tokens is not None else data
+            out = self._response_headers(resp, call)
+            call.started = True
+            if call.result is SettleResult.REFUNDABLE:
+                await self.settle(call)
             await send_response(send, resp.status, out, sent)
             call.sent_body = True
         finally:
             resp.release()
         self._observe_upstream(call)
-        # (tokens read on the way: the reply is read from the smaller body the client got)
-        call.data = sent if call.tokens is not None else data
 
     async def litellm(
         self, call: ModelCall, upstream: UpstreamConfig, payload: dict[str, Any], send: Send
@@ -124,14 +125,14 @@ class UpstreamCall:
         self._classify(call, status)
         call.started = True
         ctype = b"text/event-stream" if call.stream and status == 200 else b"application/json"
+        if call.stream:
+            call.events = EventSplitter().feed(data)
+        else:
+            call.data = data  # (before the head, as on the HTTP path)
         await send_response(send, status, [(b"content-type", ctype),
                                            *self.episode_headers(call)], data)
         call.sent_body = True
         self._observe_upstream(call)
-        if call.stream:
-            call.events = EventSplitter().feed(data)
-        else:
-            call.data = data
 
     def request_headers(
         self, headers: dict[bytes, bytes], upstream: UpstreamConfig, call: ModelCall

@@ -90,6 +90,12 @@ class EpisodeStore(Protocol):
         an unknown or finished episode."""
         ...
 
+    async def finish_reply(self, episode_id: str, limit: int) -> bool:
+        """Count one final reply of an exhausted episode (finish mode): True while the active
+        episode had given fewer than `limit`, False (nothing counted) once it has them all
+        or is not active."""
+        ...
+
     async def create(self, fresh: EpisodeState) -> bool:
         """Insert a new episode; False when the id exists (active, finished or remembered)."""
         ...

@@ -121,12 +121,14 @@ class MemoryStore:
         self._active: dict[str, EpisodeState] = {}
         self._finished: OrderedDict[str, EpisodeState] = OrderedDict()
         self._forgotten = ForgottenIds(remember_s)
+        self._finish_replies: dict[str, int] = {}  # final replies given, by active episode
 
     def _lookup(self, episode_id: str) -> EpisodeState | None:
         return self._active.get(episode_id) or self._finished.get(episode_id)
 
     def _ended(self, st: EpisodeState) -> None:
         del self._active[st.episode_id]
+        self._finish_replies.pop(st.episode_id, None)
         _compact(st)
         self._finished[st.episode_id] = st
 
@@ -190,6 +192,13 @@ class MemoryStore:
         st = self._active.get(episode_id)
         if st is not None and st.status == "active":
             st.told = {**(st.told or {}), str(turn): text}  # snapshots keep the dict they had
+
+    async def finish_reply(self, episode_id: str, limit: int) -> bool:
+        given = self._finish_replies.get(episode_id, 0)
+        if episode_id not in self._active or given >= limit:
+            return False
+        self._finish_replies[episode_id] = given + 1
+        return True
 
     async def create(self, fresh: EpisodeState) -> bool:
         eid = fresh.episode_id

@@ -170,6 +170,7 @@ class RedisStore:
         self._finish = self._redis.register_script(prelude + _lua("finish.lua"))
         self._expire = self._redis.register_script(prelude + _lua("expire.lua"))
         self._keep_told = self._redis.register_script(_KEEP_TOLD)
+        self._finish_reply = self._redis.register_script(_FINISH_REPLY)
 
     # -- keys ----------------------------------------------------------------------------------
     def episode_key(self, episode_id: str) -> str:
@@ -368,6 +369,10 @@ class RedisStore:
         keys = [self.episode_key(episode_id)]
         await self._eval(_Eval(self._keep_told, keys, [f"told:{turn}", text]))
 
+    async def finish_reply(self, episode_id: str, limit: int) -> bool:
+        keys = [self.episode_key(episode_id)]
+        return bool(await self._eval(_Eval(self._finish_reply, keys, [limit])))
+
     # -- episodes ------------------------------------------------------------------------------
     async def create(self, fresh: EpisodeState) -> bool:
         eid = fresh.episode_id
@@ -522,6 +527,21 @@ _KEEP_TOLD = """
 if redis.call('HGET', KEYS[1], 'status') == 'active' then
   redis.call('HSET', KEYS[1], ARGV[1], ARGV[2])
 end
+return 1
+"""
+
+
+# A field of the episode's hash that no EpisodeState field reads (decode_state passes it over):
+# finish mode's final replies given, counted only on that path.
+_FINISH_REPLY = """
+if redis.call('HGET', KEYS[1], 'status') ~= 'active' then
+  return 0
+end
+local given = tonumber(redis.call('HGET', KEYS[1], 'finish_replies') or '0')
+if given >= tonumber(ARGV[1]) then
+  return 0
+end
+redis.call('HSET', KEYS[1], 'finish_replies', given + 1)
 return 1
 """
 

@@ -11,7 +11,8 @@ vLLM (`return_token_ids`, `logprobs`): a body carries `prompt_token_ids` and eac
 `token_ids`, `null` when not asked; a stream's first chunk carries `prompt_token_ids` and
 each content chunk `token_ids` (its tokens). SGLang: choices carry `prompt_token_ids` (chat:
 for `return_prompt_token_ids`) and `token_ids` (for `return_token_ids`) only when asked; its
-chat streams carry logprobs but no token ids.
+chat streams carry logprobs but no token ids, and a streamed chat request asking for either
+is answered 400, as SGLang does.
 """
 
 from __future__ import annotations
@@ -107,6 +108,16 @@ class Asked:
         self.logprobs = lp is True if kind == "chat" else type(lp) is int
         top = req.get("top_logprobs")
         self.top = top if type(top) is int else 0
+
+
+def sglang_stream_refusal(req: dict[str, Any]) -> str | None:
+    """SGLang's 400 message for a streamed chat request with the token-id fields it refuses
+    there (serving_chat.py), or None."""
+    for name in ("return_prompt_token_ids", "return_token_ids"):
+        if req.get(name) is True:
+            return (f"{name} is not supported with streaming. Please set stream=false when "
+                    f"using {name}=true.")
+    return None
 
 
 def chat_body(body: dict[str, Any], req: dict[str, Any], server: str) -> dict[str, Any]:

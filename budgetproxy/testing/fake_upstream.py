@@ -279,10 +279,15 @@ class FakeUpstream(LocalAiohttpServer):
         cid = self._next_id("chatcmpl")
         created = int(time.time())
         if req.get("stream") is True:
+            server = self._tokens_of(request)
+            refused = server == "sglang" and fake_tokens.sglang_stream_refusal(req)
+            if refused:
+                return web.Response(status=400, headers=_JSON, body=orjson.dumps(
+                    {"object": "error", "message": refused, "type": "BadRequestError",
+                     "param": None, "code": 400}))
             opts = req.get("stream_options")
             with_usage = isinstance(opts, dict) and opts.get("include_usage") is True
             events = self._chat_events(request, cid, created, model, content, calls, finish)
-            server = self._tokens_of(request)
             if server is not None:
                 events = fake_tokens.chat_events(events, req, server)
             return await self._sse(

@@ -8,7 +8,7 @@ from typing import Any, Literal, TypedDict
 
 SCHEMA_VERSION = 1
 
-TurnStatus = Literal["ok", "upstream_error", "rejected"]
+TurnStatus = Literal["ok", "upstream_error", "rejected", "client_closed", "synthetic"]
 EndReason = Literal["success", "failure", "exhausted", "abandoned"]
 
 

@@ -13,8 +13,10 @@ import pytest
 from agent_clis import claude_print, connections, proxy_address
 from conftest import Proxy, ProxyFactory, new_id
 
-from budgetproxy.proxy.synthetic import EXHAUSTED_TEXT
+from budgetproxy.config import FinishTexts
 from budgetproxy.testing import FakeUpstream
+
+EXHAUSTED_TEXT = FinishTexts().turns
 
 TURN_1_OF_1 = "[Turn budget] Turn 1 of 1. 0 turns remain after this one."
 ALIAS = {"id_headers": ["X-Claude-Code-Session-Id"]}
@@ -65,7 +67,7 @@ def test_finish_mode_ends_the_run_with_the_synthetic_reply(
     # again, and the spent budget answered that second call itself.
     turns = finishing.wait_records(2, type="turn", episode_id=eid)
     assert [(t["turn"], t["status"], t["http_status"]) for t in turns] == [
-        (1, "ok", 200), (2, "rejected", 200)]
+        (1, "ok", 200), (2, "synthetic", 200)]
     assert turns[0]["disclosure"] == {"arm": "disclosed", "text": TURN_1_OF_1}
     sent = sent_upstream(upstream, eid)
     assert len(sent) == 1, len(sent)

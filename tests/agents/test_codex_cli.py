@@ -12,8 +12,10 @@ import pytest
 from agent_clis import codex_exec, connections, proxy_address
 from conftest import Proxy, ProxyFactory, new_id
 
-from budgetproxy.proxy.synthetic import EXHAUSTED_TEXT
+from budgetproxy.config import FinishTexts
 from budgetproxy.testing import FakeUpstream
+
+EXHAUSTED_TEXT = FinishTexts().turns
 
 TURN_1_OF_1 = "[Turn budget] Turn 1 of 1. 0 turns remain after this one."
 
@@ -58,7 +60,7 @@ def test_finish_mode_ends_the_run_with_the_synthetic_reply(
     # the spent budget answered that second call itself.
     turns = finishing.wait_records(2, type="turn", episode_id=eid)
     assert [(t["turn"], t["status"], t["http_status"]) for t in turns] == [
-        (1, "ok", 200), (2, "rejected", 200)]
+        (1, "ok", 200), (2, "synthetic", 200)]
     assert turns[0]["disclosure"] == {"arm": "disclosed", "text": TURN_1_OF_1}
     sent = sent_upstream(upstream, eid)
     assert len(sent) == 1, [s["input"][-1] for s in sent]
@@ -112,6 +114,6 @@ def test_the_codex_preset_makes_each_codex_session_an_episode(
     assert found is not None, run.stderr
     sid = found.group(1)
     turns = p.wait_records(2, type="turn", episode_id=sid)
-    assert [(t["turn"], t["status"]) for t in turns] == [(1, "ok"), (2, "rejected")]
+    assert [(t["turn"], t["status"]) for t in turns] == [(1, "ok"), (2, "synthetic")]
     sent = sent_upstream(upstream, marker)
     assert len(sent) == 1 and TURN_1_OF_1 in str(sent[0]["input"][-1])

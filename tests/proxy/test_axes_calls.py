@@ -79,9 +79,12 @@ def test_a_token_budget_clamps_the_output_cap_and_counts_reported_usage(
     sent = upstream_body(upstream, eid)
     field = "max_tokens" if api == "chat" else CAP_FIELD[api]  # chat: the client's own field
     assert sent[field] == 60  # lowered from the client's 500 to the budget
-    assert int(raw.headers["x-episode-tokens-remaining"]) == 0  # all of it held by this call
     ep = p.episode(eid)
     assert ep["token_budget"] == 60 and 0 < ep["tokens_used"] < 60
+    # A whole answer's head says what is left once it settles (it read 0 while budget was
+    # left: the call's hold); a stream's head goes out before its usage: what its hold leaves.
+    left = 0 if stream else 60 - ep["tokens_used"]
+    assert int(raw.headers["x-episode-tokens-remaining"]) == left
     assert ep["exhausted_by"] is None
     # a second call gets what is left, never more than its own cap
     call_api(p, api, eid, stream, 5, {})
@@ -123,11 +126,11 @@ def test_a_cost_budget_clamps_to_what_it_buys_and_charges_the_price(
     eid = new_id()
     raw = call_api(p, "chat", eid, False, 100, {"X-Episode-Cost-Budget": "0.02"})
     assert upstream_body(upstream, eid)["max_tokens"] == 10  # $0.02 at $0.002 per output token
-    assert float(raw.headers["x-episode-cost-remaining"]) == pytest.approx(0.0)
     usage = raw.parse().usage
     ep = p.episode(eid)
     expected = usage.prompt_tokens * 0.001 + usage.completion_tokens * 0.002
     assert ep["cost_used"] == pytest.approx(expected) and ep["cost_budget"] == 0.02
+    assert raw.headers["x-episode-cost-remaining"] == "%.6f" % (0.02 - expected)  # settled
     rec = p.wait_records(1, episode_id=eid, type="turn")[0]
     assert rec["cumulative"]["cost"] == pytest.approx(expected)
 
@@ -188,6 +191,8 @@ def test_a_time_budget_that_expires_before_the_answer_finishes_the_call(
         model="m1", messages=[{"role": "user", "content": "x"}], stream=stream,
         extra_headers={"X-Fake-Delay-Ms": "3000"})
     parsed = raw.parse()
+    if stream:
+        parsed = list(parsed)
     finish = [ch.choices[0].finish_reason for ch in parsed if ch.choices][-1] if stream else (
         parsed.choices[0].finish_reason)
     assert time.monotonic() - t0 < 2.0
@@ -195,6 +200,13 @@ def test_a_time_budget_that_expires_before_the_answer_finishes_the_call(
     assert 0.0 <= float(raw.headers["x-episode-time-remaining"]) <= 0.5
     ep = p.episode(eid)
     assert ep["exhausted_by"] == "time" and ep["turns_used"] == 0  # its turn given back
+    # the reply names the axis that ran out, and its record holds it as the client had it
+    text = "".join(ch.choices[0].delta.content or "" for ch in parsed if ch.choices) if (
+        stream) else parsed.choices[0].message.content
+    assert text == "[Time budget exhausted] This episode has no time left."
+    (rec,) = p.wait_records(1, type="turn", episode_id=eid)
+    assert (rec["status"], rec["http_status"], rec["charged"]) == ("synthetic", 200, False)
+    assert rec["response"]["content"] == text and rec["finish_reason"] == "length"
 
 
 def test_a_time_budget_past_the_upstream_timeout_leaves_the_call_to_that_timeout(

@@ -63,8 +63,12 @@ def test_chat_bytes_unchanged_and_tokens_logged(
         got_on.content)
     sent = [r.json for r in upstream.requests if r.headers.get("x-episode-id") is None
             and r.json and r.json.get("messages") == CHAT["messages"]][-2:]
-    assert sent[0]["return_token_ids"] is True and sent[0]["logprobs"] is True
-    assert sent[0].get("return_prompt_token_ids") is (True if server == "sglang" else None)
+    assert sent[0]["logprobs"] is True
+    if server == "sglang" and stream:  # SGLang answers 400 to either field on a chat stream
+        assert "return_token_ids" not in sent[0] and "return_prompt_token_ids" not in sent[0]
+    else:
+        assert sent[0]["return_token_ids"] is True
+        assert sent[0].get("return_prompt_token_ids") is (True if server == "sglang" else None)
     assert "return_token_ids" not in sent[1] and "logprobs" not in sent[1]
 
     rec = _turn(on, e_on)
@@ -497,3 +501,24 @@ def test_logprobs_read_from_their_bytes_are_written_as_the_list_is() -> None:
     assert orjson.loads(orjson.dumps(tokens.fields())) == as_list.fields()
     big = {"n": 2**70, **tokens.fields()}  # orjson refuses it: the fallback writes the line
     assert orjson.loads(record_line(big))["logprobs"] == tokens.logprobs
+
+
+def test_a_token_budget_on_a_captured_call_reports_the_settled_rest(
+    proxy: ProxyFactory, upstream: WatchedUpstream
+) -> None:
+    """The whole answer is read before its head (for what is left once it settles): the
+    token ids are read from that one parse, and the client's bytes stay as without capture."""
+    on, off = _proxies(proxy, upstream, "vllm")
+    body = {**CHAT, "max_tokens": 40}
+    e_on, e_off = new_id(), new_id()
+    got_on = on.http().post("/v1/chat/completions", json=body, headers={
+        "X-Episode-Id": e_on, "X-Fake-Token-Server": "vllm", "X-Episode-Token-Budget": "60"})
+    got_off = off.http().post("/v1/chat/completions", json=body, headers={
+        "X-Episode-Id": e_off, "X-Fake-Token-Server": "vllm", "X-Episode-Token-Budget": "60"})
+    assert _normal(got_on.content) == _normal(got_off.content)
+    for p, r, eid in ((on, got_on, e_on), (off, got_off, e_off)):
+        used = p.episode(eid)["tokens_used"]
+        assert 0 < used < 60 and r.headers["x-episode-tokens-remaining"] == str(60 - used)
+    rec = _turn(on, e_on)
+    assert rec["completion_token_ids"] == fake_tokens.completion_ids(
+        "echo: say three words please")

@@ -11,12 +11,12 @@ from budgetproxy.core.disclosure import Placement
 from budgetproxy.errors import ProxyError
 from budgetproxy.proxy.dialects import DIALECTS
 from budgetproxy.proxy.sse import EventSplitter
-from budgetproxy.proxy.synthetic import EXHAUSTED_TEXT
 from budgetproxy.testing import fake_messages, fake_responses
 
 RESPONSES = DIALECTS["/v1/responses"]
 MESSAGES = DIALECTS["/v1/messages"]
 T = "[budget]"
+EXHAUSTED_TEXT = "[Turn budget exhausted] This episode has no turns left."
 
 
 def place(dialect: Any, payload: dict[str, Any], placement: Placement,
@@ -103,7 +103,7 @@ def test_responses_reply_read_from_a_body_and_from_the_full_event_stream() -> No
 
 @pytest.mark.parametrize("stream", [False, True])
 def test_responses_synthetic_reply_is_a_completed_response(stream: bool) -> None:
-    ctype, data = RESPONSES.synthetic("m", "length", stream, {"input": "x"})
+    ctype, data = RESPONSES.synthetic("m", "length", stream, {"input": "x"}, EXHAUSTED_TEXT)
     reply = (RESPONSES.read_events(_events(data)) if stream
              else RESPONSES.read_body(data))
     assert reply["message"]["content"] == EXHAUSTED_TEXT and "tool_calls" not in reply["message"]

@@ -170,7 +170,7 @@ def test_finish_mode_streaming(finishing: Proxy, upstream: FakeUpstream, usage: 
 def test_finish_mode_default_finish_reason_and_completions(
     proxy: ProxyFactory, upstream: FakeUpstream
 ) -> None:
-    p = proxy({"budget": {"on_exhausted": "finish"}})
+    p = proxy({"budget": {"on_exhausted": "finish", "finish_replies": 2}})
     eid = new_id()
     spend(p, eid)
     before = len(upstream.requests)

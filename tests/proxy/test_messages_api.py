@@ -9,9 +9,11 @@ import anthropic
 import httpx
 import pytest
 
-from budgetproxy.proxy.synthetic import EXHAUSTED_TEXT
+from budgetproxy.config import FinishTexts
 from budgetproxy.testing import FakeUpstream
 from tests.conftest import Proxy, ProxyFactory, new_id
+
+EXHAUSTED_TEXT = FinishTexts().turns
 
 TEMPLATE = "[Turn budget] Turn {turn} of {total}."
 TOOLS = [{"name": "look", "description": "look around",

@@ -9,9 +9,11 @@ from typing import Any
 import openai
 import pytest
 
-from budgetproxy.proxy.synthetic import EXHAUSTED_TEXT
+from budgetproxy.config import FinishTexts
 from budgetproxy.testing import FakeUpstream
 from tests.conftest import Proxy, ProxyFactory, new_id
+
+EXHAUSTED_TEXT = FinishTexts().turns
 
 TEMPLATE = "[Turn budget] Turn {turn} of {total}."
 TOOLS = [{"type": "function", "name": "look", "description": "look around",
@@ -146,7 +148,7 @@ def test_finish_mode_streams_the_event_sequence_clients_expect(finishing: Proxy)
                      "response.output_item.done", "response.completed"]
     assert final.output_text == EXHAUSTED_TEXT and final.status == "completed"
     rec = finishing.wait_records(2, type="turn", episode_id=eid)[-1]
-    assert (rec["status"], rec["http_status"]) == ("rejected", 200)
+    assert (rec["status"], rec["http_status"]) == ("synthetic", 200)
 
 
 def test_reject_mode_is_a_403_the_sdk_does_not_retry(default_proxy: Proxy) -> None:

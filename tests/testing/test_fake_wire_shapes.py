@@ -72,13 +72,13 @@ def test_fake_messages_validate_as_the_anthropic_types(tools: Any) -> None:
 
 @pytest.mark.parametrize("stream", [False, True])
 def test_synthetic_replies_validate_as_the_sdk_types(stream: bool) -> None:
-    _, data = DIALECTS["/v1/responses"].synthetic("m", "length", stream, {"input": "x"})
+    _, data = DIALECTS["/v1/responses"].synthetic("m", "length", stream, {"input": "x"}, "done")
     if stream:
         for e in datas(data):
             RESPONSE_EVENT.validate_python(e)
     else:
         rt.Response.model_validate(orjson.loads(data))
-    _, data = DIALECTS["/v1/messages"].synthetic("m", "length", stream, {})
+    _, data = DIALECTS["/v1/messages"].synthetic("m", "length", stream, {}, "done")
     if stream:
         for e in datas(data):
             MESSAGE_EVENT.validate_python(e)

@@ -65,9 +65,10 @@ class Dialect(Protocol):
         hang up once it has it: that turn was answered in full)."""
 
     def synthetic(
-        self, model: str, finish_reason: str, stream: bool, payload: dict[str, Any]
+        self, model: str, finish_reason: str, stream: bool, payload: dict[str, Any], text: str,
     ) -> tuple[bytes, bytes]:
-        """Content type and body of the final reply of an exhausted episode (finish mode)."""
+        """Content type and body of the final reply of an exhausted episode (finish mode),
+        an assistant message saying `text`."""
 
     def error_body(self, err: ProxyError) -> bytes:
         """An error the proxy itself answers, in this API's shape."""

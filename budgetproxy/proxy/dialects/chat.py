@@ -77,10 +77,10 @@ class ChoicesDialect:
         return event_data(event) == b"[DONE]"
 
     def synthetic(
-        self, model: str, finish_reason: str, stream: bool, payload: dict[str, Any]
+        self, model: str, finish_reason: str, stream: bool, payload: dict[str, Any], text: str,
     ) -> tuple[bytes, bytes]:
         return synthetic.reply(self.kind, model, finish_reason, stream,
-                               payload.get("stream_options"))
+                               payload.get("stream_options"), text)
 
     def error_body(self, err: ProxyError) -> bytes:
         return err.body()

@@ -217,9 +217,9 @@ class MessagesDialect:
         return event.find(b"message_stop", 0, 64) >= 0  # the `event:` line, or the data's "type"
 
     def synthetic(
-        self, model: str, finish_reason: str, stream: bool, payload: dict[str, Any]
+        self, model: str, finish_reason: str, stream: bool, payload: dict[str, Any], text: str,
     ) -> tuple[bytes, bytes]:
-        return messages_finish.reply(model, finish_reason, stream)
+        return messages_finish.reply(model, finish_reason, stream, text)
 
     def error_body(self, err: ProxyError) -> bytes:
         return err.anthropic_body()

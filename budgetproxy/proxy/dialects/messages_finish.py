@@ -7,8 +7,6 @@ from typing import Any
 
 import orjson
 
-from budgetproxy.proxy.synthetic import EXHAUSTED_TEXT
-
 # A configured finish_reason that is one of these is the stop reason; any other (the default
 # "length" among them) answers end_turn: agents take max_tokens as a failure and retry.
 STOP_REASONS = frozenset({"end_turn", "max_tokens", "stop_sequence", "refusal", "pause_turn"})
@@ -23,13 +21,13 @@ def _usage() -> dict[str, Any]:
             "cache_read_input_tokens": 0}
 
 
-def reply(model: str, finish_reason: str, stream: bool) -> tuple[bytes, bytes]:
-    """An assistant message with one text block saying the budget is spent (no tool use),
+def reply(model: str, finish_reason: str, stream: bool, text: str) -> tuple[bytes, bytes]:
+    """An assistant message with one text block, `text` (no tool use),
     whole or as message_start, content_block_start/delta/stop, message_delta, message_stop."""
     mid = f"msg_budget_{uuid.uuid4().hex[:24]}"
     stop = stop_reason(finish_reason)
     message = {"id": mid, "type": "message", "role": "assistant", "model": model,
-               "content": [{"type": "text", "text": EXHAUSTED_TEXT}], "stop_reason": stop,
+               "content": [{"type": "text", "text": text}], "stop_reason": stop,
                "stop_sequence": None, "usage": _usage()}
     if not stream:
         return b"application/json", orjson.dumps(message)
@@ -38,7 +36,7 @@ def reply(model: str, finish_reason: str, stream: bool) -> tuple[bytes, bytes]:
         {"type": "content_block_start", "index": 0,
          "content_block": {"type": "text", "text": ""}},
         {"type": "content_block_delta", "index": 0,
-         "delta": {"type": "text_delta", "text": EXHAUSTED_TEXT}},
+         "delta": {"type": "text_delta", "text": text}},
         {"type": "content_block_stop", "index": 0},
         {"type": "message_delta", "delta": {"stop_reason": stop, "stop_sequence": None},
          "usage": {"output_tokens": 0}},

@@ -206,9 +206,9 @@ class ResponsesDialect:
             b"response.incomplete") >= 0 or head.find(b"response.failed") >= 0
 
     def synthetic(
-        self, model: str, finish_reason: str, stream: bool, payload: dict[str, Any]
+        self, model: str, finish_reason: str, stream: bool, payload: dict[str, Any], text: str,
     ) -> tuple[bytes, bytes]:
-        return responses_finish.reply(model, payload, stream)
+        return responses_finish.reply(model, payload, stream, text)
 
     def error_body(self, err: ProxyError) -> bytes:
         return err.body()
