@@ -6,6 +6,8 @@ from collections.abc import Mapping
 from html import escape
 from typing import Any
 
+from budgetproxy.analysis.stats import FEW_TASKS
+
 VIEWS = (("single_step", "single steps"), ("error_states", "after errors"))
 
 
@@ -65,6 +67,11 @@ def _lines_after(result: Mapping[str, Any]) -> list[str]:
             lines.append(f"A wins {label}, by task: " + ", ".join(
                 f"{t['task_id']} {_p(t['win_rate'])} (ties {_p(t['tie_rate'])}, "
                 f"{t['n_states']} states)" for t in tasks))
+    for key, label in VIEWS:
+        view = result.get(key) or {}
+        if view.get("few_tasks"):
+            lines.append(f"{label.capitalize()}: {view.get('n_tasks')} tasks, fewer than "
+                         f"{FEW_TASKS}: the intervals rest on too few draws to name a winner.")
     corr = (result.get("error_states") or {}).get("correction")
     if corr:
         lines.append(f"Error correction (next action fixes or abandons the failed call): "
