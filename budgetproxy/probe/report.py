@@ -83,6 +83,11 @@ def _lines_after(result: Mapping[str, Any]) -> list[str]:
                      f"{_p(cont['a_success'])}, B {_p(cont['b_success'])} "
                      f"(A−B 95% CI [{_diff(cont['ci_low'])}, {_diff(cont['ci_high'])}], "
                      f"{cont['n_states']} states).")
+    if s.get("inject"):
+        lines.append(f"Injected error states: {s.get('injected_states', 0)}, as many from A's "
+                     f"trajectories as from B's per task; {s.get('not_injectable', 0)} state(s) "
+                     f"could take no error, {s.get('injected_unmatched', 0)} had no "
+                     "counterpart from the other policy and were left out.")
     failed = s.get("scorer_failures", 0) + s.get("sampling_failures", 0)
     if failed:
         lines.append(f"Left out: {s.get('scorer_failures', 0)} action(s) the scorer could not "
