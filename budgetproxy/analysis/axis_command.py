@@ -59,7 +59,7 @@ def run_axis(args: argparse.Namespace) -> int:
         models = sorted({m for ep in eps for m in ep.unpriced})
         what = (f": no price for {', '.join(models)} (give --price GLOB=IN,OUT, USD per "
                 "million tokens)" if models else "")
-        print(f"budgetproxy analyze: {len(eps):,} episode(s) left out, {reason}{what}",
+        print(f"budgetproxy analyze: {len(eps):,} episode(s) left out ({reason}){what}",
               file=sys.stderr)
     left_out += sum(len(eps) for eps in unknown.values())
     if not episodes:

@@ -273,7 +273,7 @@ def format_differences(
         "left out.",
     ]
     if few:
-        notes.append(f"†: {FEW_TASKS_NOTE} (paired); the interval rests on few draws.")
+        notes.append(f"†: {FEW_TASKS_NOTE} (paired): the interval rests on few draws.")
     if zero:
         notes.append("zero width: every resample of the tasks gives the same mean difference; "
                      "that is no evidence of certainty.")  # fmt: skip

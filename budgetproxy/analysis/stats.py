@@ -17,8 +17,7 @@ _MAX_CELLS = 4_000_000
 
 # Below this many tasks a bootstrap interval over tasks rests on too few draws to trust.
 FEW_TASKS = 10
-FEW_TASKS_NOTE = (f"fewer than {FEW_TASKS} tasks, or fewer than 2K eligible episodes per task "
-                  "on average")
+FEW_TASKS_NOTE = f"fewer than {FEW_TASKS} tasks, or under 2K eligible episodes a task on average"
 
 
 def few_tasks(n_tasks: int, n_episodes: int, k: int) -> bool:

@@ -331,8 +331,7 @@ def table_notes(
         notes.append(f"—: none of the row's tasks has k eligible episodes at {letter}, so the "
                      "cell is empty; the tasks column still counts them.")  # fmt: skip
     if few:
-        notes.append(f"†: {FEW_TASKS_NOTE} in the cell; its interval over tasks rests on few "
-                     "draws.")  # fmt: skip
+        notes.append(f"†: {FEW_TASKS_NOTE}: the interval rests on few draws.")
     if zero:
         notes.append("zero width: every resample of the tasks gives the same mean (one task, "
                      "or all tasks alike); that is no evidence of certainty.")  # fmt: skip

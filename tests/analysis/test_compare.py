@@ -87,7 +87,7 @@ def test_few_paired_tasks_are_flagged(tmp_path: Path, capsys: pytest.CaptureFixt
     (row,) = json.loads(capsys.readouterr().out)["compare"]
     assert row["n_tasks"] == 3 and row["few_tasks"] is True
     analyze(str(log), "--k", "1", "--tiers", "100", "--compare", "disclosure=hidden,disclosed")
-    assert "†: fewer than 10 tasks, or fewer than 2K eligible episodes per task on average " \
+    assert "†: fewer than 10 tasks, or under 2K eligible episodes a task on average " \
         "(paired)" in capsys.readouterr().out
 
 
