@@ -1,9 +1,12 @@
 """`analyze --axis`: the episodes of trajectory logs as the rule along any axis needs them.
 
 Reads JSONL logs (plain or gzipped) itself: each episode's budgets from its episode record,
-and its spend at the success turn from that turn's record (`cumulative`), or, for records
-written without it (turn-only episodes), summed from the turn records: tokens from their
-usage (cached input included), cost from the price table, seconds from their timestamps.
+and its spend at the success turn (`success_turn`, else `turns_used`, as the turn table reads
+it) from that turn's last answered attempt (`cumulative`), whatever order the files and lines
+came in; or, for records written without it (turn-only episodes), summed from the turn
+records: tokens from their usage (cached input included), cost from the price table, seconds
+from their timestamps. An episode whose spend on an axis cannot be known (a model without a
+price, calls without usage) says so per axis, from its records alone (`unknown_spend`).
 The eligibility rule is `axis_rule`'s; the cells are `axis_table`'s.
 
 The full budget of an episode on an axis (the base of its tiers) is `max_turns` on turns, and
