@@ -120,6 +120,10 @@ def unknown_spend(turns: list[dict[str, Any]], turns_used: int, prices: PriceTab
         if turns_used == 0:
             return {}, ()
         return dict.fromkeys(("tokens", "cost", "seconds"), "no turn records"), ()
+    if max(r["turn"] for r in records) < turns_used:
+        # its last turns' records are not among the files (a rotated file left out): sums
+        # over the others would understate its spend
+        return dict.fromkeys(("tokens", "cost", "seconds"), "turn records missing"), ()
     out: dict[str, str] = {}
     usage_known = all(billed_tokens(r.get("usage")) is not None for r in records)
     if not _tracked(records, "tokens") and not usage_known:

@@ -105,3 +105,18 @@ def test_an_unpriced_model_is_left_out_of_the_cost_axis_and_counted(
     # the turns axis needs no price
     out = _json(capsys, log, "--axis", "turns", "--budgets", "1", "--k", "1", "--json")
     assert out["pass_at"][0]["n_episodes"] == 3
+
+
+def test_an_episode_without_its_turn_records_is_left_out_off_the_turns_axis(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    records = []
+    for i in range(3):
+        eid = f"e{i}"
+        records.append(episode_record(eid, task_id="t", budget=5, max_turns=5, turns_used=2,
+                                      outcome="success", success_turn=2, end_reason="success"))
+        records += [_turn(eid, t, 1, 10 * t, cumulative=False) for t in (1, 2)[: 1 + (i > 0)]]
+    log = _write(tmp_path / "log.jsonl", records)
+    out = _json(capsys, log, "--axis", "tokens", "--budgets", "15", "--k", "1", "--json")
+    # e0's second turn is not in the log: its 10 tokens would look like a success within 15
+    assert out["episodes"]["left_out_reasons"] == {"tokens unknown: turn records missing": 1}
+    assert _values(out) == [0.0] and out["pass_at"][0]["n_episodes"] == 2
