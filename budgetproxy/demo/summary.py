@@ -2,8 +2,9 @@
 
 Nothing here is asserted in advance. Each claim is a paired difference from ``budgetproxy
 analyze --json --compare`` (per task, bootstrap CI over tasks), printed with its interval, and
-an effect is named only where the interval excludes 0 and rests on at least FEW_TASKS tasks;
-otherwise the sentence says that this run does not show it.
+an effect is named only where the interval excludes 0 and the row is not ``few_tasks`` (at
+least FEW_TASKS tasks, and 2K eligible episodes a task); otherwise the sentence says that this
+run does not show it.
 """
 
 from __future__ import annotations
@@ -189,7 +190,7 @@ def what_this_shows(
     lines = [
         "What this shows (numbers from this run; differences of Pass@1 per task, with 95% "
         "paired bootstrap intervals over tasks; * marks an interval that excludes 0 on at least "
-        f"{FEW_TASKS} tasks):"
+        f"{FEW_TASKS} tasks with 2K episodes each on average):"
     ]
     flip_lines, _ = ordering_flip(diffs, ks)
     lines += ["- Budget-dependent ordering. " + flip_lines[0], *flip_lines[1:]]
