@@ -105,6 +105,10 @@ def test_an_unpriced_model_is_left_out_of_the_cost_axis_and_counted(
     # the turns axis needs no price
     out = _json(capsys, log, "--axis", "turns", "--budgets", "1", "--k", "1", "--json")
     assert out["pass_at"][0]["n_episodes"] == 3
+    # a malformed price, or a price without --axis, is a usage error
+    assert main([log, "--axis", "cost", "--budgets", "1", "--price", "m=1"]) == 2
+    assert main([log, "--tiers", "100", "--price", "m=1,2"]) == 2
+    assert "--price" in capsys.readouterr().err
 
 
 def test_an_episode_without_its_turn_records_is_left_out_off_the_turns_axis(
