@@ -1,9 +1,12 @@
 """`analyze --axis`: the episodes of trajectory logs as the rule along any axis needs them.
 
 Reads JSONL logs (plain or gzipped) itself: each episode's budgets from its episode record,
-and its spend at the success turn from that turn's record (`cumulative`), or, for records
-written without it (turn-only episodes), summed from the turn records: tokens from their
-usage (cached input included), cost from the price table, seconds from their timestamps.
+and its spend at the success turn (`success_turn`, else `turns_used`, as the turn table reads
+it) from that turn's last answered attempt (`cumulative`), whatever order the files and lines
+came in; or, for records written without it (turn-only episodes), summed from the turn
+records: tokens from their usage (cached input included), cost from the price table, seconds
+from their timestamps. An episode whose spend on an axis cannot be known (a model without a
+price, calls without usage) says so per axis, from its records alone (`unknown_spend`).
 The eligibility rule is `axis_rule`'s; the cells are `axis_table`'s.
 
 The full budget of an episode on an axis (the base of its tiers) is `max_turns` on turns, and
@@ -55,15 +58,32 @@ def _epoch(ts: Any) -> float | None:
         return None
 
 
+def _answered(turns: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """The records that spent something (refused calls did not), one per (turn, attempt), in
+    that order: the file and line order they were read in must not change the spend."""
+    kept: dict[tuple[int, int], dict[str, Any]] = {}
+    for r in turns:
+        turn, attempt = r.get("turn"), r.get("attempt")
+        if not isinstance(turn, int) or r.get("status") == "rejected":
+            continue
+        key = (turn, attempt if isinstance(attempt, int) else 1)
+        # a record held twice (a log given twice, a copied file) counts once; an answer over
+        # a failure of the same attempt
+        if key not in kept or (r.get("status") == "ok" and kept[key].get("status") != "ok"):
+            kept[key] = r
+    return [kept[k] for k in sorted(kept)]
+
+
 def _spend(turns: list[dict[str, Any]], success_turn: int, prices: PriceTable,
            model: str | None) -> dict[str, float | None]:
-    """Cumulative spend per axis at the end of `success_turn` (its last record)."""
-    upto = [r for r in turns if isinstance(r.get("turn"), int) and r["turn"] <= success_turn
-            and r.get("status") != "rejected"]
+    """Cumulative spend per axis at the end of `success_turn`: its last answered attempt."""
+    upto = [r for r in _answered(turns) if r["turn"] <= success_turn]
     at = [r for r in upto if r["turn"] == success_turn]
+    answered = [r for r in at if r.get("status") == "ok"] or at
+    end = answered[-1] if answered else None
     out: dict[str, float | None] = {"turns": float(success_turn), "tokens": None,
                                     "cost": None, "seconds": None}
-    cum = at[-1].get("cumulative") if at else None
+    cum = end.get("cumulative") if end is not None else None
     if isinstance(cum, dict):
         for axis in ("tokens", "cost", "seconds"):
             if isinstance(cum.get(axis), int | float):
@@ -75,13 +95,52 @@ def _spend(turns: list[dict[str, Any]], success_turn: int, prices: PriceTable,
         costs = [prices.cost(r.get("model") or model, r.get("usage")) for r in upto]
         if all(c is not None for c in costs):
             out["cost"] = float(sum(c for c in costs if c is not None))
-    if out["seconds"] is None and at:
-        first, end = upto[0], at[-1]
+    if out["seconds"] is None and end is not None:
+        first = upto[0]
         t0, t1 = _epoch(first.get("ts")), _epoch(end.get("ts"))
         lat = first.get("latency_s")
         if t0 is not None and t1 is not None and isinstance(lat, int | float):
             out["seconds"] = max(0.0, t1 - (t0 - float(lat)))
     return out
+
+
+def _tracked(records: list[dict[str, Any]], axis: str) -> bool:
+    """Whether every record holds the proxy's own cumulative spend on `axis`."""
+    return all(isinstance((r.get("cumulative") or {}).get(axis), int | float)
+               for r in records)
+
+
+def unknown_spend(turns: list[dict[str, Any]], turns_used: int, prices: PriceTable,
+                  model: str | None) -> tuple[dict[str, str], tuple[str, ...]]:
+    """Per axis, why an episode's spend on it cannot be known (axes absent: known), and the
+    models no price is known for. Decided from all its records, never from its outcome, so
+    leaving these episodes out cannot favour successes or failures."""
+    records = _answered(turns)
+    if not records:
+        if turns_used == 0:
+            return {}, ()
+        return dict.fromkeys(("tokens", "cost", "seconds"), "no turn records"), ()
+    if max(r["turn"] for r in records) < turns_used:
+        # its last turns' records are not among the files (a rotated file left out): sums
+        # over the others would understate its spend
+        return dict.fromkeys(("tokens", "cost", "seconds"), "turn records missing"), ()
+    out: dict[str, str] = {}
+    usage_known = all(billed_tokens(r.get("usage")) is not None for r in records)
+    if not _tracked(records, "tokens") and not usage_known:
+        out["tokens"] = "usage not reported"
+    unpriced: tuple[str, ...] = ()
+    if not _tracked(records, "cost"):
+        names = sorted({str(r.get("model") or model) for r in records})
+        unpriced = tuple(n for n in names if prices.rates(n) is None)
+        if unpriced:
+            out["cost"] = "unpriced model"
+        elif not usage_known:
+            out["cost"] = "usage not reported"
+    if not _tracked(records, "seconds") and not (
+            isinstance(records[0].get("latency_s"), int | float)
+            and all(_epoch(r.get("ts")) is not None for r in records)):
+        out["seconds"] = "no timestamps"
+    return out, unpriced
 
 
 def _by_value(ep: dict[str, Any], name: str) -> str | None:
@@ -113,16 +172,21 @@ def load(files: Sequence[str], prices: PriceTable, by: Sequence[str] = ()
             left_out += 1
             continue
         success = ep.get("outcome") == "success"
+        used = ep.get("turns_used")
+        used = used if isinstance(used, int) and not isinstance(used, bool) else 0
         st = ep.get("success_turn")
-        spend = _spend(turns.get(eid, []), st, prices, ep.get("model")) if (
-            success and isinstance(st, int)) else {}
+        # as the turn table reads it: a success reported without a turn was at turns_used
+        st = st if isinstance(st, int) and not isinstance(st, bool) else used
+        spend = _spend(turns.get(eid, []), st, prices, ep.get("model")) if success else {}
+        unknown, unpriced = unknown_spend(turns.get(eid, []), used, prices, ep.get("model"))
         out.append(AxisEpisode(
             task_id=str(ep["task_id"]), disclosure=str(ep.get("disclosure") or "hidden"),
             budgets={a: _num(ep.get(f)) for a, f in BUDGET_FIELDS.items()},
             success=success, spend_at_success=spend,
             announced={a: _num(ep.get(f)) for a, f in ANNOUNCED_FIELDS.items()},
             by=tuple((name, _by_value(ep, name)) for name in by),
-            full={a: _full(ep, a) for a in BUDGET_FIELDS}))
+            full={a: _full(ep, a) for a in BUDGET_FIELDS},
+            unknown=unknown, unpriced=unpriced))
     return out, left_out
 
 
@@ -140,6 +204,41 @@ def _full(ep: dict[str, Any], axis: str) -> float | None:
 
 def _num(v: Any) -> float | None:
     return float(v) if isinstance(v, int | float) and not isinstance(v, bool) else None
+
+
+def split_unknown(episodes: Sequence[AxisEpisode], axes: Sequence[str]
+                  ) -> tuple[list[AxisEpisode], dict[str, list[AxisEpisode]]]:
+    """The episodes whose spend on every one of `axes` is known, and the others by reason
+    ("cost unknown: unpriced model"); each episode is counted under its first unknown axis."""
+    known: list[AxisEpisode] = []
+    unknown: dict[str, list[AxisEpisode]] = {}
+    for ep in episodes:
+        why = next((f"{a} unknown: {ep.unknown[a]}" for a in axes if a in ep.unknown), None)
+        if why is None:
+            known.append(ep)
+        else:
+            unknown.setdefault(why, []).append(ep)
+    return known, unknown
+
+
+def parse_prices(items: Sequence[str]) -> dict[str, dict[str, float]]:
+    """`--price GLOB=IN,OUT` (USD per million input and output tokens) as a `prices` table."""
+    out: dict[str, dict[str, float]] = {}
+    for item in items:
+        glob, _, rates = item.partition("=")
+        parts = rates.split(",")
+        what = (f"--price: expected GLOB=IN,OUT in USD per million tokens (e.g. "
+                f"'my-model*=0.5,1.5'), got {item!r}")
+        if not glob or len(parts) != 2:
+            raise ValueError(what)
+        try:
+            inp, outp = (float(p) for p in parts)
+        except ValueError:
+            raise ValueError(what) from None
+        if not (0 <= inp < float("inf") and 0 <= outp < float("inf")):
+            raise ValueError(what)
+        out[glob.strip()] = {"input_per_mtok": inp, "output_per_mtok": outp}
+    return out
 
 
 def parse_hold(items: Sequence[str]) -> dict[str, float | None]:

@@ -42,9 +42,28 @@ def run_axis(args: argparse.Namespace) -> int:
     columns = [Column("tier", p) for p in args.tiers or []]
     columns += [Column("budget", Fraction(b)) for b in args.budgets or []]
     fields = list(dict.fromkeys([*args.by, *(c.field for c in args.compare)]))
-    episodes, left_out = axis.load(inputs.jsonl, PriceTable(), fields)
-    if not episodes:
+    try:
+        prices = PriceTable(axis.parse_prices(args.price))
+    except ValueError as e:
+        raise load.InputError(str(e), exit_code=2) from None
+    loaded, left_out = axis.load(inputs.jsonl, prices, fields)
+    if not loaded:
         raise load.InputError(f"no finished episodes with a task_id in {inputs.files} file(s)")
+    capped = [name, *(y for y, level in fixed.items() if level is not None)]
+    episodes, unknown = axis.split_unknown(loaded, capped)
+    reasons: dict[str, int] = {}
+    if left_out:
+        reasons["abandoned or without task_id"] = left_out
+    for reason, eps in unknown.items():
+        reasons[reason] = len(eps)
+        models = sorted({m for ep in eps for m in ep.unpriced})
+        what = (f": no price for {', '.join(models)} (give --price GLOB=IN,OUT, USD per "
+                "million tokens)" if models else "")
+        print(f"budgetproxy analyze: {len(eps):,} episode(s) left out ({reason}){what}",
+              file=sys.stderr)
+    left_out += sum(len(eps) for eps in unknown.values())
+    if not episodes:
+        raise load.InputError(f"no episode's spend on {', '.join(capped)} is known")
     cells = axis_table.compute(episodes, name, columns, args.k, fixed, args.by, args.resamples,
                                args.seed)
     for field in args.by:
@@ -62,7 +81,8 @@ def run_axis(args: argparse.Namespace) -> int:
         differences.append(axis_table.compute_differences(
             episodes, comparison, name, columns, args.k, fixed, args.by, args.resamples,
             args.seed))
-    counts: dict[str, int] = {"counted": len(episodes), "left_out": left_out}
+    counts: dict[str, Any] = {"counted": len(episodes), "left_out": left_out,
+                              "left_out_reasons": reasons}
     if args.tiers:
         counts["not_in_tiers"] = sum(ep.full.get(name) is None for ep in episodes)
     if args.json:
@@ -77,8 +97,8 @@ def run_axis(args: argparse.Namespace) -> int:
             "resamples": args.resamples, "seed": args.seed, "confidence": 0.95}
         print(json.dumps(out, indent=2, ensure_ascii=False))
     else:
-        lines = [f"episodes: {counts['counted']:,} counted; left out: {left_out:,} abandoned "
-                 "or without task_id"]
+        why = "; ".join(f"{n:,} {r}" for r, n in reasons.items()) or "none"
+        lines = [f"episodes: {counts['counted']:,} counted; left out: {why}"]
         if counts.get("not_in_tiers"):
             what = "max_turns" if name == "turns" else f"budget on {name}"
             lines.append(f"{counts['not_in_tiers']:,} episodes without a {what}: not in tier "

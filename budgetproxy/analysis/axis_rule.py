@@ -20,6 +20,11 @@ turns max(1, round_half_up(p/100 × max_turns)), as for turn tiers; on the other
 the full budget, exactly). An episode with no full budget on X is in no tier. Who counts and
 who succeeded within are then the rules above at that episode's B.
 
+An episode whose spend on a capped axis cannot be known (a model without a price on cost,
+calls without usage on tokens) counts in no cell capped on that axis: its success could not
+be placed within or beyond B. Whether its spend is known depends on its records, not on its
+outcome, so leaving it out favours neither.
+
 Succeeded within the cell: the episode succeeded, and its cumulative spend at the success
 turn is at most B on X and at most h_Y on every capped Y. A call clamped by a token budget
 ends with the whole budget spent and its input on top, so it is never within B.
@@ -50,6 +55,9 @@ class AxisEpisode:
     by: tuple[tuple[str, str | None], ...] = ()  # the --by fields' values
     # full budget per axis, the base of tiers (turns: max_turns; None: in no tier)
     full: Mapping[str, float | None] = field(default_factory=dict)
+    # axes whose spend cannot be known, with the reason ("unpriced model", ...)
+    unknown: Mapping[str, str] = field(default_factory=dict)
+    unpriced: tuple[str, ...] = ()  # the models no price is known for
 
 
 def number_label(v: float) -> str:
@@ -90,6 +98,8 @@ def eligible(ep: AxisEpisode, axis: str, b: float, hold: Mapping[str, float | No
     """Whether `ep` counts at B = `b` on `axis` with the other axes at `hold`."""
     levels = {**{y: hold.get(y) for y in AXES if y != axis}, axis: b}
     for y, level in levels.items():
+        if level is not None and y in ep.unknown:
+            return False
         own = ep.budgets.get(y)
         if ep.disclosure == "hidden":
             if own is not None and (level is None or own < level):

@@ -22,7 +22,7 @@ from budgetproxy.analysis.axis_rule import (
     succeeded_within,
 )
 from budgetproxy.analysis.compare import Comparison, excludes_zero, format_differences, paired
-from budgetproxy.analysis.stats import FEW_TASKS
+from budgetproxy.analysis.stats import few_tasks
 from budgetproxy.analysis.table import estimate, format_cells, slice_order
 
 By = tuple[tuple[str, str | None], ...]
@@ -57,13 +57,16 @@ class AxisCell:
     def columns(self) -> By:
         return self.by + _hold_columns(self.hold)
 
+    @property
+    def few_tasks(self) -> bool:
+        return self.value is not None and few_tasks(self.n_tasks, self.n_episodes, self.k)
+
     def as_json(self) -> dict[str, Any]:
         row: dict[str, Any] = {"k": self.k, "axis": self.axis, **_budget_json(self)}
         row.update(value=self.value, ci_low=self.ci_low, ci_high=self.ci_high,
                    n_tasks=self.n_tasks, n_tasks_left_out=self.n_tasks_left_out,
                    n_episodes=self.n_episodes, by=dict(self.by), hold=self.hold,
-                   ci_note=self.ci_note,
-                   few_tasks=self.value is not None and self.n_tasks < FEW_TASKS)
+                   ci_note=self.ci_note, few_tasks=self.few_tasks)
         return row
 
 
@@ -85,6 +88,7 @@ class AxisDifference:
     n_tasks: int
     n_tasks_unpaired: int
     ci_note: str | None = None
+    n_episodes: int = 0
 
     @property
     def columns(self) -> By:
@@ -94,15 +98,19 @@ class AxisDifference:
     def excludes_zero(self) -> bool:
         return excludes_zero(self.ci_low, self.ci_high, self.ci_note)
 
+    @property
+    def few_tasks(self) -> bool:
+        return self.diff is not None and few_tasks(self.n_tasks, self.n_episodes, self.k)
+
     def as_json(self) -> dict[str, Any]:
         c = self.comparison
         row: dict[str, Any] = {"field": c.field, "a": c.a, "b": c.b, "k": self.k,
                                "axis": self.axis, **_budget_json(self)}
         row.update(diff=self.diff, ci_low=self.ci_low, ci_high=self.ci_high,
                    a_value=self.a_value, b_value=self.b_value, n_tasks=self.n_tasks,
-                   n_tasks_unpaired=self.n_tasks_unpaired, by=dict(self.by), hold=self.hold,
-                   ci_note=self.ci_note,
-                   few_tasks=self.diff is not None and self.n_tasks < FEW_TASKS,
+                   n_tasks_unpaired=self.n_tasks_unpaired, n_episodes=self.n_episodes,
+                   by=dict(self.by), hold=self.hold, ci_note=self.ci_note,
+                   few_tasks=self.few_tasks,
                    excludes_zero=self.excludes_zero)
         return row
 

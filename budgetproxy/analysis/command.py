@@ -240,6 +240,14 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
         help="with --axis: levels of the other axes, e.g. turns=20,tokens=none (default: "
         "each level the episodes were run at)",
     )
+    p.add_argument(
+        "--price",
+        action="append",
+        default=[],
+        metavar="GLOB=IN,OUT",
+        help="with --axis cost: USD per million input and output tokens for models matching "
+        "GLOB, over the price library's (may repeat)",
+    )
     _one_line_errors(p)
     p.set_defaults(func=run)
 
@@ -286,6 +294,8 @@ def _run(args: argparse.Namespace) -> int:
     if getattr(args, "view", None) is not None and args.report is None:
         raise load.InputError("--view links the report's task rows: give --report FILE.html "
                               "too (budgetproxy view writes the pages alone)", 2)
+    if args.price:
+        raise load.InputError("--price prices spend along --axis (e.g. --axis cost)", exit_code=2)
     inputs = load.discover(args.paths)
     if not inputs.files:
         raise load.InputError(

@@ -15,7 +15,7 @@ from dataclasses import dataclass
 from typing import Any, Protocol
 
 from budgetproxy.analysis.passk import pass_at_k
-from budgetproxy.analysis.stats import FEW_TASKS, bootstrap_ci, zero_width_note
+from budgetproxy.analysis.stats import FEW_TASKS_NOTE, bootstrap_ci, few_tasks, zero_width_note
 from budgetproxy.analysis.table import Budget, Labelled, slice_order, task_counts
 
 
@@ -66,6 +66,7 @@ class Difference:
     n_tasks: int  # tasks with at least K eligible episodes under both A and B
     n_tasks_unpaired: int  # tasks with at least K under only one of them
     ci_note: str | None = None
+    n_episodes: int = 0  # eligible episodes of the paired tasks, under the value with fewer
 
     @property
     def columns(self) -> tuple[tuple[str, str | None], ...]:
@@ -75,6 +76,11 @@ class Difference:
     @property
     def excludes_zero(self) -> bool:
         return excludes_zero(self.ci_low, self.ci_high, self.ci_note)
+
+    @property
+    def few_tasks(self) -> bool:
+        """Whether its interval rests on too few draws (stats.few_tasks)."""
+        return self.diff is not None and few_tasks(self.n_tasks, self.n_episodes, self.k)
 
     def as_json(self) -> dict[str, Any]:
         row: dict[str, Any] = {
@@ -95,9 +101,10 @@ class Difference:
             b_value=self.b_value,
             n_tasks=self.n_tasks,
             n_tasks_unpaired=self.n_tasks_unpaired,
+            n_episodes=self.n_episodes,
             by=dict(self.by),
             ci_note=self.ci_note,
-            few_tasks=self.diff is not None and self.n_tasks < FEW_TASKS,
+            few_tasks=self.few_tasks,
             excludes_zero=self.excludes_zero,
         )
         return row
@@ -177,6 +184,7 @@ def paired(
         "n_tasks": len(both),
         "n_tasks_unpaired": len(enough_a ^ enough_b),
         "ci_note": note,
+        "n_episodes": min(sum(a[t][0] for t in both), sum(b[t][0] for t in both)),
     }
 
 
@@ -207,6 +215,8 @@ class DifferenceRow(Protocol):
     def ci_note(self) -> str | None: ...
     @property
     def excludes_zero(self) -> bool: ...
+    @property
+    def few_tasks(self) -> bool: ...
 
 
 def format_differences(
@@ -241,8 +251,8 @@ def format_differences(
                 interval = f"[{100 * (d.ci_low or 0):+.1f}, {100 * (d.ci_high or 0):+.1f}]"
             line += [f"{100 * d.a_value:.1f}", f"{100 * d.b_value:.1f}",
                      f"{100 * d.diff:+.1f} {interval}"]  # fmt: skip
-            flags = ("*" if d.excludes_zero else "") + ("†" if d.n_tasks < FEW_TASKS else "")
-            few |= d.n_tasks < FEW_TASKS
+            flags = ("*" if d.excludes_zero else "") + ("†" if d.few_tasks else "")
+            few |= d.few_tasks
             line.append(flags)
         body.append(line)
     left = len(fields) + 1
@@ -263,7 +273,7 @@ def format_differences(
         "left out.",
     ]
     if few:
-        notes.append(f"†: fewer than {FEW_TASKS} paired tasks; the interval rests on few draws.")
+        notes.append(f"†: {FEW_TASKS_NOTE} (paired): the interval rests on few draws.")
     if zero:
         notes.append("zero width: every resample of the tasks gives the same mean difference; "
                      "that is no evidence of certainty.")  # fmt: skip

@@ -6,7 +6,7 @@ from collections.abc import Sequence
 from html import escape
 
 from budgetproxy.analysis.compare import Difference
-from budgetproxy.analysis.stats import FEW_TASKS
+from budgetproxy.analysis.stats import FEW_TASKS_NOTE
 from budgetproxy.analysis.svg import ForestRow, forest_chart
 
 
@@ -28,7 +28,7 @@ def difference_charts(differences: Sequence[Sequence[Difference]]) -> list[str]:
             rows = per_k[k] = []
             for d in (d for d in diffs if d.k == k and d.diff is not None):
                 name = " · ".join("-" if v is None else v for _, v in d.by)
-                note = f"{d.n_tasks} tasks" + (" †" if d.n_tasks < FEW_TASKS else "")
+                note = f"{d.n_tasks} tasks" + (" †" if d.few_tasks else "")
                 if d.ci_note:
                     note += f", {d.ci_note}"
                 label = f"{name} · {d.budget.label}" if name else d.budget.label
@@ -46,8 +46,8 @@ def difference_charts(differences: Sequence[Sequence[Difference]]) -> list[str]:
             charts.append(figure(svg, (
                 f"Mean over the tasks where both {escape(c.a)} and {escape(c.b)} have at least "
                 f"{k} eligible episodes at T of the per-task difference, with a 95% paired "
-                f"bootstrap interval over those tasks. Blue: the interval excludes 0. †: fewer "
-                f"than {FEW_TASKS} tasks. Slices and T with no such task are not drawn. Every "
+                f"bootstrap interval over those tasks. Blue: the interval excludes 0. †: "
+                f"{FEW_TASKS_NOTE}. Slices and T with no such task are not drawn. Every "
                 f"chart of {escape(c.a)} − {escape(c.b)} has the same x scale."
             )))  # fmt: skip
     return charts

@@ -11,7 +11,7 @@ from typing import Any
 from budgetproxy.analysis.compare import Difference
 from budgetproxy.analysis.compare_chart import difference_charts
 from budgetproxy.analysis.passk import tier_to_turns
-from budgetproxy.analysis.stats import FEW_TASKS, ratio_ci
+from budgetproxy.analysis.stats import FEW_TASKS_NOTE, ratio_ci
 from budgetproxy.analysis.svg import (
     PALETTE,
     Series,
@@ -148,11 +148,12 @@ def pass_curves(
                 y_max=1.0,
                 empty=empty,
             )
-            counts = sorted({c.n_tasks for c in mine if c.k == k and c.value is not None})
+            drawn = [c for c in mine if c.k == k and c.value is not None]
+            counts = sorted({c.n_tasks for c in drawn})
             caption = f"{ci_mark(series).capitalize()}: 95% bootstrap CI over tasks. "
             caption += f"Tasks per point: {_span(counts)} (hover a point for its own)."
-            if counts and counts[0] < FEW_TASKS:
-                caption += f" Points on fewer than {FEW_TASKS} tasks rest on few draws."
+            if any(c.few_tasks for c in drawn):
+                caption += f" Points on {FEW_TASKS_NOTE} rest on few draws."
             undrawn = [s.name for s in series if not s.has_data]
             if len(undrawn) == len(series):
                 caption = ""  # the empty chart says why
@@ -169,7 +170,7 @@ def _pass_td(cell: Cell | None) -> str:
     if cell is None or cell.value is None:
         return "<td>—</td>"
     fewer = f" ({cell.n_tasks})" if cell.n_tasks < cell.tasks_eligible else ""
-    few = " †" if cell.n_tasks < FEW_TASKS else ""
+    few = " †" if cell.few_tasks else ""
     return (
         f"<td>{_pct(cell.value)} <span class=muted>{escape(interval_text(cell))}{fewer}{few}"
         f"</span></td>"
@@ -193,7 +194,7 @@ def pass_table(cells: Sequence[Cell]) -> str:
         )
     left_out = any(c.value is not None and c.n_tasks < c.tasks_eligible for c in cells)
     missing = any(c.value is None for c in cells)
-    few = any(c.value is not None and c.n_tasks < FEW_TASKS for c in cells)
+    few = any(c.few_tasks for c in cells)
     zero = any(c.ci_note is not None for c in cells)
     notes = [
         "Pass@(K,T) in %, mean over tasks, [95% bootstrap CI over tasks].",

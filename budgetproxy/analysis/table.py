@@ -10,7 +10,7 @@ from typing import Any, Protocol
 
 from budgetproxy.analysis.db import sql_str
 from budgetproxy.analysis.passk import pass_at_k, tier_to_turns
-from budgetproxy.analysis.stats import FEW_TASKS, bootstrap_ci, zero_width_note
+from budgetproxy.analysis.stats import FEW_TASKS_NOTE, bootstrap_ci, few_tasks, zero_width_note
 
 # Episode columns `--by` can name; any other name is looked up in the episode's tags.
 EPISODE_COLUMNS = (
@@ -58,6 +58,11 @@ class Cell:
         """The leading columns of its text-table row: the --by fields."""
         return self.by
 
+    @property
+    def few_tasks(self) -> bool:
+        """Whether its interval rests on too few draws (stats.few_tasks)."""
+        return self.value is not None and few_tasks(self.n_tasks, self.n_episodes, self.k)
+
     def as_json(self) -> dict[str, Any]:
         row: dict[str, Any] = {"k": self.k}
         if self.budget.kind == "tier":
@@ -73,7 +78,7 @@ class Cell:
             n_episodes=self.n_episodes,
             by=dict(self.by),
             ci_note=self.ci_note,
-            few_tasks=self.value is not None and self.n_tasks < FEW_TASKS,
+            few_tasks=self.few_tasks,
         )
         return row
 
@@ -233,6 +238,8 @@ class TableCell(Protocol):
     def episodes_eligible(self) -> int: ...
     @property
     def ci_note(self) -> str | None: ...
+    @property
+    def few_tasks(self) -> bool: ...
 
 
 def format_cells(
@@ -273,7 +280,7 @@ def format_cells(
             if found.n_tasks < found.tasks_eligible:
                 text += f" ({found.n_tasks})"
                 left_out = True
-            if found.n_tasks < FEW_TASKS:
+            if found.few_tasks:
                 text += " †"
                 few = True
             zero |= found.ci_note is not None
@@ -324,8 +331,7 @@ def table_notes(
         notes.append(f"—: none of the row's tasks has k eligible episodes at {letter}, so the "
                      "cell is empty; the tasks column still counts them.")  # fmt: skip
     if few:
-        notes.append(f"†: fewer than {FEW_TASKS} tasks in the cell; its interval over tasks "
-                     "rests on few draws.")  # fmt: skip
+        notes.append(f"†: {FEW_TASKS_NOTE}: the interval rests on few draws.")
     if zero:
         notes.append("zero width: every resample of the tasks gives the same mean (one task, "
                      "or all tasks alike); that is no evidence of certainty.")  # fmt: skip

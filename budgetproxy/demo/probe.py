@@ -15,6 +15,8 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
+from budgetproxy.analysis.stats import FEW_TASKS
+
 A, B = "careful", "recovering"
 PROBE_FILE = "probe.json"
 
@@ -46,7 +48,10 @@ def _view(view: Mapping[str, Any], where: str, expected: str) -> str:
     net, lo, hi = (float(view[k]) for k in ("net_win", "net_ci_low", "net_ci_high"))
     diff, d_lo, d_hi = (float(view[k]) for k in ("mean_diff", "diff_ci_low", "diff_ci_high"))
     leader = A if net > 0 else B if net < 0 else None
-    if leader is None:
+    shown = ""
+    if view.get("few_tasks"):
+        verdict = _too_few(view)
+    elif leader is None:
         verdict = "neither wins more states"
     else:
         # whether each interval is clear of no difference, on the leader's side
@@ -58,13 +63,18 @@ def _view(view: Mapping[str, Any], where: str, expected: str) -> str:
                            "difference)",
             (False, False): " (both intervals include no difference)",
         }[(by_states, by_value)]
-    shown = " — as expected" if leader == expected else " — not the expected picture"
+        shown = " — as expected" if leader == expected else " — not the expected picture"
     return (f"{where} ({view['n_states']} states, Q* of each action): {A}'s actions beat "
             f"{B}'s on {_pct(win)} [95% CI {_pct(float(view['ci_low']))}–"
             f"{_pct(float(view['ci_high']))}], lose on {_pct(1 - win - tie)}, tie on "
             f"{_pct(tie)}; net {100 * net:+.0f} points [95% CI {100 * lo:+.0f} to "
             f"{100 * hi:+.0f}]; mean Q* {A} − {B} {diff:+.3f} [95% CI {d_lo:+.3f} to "
             f"{d_hi:+.3f}]: {verdict}{shown}.")
+
+
+def _too_few(view: Mapping[str, Any]) -> str:
+    """An interval over fewer than FEW_TASKS maps names no winner (the few_tasks flag)."""
+    return f"{view.get('n_tasks')} maps: fewer than {FEW_TASKS}, too few to name a winner"
 
 
 def claims(result: Mapping[str, Any]) -> list[str]:
@@ -78,7 +88,7 @@ def claims(result: Mapping[str, Any]) -> list[str]:
             f"- Played on from the same error states: {A} reached the goal in "
             f"{_pct(cont['a_success'])}, {B} in {_pct(cont['b_success'])} "
             f"({A} − {B} 95% CI {100 * cont['ci_low']:+.0f} to {100 * cont['ci_high']:+.0f} "
-            "points).")
+            "points" + (f"; {_too_few(cont)}" if cont.get("few_tasks") else "") + ").")
     return lines
 
 

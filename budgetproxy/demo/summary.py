@@ -2,8 +2,9 @@
 
 Nothing here is asserted in advance. Each claim is a paired difference from ``budgetproxy
 analyze --json --compare`` (per task, bootstrap CI over tasks), printed with its interval, and
-an effect is named only where the interval excludes 0 and rests on at least FEW_TASKS tasks;
-otherwise the sentence says that this run does not show it.
+an effect is named only where the interval excludes 0 and the row is not ``few_tasks`` (at
+least FEW_TASKS tasks, and 2K eligible episodes a task); otherwise the sentence says that this
+run does not show it.
 """
 
 from __future__ import annotations
@@ -12,10 +13,10 @@ from collections import defaultdict
 from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
+from budgetproxy.analysis.stats import FEW_TASKS
 from budgetproxy.demo.agents import EpisodeResult
 
 TIGHT, LOOSE = "25%", "100%"
-FEW_TASKS = 10  # as in the analysis: fewer paired tasks than this make a weak interval
 
 # The analysis splits the demo's episodes by these fields (the policy is an episode tag) and
 # compares these pairs, A − B, per task.
@@ -52,10 +53,23 @@ def _tasks(rows: Sequence[Mapping[str, Any]]) -> str:
     return f"paired over {text} tasks{few}"
 
 
+def _few(row: Mapping[str, Any]) -> bool:
+    """The row's few_tasks flag (analyze's rule), or fewer than FEW_TASKS tasks without it."""
+    return bool(row.get("few_tasks", int(row["n_tasks"]) < FEW_TASKS))
+
+
+def _too_few(rows: Sequence[Mapping[str, Any]]) -> str:
+    """Why rows flagged few_tasks name no effect, in words."""
+    if min(int(r["n_tasks"]) for r in rows) < FEW_TASKS:
+        return f"fewer than {FEW_TASKS} tasks"
+    return "fewer than 2K episodes per task"
+
+
 def _sign(row: Mapping[str, Any]) -> int:
-    """+1 / -1 when the interval lies above / below 0 and rests on enough tasks, else 0: an
-    interval over two or three tasks excludes 0 too easily to name an effect by."""
-    if not row.get("excludes_zero") or int(row["n_tasks"]) < FEW_TASKS:
+    """+1 / -1 when the interval lies above / below 0 and rests on enough draws (not
+    few_tasks), else 0: an interval over two or three tasks excludes 0 too easily to name an
+    effect by."""
+    if not row.get("excludes_zero") or _few(row):
         return 0
     return 1 if row["diff"] > 0 else -1
 
@@ -80,8 +94,8 @@ def ordering_flip(
             f"  Both intervals exclude 0 with opposite signs: {first} is ahead under the tight "
             f"budget and {second} under the loose one. The order flips."
         )
-    elif min(int(tight["n_tasks"]), int(loose["n_tasks"])) < FEW_TASKS:
-        lines.append(f"  No flip this run can support: fewer than {FEW_TASKS} tasks.")
+    elif _few(tight) or _few(loose):
+        lines.append(f"  No flip this run can support: {_too_few([tight, loose])}.")
     else:
         weak = [t for t, r in ((TIGHT, tight), (LOOSE, loose)) if not _sign(r)]
         lines.append(
@@ -198,7 +212,7 @@ def what_this_shows(
     lines = [
         "What this shows (numbers from this run; differences of Pass@1 per task, with 95% "
         "paired bootstrap intervals over tasks; * marks an interval that excludes 0 on at least "
-        f"{FEW_TASKS} tasks):"
+        f"{FEW_TASKS} tasks with 2K episodes each on average):"
     ]
     flip_lines, _ = ordering_flip(diffs, ks)
     lines += ["- Budget-dependent ordering. " + flip_lines[0], *flip_lines[1:]]
@@ -212,8 +226,9 @@ def what_this_shows(
             + (f"; at {', '.join(others)} this run cannot tell the arms apart." if others
                else ".")  # fmt: skip
             if shown else
-            f"  Fewer than {FEW_TASKS} tasks: too few to name an effect of disclosure."
-            if min(int(r["n_tasks"]) for r in _rows(diffs, "budget-aware", tiers)) < FEW_TASKS
+            f"  {_too_few(_rows(diffs, 'budget-aware', tiers)).capitalize()}: too few to name "
+            "an effect of disclosure."
+            if any(_few(r) for r in _rows(diffs, "budget-aware", tiers))
             else "  No interval excludes 0: this run does not show an effect of disclosure."
         )
     for control in ("careful", "recovering"):
@@ -245,8 +260,8 @@ def token_claim(
             "per call, and fewer calls (each re-reading a growing conversation) fit the budget."
             if sign > 0 else
             "  The interval excludes 0, below it: telling the policy its tokens made it worse.")
-    elif int(row["n_tasks"]) < FEW_TASKS:
-        lines.append(f"  Fewer than {FEW_TASKS} tasks: too few to name an effect.")
+    elif _few(row):
+        lines.append(f"  {_too_few([row]).capitalize()}: too few to name an effect.")
     else:
         lines.append("  The interval includes 0: this run does not show an effect of disclosing "
                      "the token budget.")

@@ -5,10 +5,10 @@ from __future__ import annotations
 import json
 import random
 import re
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import Any
 
-from budgetproxy.probe.states import State, message_text, with_messages
+from budgetproxy.probe.states import SIDES, State, message_text, with_messages
 
 DEFAULT_TOOL_ERROR = "Error: the tool call failed ({name}). Nothing was done."
 
@@ -73,6 +73,48 @@ def inject_tool_error(
     text = rng.choice(list(errors)) if errors else template.format(name=name)
     conv[idx]["content"] = text
     return with_messages(state, conv, "tool-error", call_signature(failed))
+
+
+def matched_injections(
+    sampled: Sequence[State], pools: Mapping[str, Mapping[str, Sequence[State]]],
+    inject: Callable[[State], State | None], rng: random.Random,
+) -> tuple[list[State], int, int]:
+    """Error states in equal numbers from each policy's trajectories, task by task.
+
+    Per task and policy, errors go into its sampled states first, then into the rest of its
+    pool (in a seeded order) until as many took one as were sampled: a state that cannot take
+    one (a first turn holds no tool result to fail) is replaced, not lost. Each task then
+    keeps as many from each policy as the one with fewer has. Returns the states, how many
+    tried could take no error, and how many were dropped for want of a counterpart."""
+    by: dict[tuple[str, str], list[State]] = {}
+    for st in sampled:
+        by.setdefault((st.task_id, st.source), []).append(st)
+    made: dict[tuple[str, str], list[State]] = {}
+    not_injectable = 0
+    for (task, side), mine in sorted(by.items()):
+        keys = {st.key for st in mine}
+        rest = sorted((st for st in pools.get(side, {}).get(task, ()) if st.key not in keys),
+                      key=State.order)
+        rng.shuffle(rest)
+        got: list[State] = []
+        for st in [*mine, *rest]:
+            if len(got) == len(mine):
+                break
+            new = inject(st)
+            if new is None:
+                not_injectable += 1
+            else:
+                got.append(new)
+        made[(task, side)] = got
+    out: list[State] = []
+    unmatched = 0
+    for task in sorted({task for task, _ in made}):
+        keep = min(len(made.get((task, side), [])) for side in SIDES)
+        for side in SIDES:
+            mine = made.get((task, side), [])
+            out += mine[:keep]
+            unmatched += len(mine) - keep
+    return out, not_injectable, unmatched
 
 
 def corrected(state: State, action: Any) -> bool | None:

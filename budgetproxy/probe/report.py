@@ -6,6 +6,8 @@ from collections.abc import Mapping
 from html import escape
 from typing import Any
 
+from budgetproxy.analysis.stats import FEW_TASKS
+
 VIEWS = (("single_step", "single steps"), ("error_states", "after errors"))
 
 
@@ -65,6 +67,11 @@ def _lines_after(result: Mapping[str, Any]) -> list[str]:
             lines.append(f"A wins {label}, by task: " + ", ".join(
                 f"{t['task_id']} {_p(t['win_rate'])} (ties {_p(t['tie_rate'])}, "
                 f"{t['n_states']} states)" for t in tasks))
+    for key, label in VIEWS:
+        view = result.get(key) or {}
+        if view.get("few_tasks"):
+            lines.append(f"{label.capitalize()}: {view.get('n_tasks')} tasks, fewer than "
+                         f"{FEW_TASKS}: the intervals rest on too few draws to name a winner.")
     corr = (result.get("error_states") or {}).get("correction")
     if corr:
         lines.append(f"Error correction (next action fixes or abandons the failed call): "
@@ -76,6 +83,11 @@ def _lines_after(result: Mapping[str, Any]) -> list[str]:
                      f"{_p(cont['a_success'])}, B {_p(cont['b_success'])} "
                      f"(A−B 95% CI [{_diff(cont['ci_low'])}, {_diff(cont['ci_high'])}], "
                      f"{cont['n_states']} states).")
+    if s.get("inject"):
+        lines.append(f"Injected error states: {s.get('injected_states', 0)}, as many from A's "
+                     f"trajectories as from B's per task; {s.get('not_injectable', 0)} state(s) "
+                     f"could take no error, {s.get('injected_unmatched', 0)} had no "
+                     "counterpart from the other policy and were left out.")
     failed = s.get("scorer_failures", 0) + s.get("sampling_failures", 0)
     if failed:
         lines.append(f"Left out: {s.get('scorer_failures', 0)} action(s) the scorer could not "

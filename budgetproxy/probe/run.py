@@ -8,13 +8,18 @@ import random
 import re
 import time
 import uuid
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from budgetproxy.probe.inject import corrected, inject_tool_error, observed_errors
+from budgetproxy.probe.inject import (
+    corrected,
+    inject_tool_error,
+    matched_injections,
+    observed_errors,
+)
 from budgetproxy.probe.sampling import Sampled, sample_actions
 from budgetproxy.probe.scorers import Scorer
 from budgetproxy.probe.states import (
@@ -105,29 +110,31 @@ def _compared(states: Sequence[State], scored: _Scored) -> tuple[list[Compared],
     return rows, left_out
 
 
-def error_states(opts: ProbeOptions, plain: list[State], natural: list[State],
-                 pattern: re.Pattern[str] | None, rng: random.Random) -> tuple[list[State], int]:
-    """The injected versions of `plain` (as --inject asks) and the states already holding an
-    error; how many could not take an injection."""
-    out, skipped = list(natural), 0
+def error_states(opts: ProbeOptions, plain: list[State],
+                 pools: Mapping[str, Mapping[str, Sequence[State]]], natural: list[State],
+                 pattern: re.Pattern[str] | None, rng: random.Random,
+                 ) -> tuple[list[State], dict[str, int]]:
+    """The states already holding an error, and (as --inject asks) errors put into states of
+    `plain`'s tasks, as many from each policy per task (`inject.matched_injections`); with
+    how many states tried could take none and how many had no counterpart."""
+    counts = {"not_injectable": 0, "injected_unmatched": 0}
     if opts.inject is None:
-        return out, 0
+        return list(natural), counts
     if opts.inject == "action" and opts.scorer.inject_action is None:
         raise ProbeInputError(f"--inject action: scorer {opts.scorer.name} has no inject_action")
     seen = observed_errors(plain + natural, pattern)
-    for st in plain:
+
+    def inject(st: State) -> State | None:
         if opts.inject == "action":
             assert opts.scorer.inject_action is not None
-            new = opts.scorer.inject_action(st, rng)
-        elif opts.tool_error is not None:
-            new = inject_tool_error(st, rng, template=opts.tool_error)
-        else:
-            new = inject_tool_error(st, rng, errors=seen)
-        if new is None:
-            skipped += 1
-        else:
-            out.append(new)
-    return out, skipped
+            return opts.scorer.inject_action(st, rng)
+        if opts.tool_error is not None:
+            return inject_tool_error(st, rng, template=opts.tool_error)
+        return inject_tool_error(st, rng, errors=seen)
+
+    injected, counts["not_injectable"], counts["injected_unmatched"] = matched_injections(
+        plain, pools, inject, rng)
+    return [*natural, *injected], counts
 
 
 def _check_proxy(url: str) -> None:
@@ -155,7 +162,7 @@ async def run_probe(opts: ProbeOptions) -> dict[str, Any]:
     plain_pools, error_pools = split_pools(selection.states, pattern)
     plain = matched_sample(plain_pools, opts.states, rng)
     natural = matched_sample(error_pools, opts.states, rng) if pattern is not None else []
-    errors, not_injectable = error_states(opts, plain, natural, pattern, rng)
+    errors, injection = error_states(opts, plain, plain_pools, natural, pattern, rng)
     if opts.continue_ and opts.scorer.continue_episode is None:
         raise ProbeInputError(f"--continue: scorer {opts.scorer.name} has no continue_episode")
     if not plain:
@@ -193,7 +200,8 @@ async def run_probe(opts: ProbeOptions) -> dict[str, Any]:
             "rollouts": opts.rollouts if opts.continue_ else None, "seed": opts.seed,
             "resamples": opts.resamples, "proxy": opts.proxy, "probe_id": probe_id,
             "episodes": selection.episodes, "sampled_states": len(plain),
-            "natural_error_states": len(natural), "not_injectable": not_injectable,
+            "natural_error_states": len(natural), **injection,
+            "injected_states": len(errors) - len(natural),
             "probe_calls": sampled.calls, "sampling_failures": len(sampled.failures),
             "scorer_failures": len(scored.failures),
             "continuation_failures": len(cont_failures),

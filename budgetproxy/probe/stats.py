@@ -8,6 +8,8 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from budgetproxy.analysis.stats import FEW_TASKS
+
 TIE = 1e-9  # mean values this close are a tie
 DEPTHS = (("early", 0.0, 1 / 3), ("middle", 1 / 3, 2 / 3), ("late", 2 / 3, 1.01))
 
@@ -83,7 +85,8 @@ def _rates(rows: Sequence[Compared], resamples: int, seed: int) -> dict[str, Any
     if not rows:
         return {"win_rate": None, "tie_rate": None, "ci_low": None, "ci_high": None,
                 "n_states": 0, "n_tasks": 0, "mean_diff": None, "diff_ci_low": None,
-                "diff_ci_high": None, "net_win": None, "net_ci_low": None, "net_ci_high": None}
+                "diff_ci_high": None, "net_win": None, "net_ci_low": None, "net_ci_high": None,
+                "few_tasks": False}
     groups = _by_task(rows)
     lo = hi = net_lo = net_hi = diff_lo = diff_hi = None
     if resamples:
@@ -96,7 +99,10 @@ def _rates(rows: Sequence[Compared], resamples: int, seed: int) -> dict[str, Any
             "ci_low": lo, "ci_high": hi, "n_states": len(rows), "n_tasks": len(groups),
             "mean_diff": _mean([r.diff for r in rows]), "diff_ci_low": diff_lo,
             "diff_ci_high": diff_hi, "net_win": _mean([r.net for r in rows]),
-            "net_ci_low": net_lo, "net_ci_high": net_hi}
+            "net_ci_low": net_lo, "net_ci_high": net_hi,
+            # as analyze's cells: an interval over fewer tasks rests on too few draws to name
+            # a winner by (over 2 tasks a bootstrap has 3 distinct resamples)
+            "few_tasks": len(groups) < FEW_TASKS}
 
 
 def summarize(rows: Sequence[Compared], resamples: int = 1000, seed: int = 0) -> dict[str, Any]:
@@ -110,7 +116,8 @@ def summarize(rows: Sequence[Compared], resamples: int = 1000, seed: int = 0) ->
     out["by_task"] = [
         {"task_id": task, **{k: v for k, v in _rates(rs, 0, seed).items()
                              if k not in ("ci_low", "ci_high", "n_tasks", "net_ci_low",
-                                          "net_ci_high", "diff_ci_low", "diff_ci_high")}}
+                                          "net_ci_high", "diff_ci_low", "diff_ci_high",
+                                          "few_tasks")}}
         for task, rs in sorted(_by_task(rows).items())
     ]
     judged = [r for r in rows if r.a_corrected is not None and r.b_corrected is not None]
@@ -137,7 +144,7 @@ def summarize_continuation(rows: Sequence[Continued], resamples: int = 1000,
     """A's and B's terminal success from the same states; the CI is of A − B."""
     if not rows:
         return {"a_success": None, "b_success": None, "ci_low": None, "ci_high": None,
-                "n_states": 0, "n_tasks": 0}
+                "n_states": 0, "n_tasks": 0, "few_tasks": False}
     groups: dict[str, list[Continued]] = defaultdict(list)
     for r in rows:
         groups[r.task_id].append(r)
@@ -145,4 +152,5 @@ def summarize_continuation(rows: Sequence[Continued], resamples: int = 1000,
                        resamples, seed)
     return {"a_success": _mean([r.a_success for r in rows]),
             "b_success": _mean([r.b_success for r in rows]),
-            "ci_low": lo, "ci_high": hi, "n_states": len(rows), "n_tasks": len(groups)}
+            "ci_low": lo, "ci_high": hi, "n_states": len(rows), "n_tasks": len(groups),
+            "few_tasks": len(groups) < FEW_TASKS}

@@ -91,7 +91,8 @@ def test_tiers_and_paired_differences_along_tokens(
     assert got[("disclosed", "50%")]["value"] is None
     assert all(c["ci_low"] <= c["value"] <= c["ci_high"] for c in out["pass_at"]
                if c["value"] is not None)
-    assert out["episodes"] == {"counted": 10, "left_out": 0, "not_in_tiers": 1}
+    assert out["episodes"] == {"counted": 10, "left_out": 0, "left_out_reasons": {},
+                               "not_in_tiers": 1}
     assert out["settings"]["tiers"] == ["25%", "50%", "100%"]
 
     code = main([str(tmp_path), "--axis", "tokens", "--tiers", "50,100", "--k", "1",

@@ -87,7 +87,8 @@ def test_few_paired_tasks_are_flagged(tmp_path: Path, capsys: pytest.CaptureFixt
     (row,) = json.loads(capsys.readouterr().out)["compare"]
     assert row["n_tasks"] == 3 and row["few_tasks"] is True
     analyze(str(log), "--k", "1", "--tiers", "100", "--compare", "disclosure=hidden,disclosed")
-    assert "†: fewer than 10 paired tasks" in capsys.readouterr().out
+    assert "†: fewer than 10 tasks, or under 2K eligible episodes a task on average " \
+        "(paired)" in capsys.readouterr().out
 
 
 def test_a_value_no_episode_has_is_said(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:

@@ -103,10 +103,15 @@ def test_a_scorer_preferring_a_gives_win_rate_one_and_probe_calls_spend_nothing(
     for task in TASKS:
         mine = [s["policy"] for s in sources if s["task_id"] == task]
         assert mine.count("a") == mine.count("b") == 2
-    # turn-1 states hold no tool result to replace; every other one became an error state
-    injectable = sum(s["turn"] > 1 for s in sources)
-    assert errors["n_states"] == injectable == result["settings"]["sampled_states"] - result[
-        "settings"]["not_injectable"]
+    # turn-1 states hold no tool result to replace: others of the same policy and task take
+    # their place, and each task keeps as many error states from A's trajectories as from B's
+    hurt = [s for s in result["states"] if s["injected"] is not None]
+    injectable = len(hurt)
+    for task in TASKS:
+        mine = [s["policy"] for s in hurt if s["task_id"] == task]
+        assert mine.count("a") == mine.count("b")
+    assert all(s["turn"] > 1 for s in hurt)
+    assert errors["n_states"] == injectable == result["settings"]["injected_states"] > 0
     assert (errors["win_rate"], errors["ci_low"], errors["ci_high"]) == (1.0, 1.0, 1.0)
     # both policies answered the failed call with text, which abandons it
     assert errors["correction"] == {"a_rate": 1.0, "b_rate": 1.0, "n_states": injectable}

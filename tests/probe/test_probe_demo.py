@@ -38,9 +38,13 @@ def test_the_demo_leaves_probe_json_and_prints_both_claims(
     assert single["net_win"] > 0 and single["net_ci_low"] > 0
     assert errors["n_states"] > 0 and errors["net_win"] < 0 and errors["diff_ci_high"] < 0
     assert cont["n_states"] > 0 and cont["b_success"] > cont["a_success"]
+    # two maps: every view is few_tasks, and the demo names no winner from them
+    assert single["n_tasks"] == errors["n_tasks"] == 2
+    assert single["few_tasks"] and errors["few_tasks"] and cont["few_tasks"]
     stdout = done.stdout
-    assert "Single steps (32 states" in stdout and "careful wins" in stdout
-    assert "After an injected error" in stdout and "recovering wins — as expected" in stdout
+    assert "Single steps (32 states" in stdout and "After an injected error" in stdout
+    assert "wins" not in stdout.split("State diagnostics")[1]
+    assert stdout.count("2 maps: fewer than 10, too few to name a winner") == 3
     assert stdout.count("95% CI") >= 3
     assert str(out / "probe.json") in stdout
     report = (out / "report.html").read_text(encoding="utf-8")

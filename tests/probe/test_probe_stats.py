@@ -43,3 +43,17 @@ def test_continuation_ci_is_of_a_minus_b() -> None:
     assert out["a_success"] == 2.5 / 3 and out["b_success"] == 0.75 / 3
     assert -1.0 <= out["ci_low"] <= out["a_success"] - out["b_success"] <= out["ci_high"] <= 1.0
     assert summarize_continuation([])["n_states"] == 0
+
+
+def test_views_on_fewer_than_ten_tasks_say_few_tasks() -> None:
+    two = [Compared(f"t{i % 2}", 0.5, 1.0, 0.0) for i in range(20)]
+    ten = [Compared(f"t{i % 10}", 0.5, 1.0, 0.0) for i in range(20)]
+    out = summarize(two, resamples=50)
+    assert out["few_tasks"] is True and out["n_tasks"] == 2
+    assert all(d["few_tasks"] is (d["n_states"] > 0) for d in out["by_depth"])
+    assert summarize(ten, resamples=50)["few_tasks"] is False
+    assert summarize([])["few_tasks"] is False  # nothing to flag: no value
+    cont = summarize_continuation([Continued("t1", 1.0, 0.0), Continued("t2", 1.0, 0.5)], 50)
+    assert cont["few_tasks"] is True
+    many = [Continued(f"t{i}", 1.0, 0.0) for i in range(12)]
+    assert summarize_continuation(many, 50)["few_tasks"] is False

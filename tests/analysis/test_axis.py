@@ -1,0 +1,126 @@
+"""Reading episodes for `analyze --axis`: spend at the success turn whatever the log's order,
+the success turn's default, and episodes whose spend on the axis cannot be known."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import pytest
+from records_support import episode_record
+
+from budgetproxy.analysis.command import main
+
+
+def _turn(eid: str, turn: int, attempt: int, tokens: int, model: str = "m",
+          cumulative: bool = True) -> dict[str, Any]:
+    return {
+        "schema": 1, "type": "turn", "episode_id": eid, "turn": turn, "attempt": attempt,
+        "ts": f"2026-11-30T10:00:{turn:02d}.{attempt}00Z", "latency_s": 0.5, "model": model,
+        "status": "ok", "http_status": 200, "usage": {"prompt_tokens": tokens - 1,
+                                                      "completion_tokens": 1},
+        "cumulative": {"turns": turn, "tokens": tokens, "cost": None, "seconds": None}
+        if cumulative else None,
+    }
+
+
+def _write(path: Path, records: list[dict[str, Any]]) -> str:
+    path.write_text("".join(json.dumps(r) + "\n" for r in records))
+    return str(path)
+
+
+def _json(capsys: pytest.CaptureFixture[str], *argv: str) -> dict[str, Any]:
+    main(list(argv))
+    out: dict[str, Any] = json.loads(capsys.readouterr().out)
+    return out
+
+
+def _values(out: dict[str, Any]) -> list[float | None]:
+    return [c["value"] for c in out["pass_at"]]
+
+
+def test_a_success_without_success_turn_counts_at_turns_used_on_every_axis(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    records = []
+    for i, (won, used) in enumerate([(True, 3), (True, 8), (False, 10), (True, 5)]):
+        eid = f"e{i}"
+        records.append(episode_record(
+            eid, task_id=f"t{i % 2}", budget=10, max_turns=10, turns_used=used,
+            outcome="success" if won else "failure", success_turn=None,
+            end_reason="success" if won else "failure"))
+        records += [_turn(eid, t, 1, 10 * t) for t in range(1, used + 1)]
+    log = _write(tmp_path / "log.jsonl", records)
+    table = _json(capsys, log, "--tiers", "50,100", "--k", "1", "--json")
+    turns = _json(capsys, log, "--axis", "turns", "--tiers", "50,100", "--k", "1", "--json")
+    assert _values(turns) == _values(table) == [pytest.approx(0.5), pytest.approx(0.75)]
+    # on tokens, each success spent 10 a turn up to its turns_used (3, 8, 5 turns)
+    tokens = _json(capsys, log, "--axis", "tokens", "--budgets", "30,50,80", "--k", "1",
+                   "--json")
+    assert _values(tokens) == [pytest.approx(0.25), pytest.approx(0.5), pytest.approx(0.75)]
+
+
+@pytest.mark.parametrize("cumulative", [True, False])
+def test_spend_at_the_success_turn_is_the_last_answered_attempts_in_any_order(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str], cumulative: bool) -> None:
+    eid = "retried"
+    episode = episode_record(eid, budget=5, max_turns=5, turns_used=1, outcome="success",
+                             success_turn=1, end_reason="success")
+    first = _turn(eid, 1, 1, 100, cumulative=cumulative)
+    second = _turn(eid, 1, 2, 900, cumulative=cumulative)
+    a = _write(tmp_path / "a.jsonl", [first])
+    b = _write(tmp_path / "b.jsonl", [second, episode])
+    both = _write(tmp_path / "both.jsonl", [second, first, episode])
+    got = [_values(_json(capsys, *files, "--axis", "tokens", "--budgets", "100,1000",
+                         "--k", "1", "--json"))
+           for files in ([a, b], [b, a], [both])]
+    # with cumulative spend the last answered attempt's (900) decides; summed from usage, both
+    # attempts were spent (1,000)
+    assert got == [[0.0, 1.0]] * 3
+
+
+def test_an_unpriced_model_is_left_out_of_the_cost_axis_and_counted(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    records = []
+    for i, model in enumerate(["gpt-4o", "no-such-model-anywhere", "gpt-4o"]):
+        eid = f"e{i}"
+        records.append(episode_record(eid, task_id="t", model=model, budget=5, max_turns=5,
+                                      turns_used=1, outcome="success", success_turn=1,
+                                      end_reason="success"))
+        records.append(_turn(eid, 1, 1, 1000, model=model, cumulative=False))
+    log = _write(tmp_path / "log.jsonl", records)
+    assert main([log, "--axis", "cost", "--budgets", "1", "--k", "1", "--json"]) == 0
+    captured = capsys.readouterr()
+    out = json.loads(captured.out)
+    # the two priced successes count; the unpriced one is in no cell, not a failure
+    assert _values(out) == [1.0]
+    assert out["pass_at"][0]["n_episodes"] == 2
+    assert out["episodes"]["counted"] == 2
+    assert out["episodes"]["left_out_reasons"] == {"cost unknown: unpriced model": 1}
+    assert "no-such-model-anywhere" in captured.err and "left out" in captured.err
+    # --price prices it: then it counts
+    out = _json(capsys, log, "--axis", "cost", "--budgets", "1", "--k", "1", "--json",
+                "--price", "no-such-model-*=1,2")
+    assert out["pass_at"][0]["n_episodes"] == 3 and _values(out) == [1.0]
+    # the turns axis needs no price
+    out = _json(capsys, log, "--axis", "turns", "--budgets", "1", "--k", "1", "--json")
+    assert out["pass_at"][0]["n_episodes"] == 3
+    # a malformed price, or a price without --axis, is a usage error
+    assert main([log, "--axis", "cost", "--budgets", "1", "--price", "m=1"]) == 2
+    assert main([log, "--tiers", "100", "--price", "m=1,2"]) == 2
+    assert "--price" in capsys.readouterr().err
+
+
+def test_an_episode_without_its_turn_records_is_left_out_off_the_turns_axis(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    records = []
+    for i in range(3):
+        eid = f"e{i}"
+        records.append(episode_record(eid, task_id="t", budget=5, max_turns=5, turns_used=2,
+                                      outcome="success", success_turn=2, end_reason="success"))
+        records += [_turn(eid, t, 1, 10 * t, cumulative=False) for t in (1, 2)[: 1 + (i > 0)]]
+    log = _write(tmp_path / "log.jsonl", records)
+    out = _json(capsys, log, "--axis", "tokens", "--budgets", "15", "--k", "1", "--json")
+    # e0's second turn is not in the log: its 10 tokens would look like a success within 15
+    assert out["episodes"]["left_out_reasons"] == {"tokens unknown: turn records missing": 1}
+    assert _values(out) == [0.0] and out["pass_at"][0]["n_episodes"] == 2
