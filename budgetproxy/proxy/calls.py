@@ -47,7 +47,7 @@ class ModelCall:
         "result", "http_status", "ttft", "error_class", "conversation", "data", "events",
         "settled", "span", "prints", "previous_response", "exact", "ended", "probe", "query",
         "payload", "timed_out", "cumulative", "capture", "tokens", "sent", "upstream_body",
-        "counts", "answer",
+        "counts", "answer", "warning",
     )
 
     def __init__(self, route: str, dialect: Dialect) -> None:
@@ -94,6 +94,8 @@ class ModelCall:
         # The request body the upstream got: `sent` is the dialect's conversation of it read
         # back (the turn log keeps it instead of writing `sent` again, proxy/grouping.py).
         self.upstream_body: bytes | None = None
+        # X-Episode-Warning: first-call headers this later call sent that its episode ignored
+        self.warning: bytes | None = None
 
     def refuse(self, http_status: int) -> None:
         """The proxy answers this forwarded call itself, with `http_status`: its turn is
