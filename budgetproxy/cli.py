@@ -70,9 +70,10 @@ def _serve(args: argparse.Namespace) -> int:
         config = load_config(path, _serve_overrides(args))
     except ConfigError as e:
         # --upstream is written into the config as upstreams[0]: name the flag the user typed
-        given = " (given as --upstream)" if args.upstream and str(e).startswith(
-            "upstreams.0.base_url") else ""
-        print(f"budgetproxy: bad config: {e}{given}", file=sys.stderr)
+        for problem in e.problems:  # every one found, a line each
+            given = " (given as --upstream)" if args.upstream and problem.startswith(
+                "upstreams.0.base_url") else ""
+            print(f"budgetproxy: bad config: {problem}{given}", file=sys.stderr)
         return 2
     if not config.upstreams:
         print("budgetproxy: bad config: upstreams: no upstream configured; pass --upstream URL "
