@@ -21,7 +21,13 @@ from budgetproxy.analysis.axis_rule import (
     number_label,
     succeeded_within,
 )
-from budgetproxy.analysis.compare import Comparison, excludes_zero, format_differences, paired
+from budgetproxy.analysis.compare import (
+    Comparison,
+    excludes_zero,
+    format_differences,
+    paired,
+    significant,
+)
 from budgetproxy.analysis.stats import FEW_TASKS
 from budgetproxy.analysis.table import estimate, format_cells, slice_order
 
@@ -85,6 +91,9 @@ class AxisDifference:
     n_tasks: int
     n_tasks_unpaired: int
     ci_note: str | None = None
+    p_value: float | None = None
+    p_adjusted: float | None = None
+    adjust: str = "none"
 
     @property
     def columns(self) -> By:
@@ -93,6 +102,10 @@ class AxisDifference:
     @property
     def excludes_zero(self) -> bool:
         return excludes_zero(self.ci_low, self.ci_high, self.ci_note)
+
+    @property
+    def significant(self) -> bool:
+        return significant(self)
 
     def as_json(self) -> dict[str, Any]:
         c = self.comparison
@@ -103,7 +116,9 @@ class AxisDifference:
                    n_tasks_unpaired=self.n_tasks_unpaired, by=dict(self.by), hold=self.hold,
                    ci_note=self.ci_note,
                    few_tasks=self.diff is not None and self.n_tasks < FEW_TASKS,
-                   excludes_zero=self.excludes_zero)
+                   excludes_zero=self.excludes_zero, p_value=self.p_value,
+                   p_adjusted=self.p_adjusted, adjust=self.adjust,
+                   significant=self.significant)
         return row
 
 
@@ -210,10 +225,11 @@ def format_axis_cells(cells: Sequence[AxisCell], resamples: int, seed: int) -> s
                         letter="B")
 
 
-def format_axis_differences(diffs: Sequence[AxisDifference], resamples: int, seed: int) -> str:
+def format_axis_differences(diffs: Sequence[AxisDifference], resamples: int, seed: int, *,
+                            comparison: Comparison | None = None) -> str:
     if not diffs:
-        return ""
+        return format_differences(diffs, resamples, seed, comparison=comparison)
     axis = diffs[0].axis
     return format_differences(diffs, resamples, seed, measure=f"Pass@(K,B) along {axis}",
                               column=_header(axis, list(dict.fromkeys(d.budget for d in diffs))),
-                              letter="B")
+                              letter="B", comparison=comparison)
