@@ -9,13 +9,20 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from agent_clis import codex_exec, connections, proxy_address
+from agent_clis import codex_exec, connections, ensure_clis, proxy_address
 from conftest import Proxy, ProxyFactory, new_id
 
 from budgetproxy.proxy.synthetic import EXHAUSTED_TEXT
 from budgetproxy.testing import FakeUpstream
 
 TURN_1_OF_1 = "[Turn budget] Turn 1 of 1. 0 turns remain after this one."
+
+
+@pytest.fixture(scope="module", autouse=True)
+def clis_installed() -> None:
+    """The pinned CLIs, installed with npm when missing (a failure naming the command to run
+    when npm is not there)."""
+    ensure_clis()
 
 
 @pytest.fixture(scope="module")
