@@ -145,7 +145,7 @@ def build_parser() -> argparse.ArgumentParser:
                        "memory)")
     serve.add_argument("--check", action="store_true",
                        help="validate the config, print the effective config (secrets masked) and "
-                       "exit: 0 when valid, 2 with one line naming the key when not")
+                       "exit: 0 when valid, 2 with a line naming each bad key when not")
     serve.set_defaults(func=_serve)
     for module in ("budgetproxy.analysis.command", "budgetproxy.analysis.export_command",
                    "budgetproxy.probe.command", "budgetproxy.demo.command"):
