@@ -145,10 +145,11 @@ def ignored_spec_headers(headers: dict[bytes, bytes], st: EpisodeState) -> bytes
         if name == b"x-episode-disclosure":
             sent = sent.lower()
         elif attr in _COUNT_FIELDS and sent.isascii() and sent.isdigit():  # "08" is 8
-            sent = str(int(sent))
+            sent = sent.lstrip("0") or "0"  # (no int(): thousands of digits would raise)
         if held is None or sent != str(held):
             shown = "none" if held is None else str(held)
-            ignored.append(f"{name.decode().title()} {sent!r} ignored: the episode's "
+            shown_sent = sent if len(sent) <= 64 else sent[:64] + "..."
+            ignored.append(f"{name.decode().title()} {shown_sent!r} ignored: the episode's "
                            f"{attr} is {shown} (set on its first call)")
     if not ignored:
         return None

@@ -556,3 +556,27 @@ def test_a_changed_budget_header_after_the_first_call_is_warned(default_proxy: P
     assert r.status_code == 403  # the budget stayed 3
     assert "X-Episode-Budget" in r.headers["x-episode-warning"]
     assert "X-Episode-Max-Turns" in r.headers["x-episode-warning"]
+
+
+def test_a_resent_first_call_header_of_any_shape_is_warned_never_a_500(
+    default_proxy: Proxy,
+) -> None:
+    eid = new_id()
+    task = ("X-Episode-Task", "t-ü".encode())  # header text is UTF-8
+    first = default_proxy.http().post(
+        "/v1/chat/completions", content=orjson.dumps(chat_body("one")),
+        headers=[("content-type", "application/json"), ("X-Episode-Id", eid),
+                 ("X-Episode-Budget", "3"), task])
+    assert first.status_code == 200 and default_proxy.episode(eid)["task_id"] == "t-ü"
+    same = call(default_proxy, eid, chat_body("two"), **{"X-Episode-Budget": "003"})
+    assert "x-episode-warning" not in same.headers  # the same number, written otherwise
+    raw = default_proxy.http().post(
+        "/v1/chat/completions", content=orjson.dumps(chat_body("three")),
+        headers=[("content-type", "application/json"), ("X-Episode-Id", eid),
+                 ("X-Episode-Budget", "9" * 5000), task,
+                 ("X-Episode-Disclosure", b"\xff\xfe")])
+    assert raw.status_code == 200, raw.text
+    warning = raw.headers["x-episode-warning"]
+    assert "X-Episode-Budget" in warning and len(warning) < 1000
+    assert "X-Episode-Task" not in warning  # the same task, sent as UTF-8 bytes
+    assert "X-Episode-Disclosure" in warning
