@@ -123,7 +123,7 @@ def turn_record(
     call: ModelCall, st: EpisodeState, conversation: list[Any] | None,
     reply: dict[str, Any] | None, charged: bool, remaining: int | None,
 ) -> dict[str, Any]:
-    """The call's turn record (CONTRACT "Trajectory log"), with `charged` and `remaining` as
+    """The call's turn record (docs/trajectories.md), with `charged` and `remaining` as
     its turn settled."""
     grant = call.grant
     if grant is not None and grant.kind is GrantKind.FORWARD:
