@@ -108,3 +108,24 @@ def test_the_configuration_page_shows_every_key_with_its_default(tmp_path: Path)
     path.write_text(full)
     loaded = load_config(path, environ={}).model_dump(exclude={"upstreams"})
     assert loaded == Config().model_dump(exclude={"upstreams"}), "shown values must be defaults"
+
+
+CLIENTS = ("Codex CLI", "Claude Code", "inspect-ai", "Agents SDK", "LangChain", "anthropic")
+
+
+def test_the_readme_sends_each_client_to_the_page_that_covers_it() -> None:
+    """A README paragraph or table row naming clients and linking the client pages (agents,
+    apis): each client it names is covered on a page it links."""
+    readme = (REPO / "README.md").read_text(encoding="utf-8")
+    checked = 0
+    for part in re.split(r"\n\n|\n(?=\|)", _FENCE.sub("", readme)):
+        named = [c for c in CLIENTS if c in part]
+        pages = [REPO / t.partition("#")[0] for t in _LINK.findall(part)
+                 if t.partition("#")[0] in ("docs/agents.md", "docs/apis.md")]
+        if not named or not pages:
+            continue
+        text = " ".join(p.read_text(encoding="utf-8") for p in pages)
+        missing = [c for c in named if c not in text]
+        assert not missing, f"{part.strip()[:120]!r}: {missing} not on {[p.name for p in pages]}"
+        checked += 1
+    assert checked >= 2
