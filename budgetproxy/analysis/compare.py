@@ -147,13 +147,12 @@ class _Cell(Protocol):
 
 
 def significant(cell: _Cell) -> bool:
-    """Whether a cell is starred: its adjusted p-value below ALPHA, or without adjustment its
-    interval excluding 0. A zero-width interval never is (no evidence of anything)."""
-    if cell.diff is None or cell.ci_note is not None:
+    """Whether a cell is starred: its interval excludes 0 and, under an adjustment, its
+    adjusted p-value is below ALPHA too (so a star never sits on an interval holding 0). A
+    zero-width interval never is (no evidence of anything)."""
+    if cell.diff is None or not excludes_zero(cell.ci_low, cell.ci_high, cell.ci_note):
         return False
-    if cell.adjust == "none" or cell.p_adjusted is None:
-        return excludes_zero(cell.ci_low, cell.ci_high, cell.ci_note)
-    return cell.p_adjusted < ALPHA
+    return cell.adjust == "none" or cell.p_adjusted is None or cell.p_adjusted < ALPHA
 
 
 D = TypeVar("D", bound=_Cell)

@@ -159,7 +159,7 @@ def test_compare_adjusts_over_the_cells_and_says_how(
         if method == "none":
             assert c["significant"] == c["excludes_zero"]
         else:
-            assert c["significant"] == (c["ci_note"] is None and c["p_adjusted"] < 0.05)
+            assert c["significant"] == (c["excludes_zero"] and c["p_adjusted"] < 0.05)
     assert analyze(*argv) == 0
     table = capsys.readouterr().out
     starred = sum(ln.rstrip().endswith(("*", "*†")) for ln in table.splitlines()
