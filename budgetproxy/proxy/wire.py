@@ -153,9 +153,8 @@ def ignored_spec_headers(headers: dict[bytes, bytes], st: EpisodeState) -> bytes
                            f"{attr} is {shown} (set on its first call)")
     if not ignored:
         return None
-    # (latin-1, like every header value: a UTF-8 task name is sent back as its bytes were)
-    text = "; ".join(ignored).replace("\r", " ").replace("\n", " ")
-    return text.encode("latin-1", "replace")
+    # ASCII, anything else escaped: a header value any client reads back the same way
+    return "; ".join(ignored).encode("ascii", "backslashreplace")
 
 
 def parse_payload(body: bytes) -> dict[str, Any]:
