@@ -70,9 +70,10 @@ def _serve(args: argparse.Namespace) -> int:
         config = load_config(path, _serve_overrides(args))
     except ConfigError as e:
         # --upstream is written into the config as upstreams[0]: name the flag the user typed
-        given = " (given as --upstream)" if args.upstream and str(e).startswith(
-            "upstreams.0.base_url") else ""
-        print(f"budgetproxy: bad config: {e}{given}", file=sys.stderr)
+        for problem in e.problems:  # every one found, a line each
+            given = " (given as --upstream)" if args.upstream and problem.startswith(
+                "upstreams.0.base_url") else ""
+            print(f"budgetproxy: bad config: {problem}{given}", file=sys.stderr)
         return 2
     if not config.upstreams:
         print("budgetproxy: bad config: upstreams: no upstream configured; pass --upstream URL "
@@ -144,7 +145,7 @@ def build_parser() -> argparse.ArgumentParser:
                        "memory)")
     serve.add_argument("--check", action="store_true",
                        help="validate the config, print the effective config (secrets masked) and "
-                       "exit: 0 when valid, 2 with one line naming the key when not")
+                       "exit: 0 when valid, 2 with a line naming each bad key when not")
     serve.set_defaults(func=_serve)
     for module in ("budgetproxy.analysis.command", "budgetproxy.analysis.export_command",
                    "budgetproxy.probe.command", "budgetproxy.demo.command",

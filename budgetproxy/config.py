@@ -29,7 +29,12 @@ _ENV_REF = re.compile(r"\$\{([A-Za-z_][A-Za-z0-9_]*)(?::-([^}]*))?\}")
 
 
 class ConfigError(ValueError):
-    """A configuration problem, phrased as one line naming the key."""
+    """Configuration problems, each phrased as one line naming its key (`problems`); the
+    message is those lines."""
+
+    def __init__(self, *problems: str) -> None:
+        super().__init__("\n".join(problems))
+        self.problems = list(problems)
 
 
 class _Strict(BaseModel):
@@ -436,16 +441,26 @@ def _unknown_key(loc: tuple[int | str, ...]) -> str:
     return f"unknown key (did you mean `{near[0]}`?)" if near else "unknown key"
 
 
-def _format_error(err: ValidationError) -> str:
-    first = err.errors()[0]
-    key = ".".join(str(p) for p in first["loc"]) or "config"
-    msg = first["msg"]
-    if first["type"] == "extra_forbidden":
-        msg = _unknown_key(tuple(first["loc"]))
+def _format_errors(err: ValidationError) -> list[str]:
+    """Every problem pydantic found in one pass, one line each naming its key. (Checks across
+    sections run once each section is valid on its own: they show up on a later pass.)"""
+    lines: list[str] = []
+    for error in err.errors():
+        line = _format_one(error)
+        if line not in lines:
+            lines.append(line)
+    return lines
+
+
+def _format_one(error: Any) -> str:
+    key = ".".join(str(p) for p in error["loc"]) or "config"
+    msg = error["msg"]
+    if error["type"] == "extra_forbidden":
+        msg = _unknown_key(tuple(error["loc"]))
     if msg.startswith("Value error, "):
         msg = msg[len("Value error, ") :]
-    if not first["loc"]:  # a check across sections, whose message names its own key
-        return msg
+    if not error["loc"]:  # a check across sections, whose message names its own key
+        return str(msg)
     if _SUBKEY.match(msg):  # a section's own check, naming the key within it
         return f"{key}.{msg}"
     return f"{key}: {msg}"
@@ -495,7 +510,7 @@ def load_config(
         return Config.model_validate(raw)
     except ValidationError as e:
         hint = f" (unset environment variable: {', '.join(sorted(set(unset)))})" if unset else ""
-        raise ConfigError(_format_error(e) + hint) from None
+        raise ConfigError(*(line + hint for line in _format_errors(e))) from None
 
 
 _SECRET_KEYS = frozenset({"api_key", "keys", "admin_keys", "key", "key_secret"})

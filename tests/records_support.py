@@ -1,4 +1,4 @@
-"""Trajectory records as the proxy writes them (CONTRACT.md, "Trajectory log"), for tests that
+"""Trajectory records as the proxy writes them (docs/trajectories.md), for tests that
 feed the analysis hand-made logs."""
 
 from __future__ import annotations

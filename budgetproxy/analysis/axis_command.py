@@ -10,6 +10,7 @@ from typing import Any
 
 from budgetproxy.analysis import axis, axis_table, load
 from budgetproxy.analysis.axis_rule import Column
+from budgetproxy.analysis.compare import adjusted
 from budgetproxy.core.prices import PriceTable
 
 
@@ -78,9 +79,10 @@ def run_axis(args: argparse.Namespace) -> int:
                 print(f"budgetproxy analyze: --compare {comparison.field}={comparison.a},"
                       f"{comparison.b}: no episode has {comparison.field} = {value!r}",
                       file=sys.stderr)
-        differences.append(axis_table.compute_differences(
+        found = axis_table.compute_differences(
             episodes, comparison, name, columns, args.k, fixed, args.by, args.resamples,
-            args.seed))
+            args.seed)
+        differences.append((comparison, adjusted(found, args.adjust)))
     counts: dict[str, Any] = {"counted": len(episodes), "left_out": left_out,
                               "left_out_reasons": reasons}
     if args.tiers:
@@ -88,13 +90,14 @@ def run_axis(args: argparse.Namespace) -> int:
     if args.json:
         out: dict[str, Any] = {"pass_at": [c.as_json() for c in cells]}
         if args.compare:
-            out["compare"] = [d.as_json() for ds in differences for d in ds]
+            out["compare"] = [d.as_json() for _, ds in differences for d in ds]
         out["episodes"] = counts
         out["settings"] = {
             "k": args.k, "axis": name, "budgets": args.budgets or [],
             "tiers": [c.label for c in columns if c.kind == "tier"], "hold": fixed,
             "by": args.by, "compare": [f"{c.field}={c.a},{c.b}" for c in args.compare],
-            "resamples": args.resamples, "seed": args.seed, "confidence": 0.95}
+            "adjust": args.adjust, "resamples": args.resamples, "seed": args.seed,
+            "confidence": 0.95}
         print(json.dumps(out, indent=2, ensure_ascii=False))
     else:
         why = "; ".join(f"{n:,} {r}" for r, n in reasons.items()) or "none"
@@ -105,8 +108,9 @@ def run_axis(args: argparse.Namespace) -> int:
                          "columns (give --budgets)")
         text = ["\n".join(lines) + "\n",
                 axis_table.format_axis_cells(cells, args.resamples, args.seed)]
-        text += [axis_table.format_axis_differences(ds, args.resamples, args.seed)
-                 for ds in differences]
+        text += [axis_table.format_axis_differences(ds, args.resamples, args.seed,
+                                                    comparison=c)
+                 for c, ds in differences]
         print("\n".join(text), end="")
     if all(c.value is None for c in cells):
         print("budgetproxy analyze: no eligible episodes at any B (see docs/budgets.md)",

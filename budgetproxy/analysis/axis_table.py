@@ -21,7 +21,13 @@ from budgetproxy.analysis.axis_rule import (
     number_label,
     succeeded_within,
 )
-from budgetproxy.analysis.compare import Comparison, excludes_zero, format_differences, paired
+from budgetproxy.analysis.compare import (
+    Comparison,
+    excludes_zero,
+    format_differences,
+    paired,
+    significant,
+)
 from budgetproxy.analysis.stats import few_tasks
 from budgetproxy.analysis.table import estimate, format_cells, slice_order
 
@@ -89,6 +95,9 @@ class AxisDifference:
     n_tasks_unpaired: int
     ci_note: str | None = None
     n_episodes: int = 0
+    p_value: float | None = None
+    p_adjusted: float | None = None
+    adjust: str = "none"
 
     @property
     def columns(self) -> By:
@@ -102,6 +111,10 @@ class AxisDifference:
     def few_tasks(self) -> bool:
         return self.diff is not None and few_tasks(self.n_tasks, self.n_episodes, self.k)
 
+    @property
+    def significant(self) -> bool:
+        return significant(self)
+
     def as_json(self) -> dict[str, Any]:
         c = self.comparison
         row: dict[str, Any] = {"field": c.field, "a": c.a, "b": c.b, "k": self.k,
@@ -111,7 +124,9 @@ class AxisDifference:
                    n_tasks_unpaired=self.n_tasks_unpaired, n_episodes=self.n_episodes,
                    by=dict(self.by), hold=self.hold, ci_note=self.ci_note,
                    few_tasks=self.few_tasks,
-                   excludes_zero=self.excludes_zero)
+                   excludes_zero=self.excludes_zero, p_value=self.p_value,
+                   p_adjusted=self.p_adjusted, adjust=self.adjust,
+                   significant=self.significant)
         return row
 
 
@@ -218,10 +233,11 @@ def format_axis_cells(cells: Sequence[AxisCell], resamples: int, seed: int) -> s
                         letter="B")
 
 
-def format_axis_differences(diffs: Sequence[AxisDifference], resamples: int, seed: int) -> str:
+def format_axis_differences(diffs: Sequence[AxisDifference], resamples: int, seed: int, *,
+                            comparison: Comparison | None = None) -> str:
     if not diffs:
-        return ""
+        return format_differences(diffs, resamples, seed, comparison=comparison)
     axis = diffs[0].axis
     return format_differences(diffs, resamples, seed, measure=f"Pass@(K,B) along {axis}",
                               column=_header(axis, list(dict.fromkeys(d.budget for d in diffs))),
-                              letter="B")
+                              letter="B", comparison=comparison)

@@ -172,6 +172,14 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
         help="bootstrap seed (default 0)",
     )
     p.add_argument(
+        "--adjust",
+        choices=["holm", "bh", "none"],
+        default="holm",
+        help="--compare: adjust the cells' p-values over each comparison, Holm (family-wise, "
+        "the default), bh (Benjamini-Hochberg, false discovery rate) or none; a star means "
+        "the adjusted p is below 0.05",
+    )
+    p.add_argument(
         "--resamples",
         type=_int_in(1, 1_000_000, "a number of resamples in 1..1000000"),
         default=1000,
@@ -336,6 +344,7 @@ def _run(args: argparse.Namespace) -> int:
             "turns": args.turns or [],
             "by": args.by,
             "compare": [f"{c.field}={c.a},{c.b}" for c in args.compare],
+            "adjust": args.adjust,
             "resamples": args.resamples,
             "seed": args.seed,
             "confidence": 0.95,
@@ -343,8 +352,9 @@ def _run(args: argparse.Namespace) -> int:
         text += [_summary_text(summary, counts), format_cells(cells, args.resamples, args.seed)]
         differences = _compare(con, args, budgets)
         if args.compare:
-            out["compare"] = [d.as_json() for ds in differences for d in ds]
-            text += [format_differences(ds, args.resamples, args.seed) for ds in differences]
+            out["compare"] = [d.as_json() for _, ds in differences for d in ds]
+            text += [format_differences(ds, args.resamples, args.seed, comparison=c)
+                     for c, ds in differences]
         extra: list[tuple[str, str]] = []
         if args.error_pattern is not None:
             from budgetproxy.analysis.recovery import compute_recovery, format_recovery
@@ -395,9 +405,12 @@ def _run(args: argparse.Namespace) -> int:
     return code
 
 
-def _compare(con: Any, args: argparse.Namespace, budgets: Sequence[Any]) -> list[list[Any]]:
-    """The --compare differences, one list per comparison; a value no episode has is said."""
-    from budgetproxy.analysis.compare import compute_differences
+def _compare(
+    con: Any, args: argparse.Namespace, budgets: Sequence[Any]
+) -> list[tuple[Any, list[Any]]]:
+    """Per --compare: the comparison and its cells (p-values adjusted per --adjust); a value
+    no episode has is said."""
+    from budgetproxy.analysis.compare import adjusted, compute_differences
     from budgetproxy.analysis.table import by_expression
 
     out = []
@@ -413,11 +426,10 @@ def _compare(con: Any, args: argparse.Namespace, budgets: Sequence[Any]) -> list
                 print(f"budgetproxy analyze: --compare {comparison.field}={comparison.a},"
                       f"{comparison.b}: no episode has {comparison.field} = {value!r}",
                       file=sys.stderr)  # fmt: skip
-        out.append(
-            compute_differences(
-                con, comparison, args.k, budgets, args.by, args.resamples, args.seed
-            )
+        cells = compute_differences(
+            con, comparison, args.k, budgets, args.by, args.resamples, args.seed
         )
+        out.append((comparison, adjusted(cells, args.adjust)))
     return out
 
 
@@ -519,10 +531,11 @@ def _write_report(
         "confidence intervals": f"95%, {args.resamples} bootstrap resamples over tasks, "
         f"seed {args.seed}",
     }
-    from budgetproxy.analysis.compare import compute_differences
+    from budgetproxy.analysis.compare import adjusted, compute_differences
 
     differences = [
-        compute_differences(con, c, args.k, budgets, by, args.resamples, args.seed)
+        adjusted(compute_differences(con, c, args.k, budgets, by, args.resamples, args.seed),
+                 args.adjust)
         for c in args.compare
     ]
     view = None

@@ -18,14 +18,15 @@ class InputError(Exception):
 
 
 @contextmanager
-def connect(memory_limit: str = "1GB") -> Iterator[Any]:
+def connect(memory_limit: str = "1GB", command: str = "analyze") -> Iterator[Any]:
     """An in-memory DuckDB connection held to `memory_limit`: past it, DuckDB spills tables
-    and operators to a private temp dir, removed afterwards."""
+    and operators to a private temp dir, removed afterwards. `command` is the subcommand
+    that needs it, named when DuckDB is not installed."""
     try:
         import duckdb
-    except ImportError as exc:  # pragma: no cover - depends on the install
+    except ImportError as exc:
         raise InputError(
-            "analyze needs DuckDB: pip install 'budgetproxy[analyze]'", exit_code=2
+            f"{command} needs DuckDB: pip install 'budgetproxy[analyze]'", exit_code=2
         ) from exc
     spill = tempfile.mkdtemp(prefix="budgetproxy-analyze-")
     con = duckdb.connect(":memory:")

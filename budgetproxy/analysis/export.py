@@ -1,9 +1,9 @@
 """Parquet export of episodes and turns, for pandas, polars, Spark or DuckDB users.
 
 OUT is a folder that receives `episodes.parquet` (validated, one row per episode) and
-`turns.parquet` (every valid turn record). Nested record parts (tags, request_messages,
-response, usage, disclosure) stay JSON text; timestamps become UTC timestamps. `analyze`
-reads the folder back like a JSONL log.
+`turns.parquet` (every valid turn record). Nested record parts (tags, metadata,
+request_messages, response, usage, disclosure) stay JSON text; timestamps become UTC
+timestamps. `analyze` and `export` read the folder back like a JSONL log.
 """
 
 from __future__ import annotations
@@ -12,14 +12,15 @@ from pathlib import Path
 from typing import Any
 
 from budgetproxy.analysis.db import InputError, sql_str
-from budgetproxy.analysis.load import TURN_COLUMNS
+from budgetproxy.analysis.load import AXIS_FIELDS, TURN_COLUMNS
 from budgetproxy.analysis.progress import Progress
 from budgetproxy.trajectories.records import SCHEMA_VERSION
 
 EPISODES_SQL = f"""
 SELECT {SCHEMA_VERSION} AS schema, 'episode' AS type, episode_id, task_id, "group", tags,
     model, budget, max_turns, tier, disclosure, announced_budget, turns_used, outcome,
-    recorded_success_turn AS success_turn, reward, exhausted, end_reason, started_at, ended_at
+    recorded_success_turn AS success_turn, reward, exhausted, end_reason, started_at, ended_at,
+    {", ".join(f'"{name}"' for name in AXIS_FIELDS)}
 FROM episodes ORDER BY episode_id
 """
 

@@ -41,7 +41,7 @@ def run(args: argparse.Namespace) -> int:
     from budgetproxy.analysis.rollout_export import episode_rows, read_logs, write
 
     try:
-        with connect() as con:
+        with connect(command="export") as con:
             episodes, turns = read_logs(con, args.paths)
             if not episodes:
                 print("budgetproxy export: no finished episodes in the logs", file=sys.stderr)

@@ -23,8 +23,9 @@ from budgetproxy.analysis.progress import Progress
 from budgetproxy.trajectories.records import SCHEMA_VERSION
 
 __all__ = [
-    "EPISODE_FIELDS", "TABLE_FIELDS", "TURN_COLUMNS", "InputError", "Inputs", "ScanSummary",
-    "connect", "create_turns_view", "discover", "load_episodes", "sql_list", "sql_str",
+    "AXIS_FIELDS", "EPISODE_FIELDS", "TABLE_FIELDS", "TURN_COLUMNS", "InputError", "Inputs",
+    "ScanSummary", "connect", "create_turns_view", "discover", "load_episodes", "sql_list",
+    "sql_str",
 ]  # fmt: skip
 
 LOG_SUFFIXES = (".jsonl", ".jsonl.gz", ".parquet")
@@ -35,15 +36,25 @@ LOG_SUFFIXES = (".jsonl", ".jsonl.gz", ".parquet")
 MAX_LINE_BYTES = 64 << 20
 
 # Episode fields read from each record; all arrive as text and are validated in SQL.
+# The episode record's fields beside turns (the budgets in other units, docs/budgets.md) and
+# its metadata, with the type each is read as: only the exports read them.
+AXIS_FIELDS = {
+    "metadata": "JSON", "token_budget": "BIGINT", "tokens_used": "BIGINT",
+    "cost_budget": "DOUBLE", "cost_used": "DOUBLE", "time_budget_s": "DOUBLE",
+    "time_used_s": "DOUBLE", "exhausted_by": "VARCHAR", "announced_tokens": "BIGINT",
+    "announced_cost": "DOUBLE", "announced_time_s": "DOUBLE", "full_token_budget": "BIGINT",
+    "full_cost_budget": "DOUBLE", "full_time_budget_s": "DOUBLE",
+}  # fmt: skip
 EPISODE_FIELDS = (
     "episode_id", "task_id", "group", "tags", "model", "budget", "max_turns", "tier",
     "disclosure", "announced_budget", "turns_used", "outcome", "success_turn", "reward",
-    "exhausted", "end_reason", "started_at", "ended_at",
+    "exhausted", "end_reason", "started_at", "ended_at", *AXIS_FIELDS,
 )  # fmt: skip
 # What the tables, the report, the audit and the recovery view read; the rest (timestamps,
-# reward, the exhausted flag) only the Parquet export needs, so it alone reads them.
+# reward, the exhausted flag, the other axes) only the exports need, so they alone read them.
 TABLE_FIELDS = tuple(
-    f for f in EPISODE_FIELDS if f not in ("reward", "exhausted", "started_at", "ended_at")
+    f for f in EPISODE_FIELDS
+    if f not in ("reward", "exhausted", "started_at", "ended_at", *AXIS_FIELDS)
 )
 
 TURN_COLUMNS = {
@@ -251,7 +262,7 @@ WITH typed AS (
         outcome, bp_int(success_turn) AS recorded_success_turn,
         TRY_CAST(reward AS DOUBLE) AS reward, TRY_CAST(exhausted AS BOOLEAN) AS exhausted,
         end_reason, TRY_CAST(started_at AS TIMESTAMPTZ) AS started_at,
-        TRY_CAST(ended_at AS TIMESTAMPTZ) AS ended_at,
+        TRY_CAST(ended_at AS TIMESTAMPTZ) AS ended_at, {axis_columns},
         outcome = 'success' OR end_reason = 'success' AS success,
         coalesce(f.rank, -1) AS file_rank, c.ord
     FROM checked c LEFT JOIN file_ranks f ON f.file = c.file WHERE problem IS NULL
@@ -263,6 +274,20 @@ SELECT * EXCLUDE (success, file_rank, ord),
 FROM typed
 QUALIFY row_number() OVER (PARTITION BY episode_id ORDER BY file_rank DESC, ord DESC) = 1
 """
+
+
+def _axis_columns() -> str:
+    """AXIS_FIELDS typed as the episodes table holds them (invalid values as NULL)."""
+    out = []
+    for name, kind in AXIS_FIELDS.items():
+        if kind == "JSON":
+            out.append(f'CASE WHEN json_valid("{name}") AND json_type("{name}") = \'OBJECT\' '
+                       f'THEN "{name}"::JSON END AS "{name}"')
+        elif kind == "BIGINT":
+            out.append(f'bp_int("{name}") AS "{name}"')
+        else:
+            out.append(f'TRY_CAST("{name}" AS {kind}) AS "{name}"')
+    return ", ".join(out)
 
 
 def load_episodes(
@@ -307,7 +332,7 @@ def load_episodes(
                 f"WHERE episode_id IS NOT NULL GROUP BY episode_id"
             )
     con.execute(CHECKED_SQL.format(schema=SCHEMA_VERSION))
-    con.execute(EPISODES_SQL)
+    con.execute(EPISODES_SQL.replace("{axis_columns}", _axis_columns()))
     summary = _summarise(con, inputs)
     # The episodes table holds what later steps need: free the lines' extracts.
     con.execute("DROP VIEW checked")

@@ -1,12 +1,12 @@
 """`budgetproxy export`: trajectory logs as one row per episode for RL trainers (Parquet/JSONL).
 
-Logs are read with the analysis readers (DuckDB). Columns (docs/rollouts.md):
-episode_id, task_id, group, model, budget, max_turns, tier, disclosure, announced_budget,
-turns_used, outcome, end_reason, reported_reward, reward (after the budget rule), advantage
-(GRPO, over the episodes of (task_id, group) in the logs), messages (the conversation as the
-model saw it, its last reply included), and, from captured turns: turn_prompt_token_ids,
-turn_completion_token_ids, turn_logprobs (per turn), append_only, and for an append-only
-episode token_ids, loss_mask (1 on sampled tokens) and logprobs (null on prompt tokens).
+Logs are read with the analysis readers (DuckDB). Every field of the episode record is a
+column (docs/rollouts.md has the schema: `COLUMNS` in order), beside what the export derives:
+reported_reward and reward (after the budget rule), advantage (GRPO, over the episodes of
+(task_id, group) in the logs), messages (the conversation as the model saw it, its last reply
+included), and, from captured turns: turn_prompt_token_ids, turn_completion_token_ids,
+turn_logprobs (per turn), append_only, and for an append-only episode token_ids, loss_mask
+(1 on sampled tokens) and logprobs (null on prompt tokens).
 """
 
 from __future__ import annotations
@@ -18,6 +18,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
+from budgetproxy.analysis.load import AXIS_FIELDS
 from budgetproxy.core import disclosure
 from budgetproxy.core.disclosure import Placement
 from budgetproxy.core.rewards import OnExhausted, advantages, final_reward
@@ -25,11 +26,20 @@ from budgetproxy.core.tokens import sequence
 
 MESSAGE = ("STRUCT(role VARCHAR, content VARCHAR, tool_calls VARCHAR, tool_call_id VARCHAR, "
            "name VARCHAR)")
-COLUMNS = {
+# The episode record's fields, as the episodes table types them (tags and metadata: JSON
+# objects as text, for a column that any reader takes whatever their keys).
+RECORD_COLUMNS = {
     "episode_id": "VARCHAR", "task_id": "VARCHAR", "group": "VARCHAR", "model": "VARCHAR",
-    "budget": "BIGINT", "max_turns": "BIGINT", "tier": "VARCHAR", "disclosure": "VARCHAR",
-    "announced_budget": "BIGINT", "turns_used": "BIGINT", "outcome": "VARCHAR",
-    "end_reason": "VARCHAR", "reported_reward": "DOUBLE", "reward": "DOUBLE",
+    "tags": "VARCHAR", "budget": "BIGINT", "max_turns": "BIGINT", "tier": "VARCHAR",
+    "disclosure": "VARCHAR", "announced_budget": "BIGINT", "turns_used": "BIGINT",
+    "outcome": "VARCHAR", "success_turn": "BIGINT", "exhausted": "BOOLEAN",
+    "end_reason": "VARCHAR", "started_at": "TIMESTAMPTZ", "ended_at": "TIMESTAMPTZ",
+    "duration_s": "DOUBLE",
+    **{name: "VARCHAR" if kind == "JSON" else kind for name, kind in AXIS_FIELDS.items()},
+}  # fmt: skip
+COLUMNS = {
+    **RECORD_COLUMNS,
+    "reported_reward": "DOUBLE", "reward": "DOUBLE",
     "advantage": "DOUBLE", "messages": f"{MESSAGE}[]",
     "turn_prompt_token_ids": "BIGINT[][]", "turn_completion_token_ids": "BIGINT[][]",
     "turn_logprobs": "DOUBLE[][]", "append_only": "BOOLEAN", "token_ids": "BIGINT[]",
@@ -140,9 +150,17 @@ def read_logs(con: Any, paths: Sequence[str]) -> tuple[list[dict[str, Any]],
     load.load_episodes(con, inputs, Progress(inputs.total_bytes))
     load.create_turns_view(con, inputs, "export_turns",
                            {**load.TURN_COLUMNS, **TOKEN_TURN_COLUMNS})
-    episodes = _fetch(con, """
-        SELECT episode_id, task_id, "group", model, budget, max_turns, tier, disclosure,
-               announced_budget, turns_used, outcome, end_reason, reward
+    # (timestamps as RFC 3339 text with their zone: what JSONL holds and Parquet reads back)
+    stamp = "strftime({0} AT TIME ZONE 'UTC', '%Y-%m-%dT%H:%M:%S.%gZ') AS {0}"
+    derived = {
+        "tags": "CAST(tags AS VARCHAR) AS tags",
+        "metadata": "CAST(metadata AS VARCHAR) AS metadata",
+        "started_at": stamp.format("started_at"), "ended_at": stamp.format("ended_at"),
+        "duration_s": "round(epoch(ended_at) - epoch(started_at), 3) AS duration_s",
+    }
+    names = ", ".join(derived.get(n, f'"{n}"') for n in RECORD_COLUMNS)
+    episodes = _fetch(con, f"""
+        SELECT {names}, reward
         FROM episodes ORDER BY task_id NULLS LAST, "group" NULLS LAST, started_at, episode_id""")
     rows = _fetch(con, """
         SELECT episode_id, turn, attempt, CAST(request_messages AS VARCHAR) AS request_messages,

@@ -148,7 +148,7 @@ def _check_proxy(url: str) -> None:
 
 
 async def run_probe(opts: ProbeOptions) -> dict[str, Any]:
-    """The whole probe; the result has the CONTRACT's `--json` shape (and more)."""
+    """The whole probe; the result has the `--json` shape of docs/probe.md (and more)."""
     started = time.monotonic()
     sel_a, sel_b = parse_selector(opts.a), parse_selector(opts.b)
     selection = select(read_episodes(opts.paths), sel_a, sel_b)

@@ -106,7 +106,7 @@ def _rates(rows: Sequence[Compared], resamples: int, seed: int) -> dict[str, Any
 
 
 def summarize(rows: Sequence[Compared], resamples: int = 1000, seed: int = 0) -> dict[str, Any]:
-    """The view's numbers (CONTRACT "State diagnostics"), split by depth into the trajectory."""
+    """The view's numbers (docs/probe.md), split by depth into the trajectory."""
     out = _rates(rows, resamples, seed)
     out["by_depth"] = [
         {"depth": name, **_rates([r for r in rows if depth_of(r.fraction) == name],

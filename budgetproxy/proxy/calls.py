@@ -47,7 +47,7 @@ class ModelCall:
         "result", "http_status", "ttft", "error_class", "conversation", "data", "events",
         "settled", "span", "prints", "previous_response", "exact", "ended", "probe", "query",
         "payload", "timed_out", "cumulative", "capture", "tokens", "sent", "upstream_body",
-        "counts", "answer",
+        "counts", "answer", "warning",
     )
 
     def __init__(self, route: str, dialect: Dialect) -> None:
@@ -94,6 +94,8 @@ class ModelCall:
         # The request body the upstream got: `sent` is the dialect's conversation of it read
         # back (the turn log keeps it instead of writing `sent` again, proxy/grouping.py).
         self.upstream_body: bytes | None = None
+        # X-Episode-Warning: first-call headers this later call sent that its episode ignored
+        self.warning: bytes | None = None
 
     def refuse(self, http_status: int) -> None:
         """The proxy answers this forwarded call itself, with `http_status`: its turn is
@@ -121,7 +123,7 @@ def turn_record(
     call: ModelCall, st: EpisodeState, conversation: list[Any] | None,
     reply: dict[str, Any] | None, charged: bool, remaining: int | None,
 ) -> dict[str, Any]:
-    """The call's turn record (CONTRACT "Trajectory log"), with `charged` and `remaining` as
+    """The call's turn record (docs/trajectories.md), with `charged` and `remaining` as
     its turn settled."""
     grant = call.grant
     if grant is not None and grant.kind is GrantKind.FORWARD:

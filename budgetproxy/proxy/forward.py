@@ -63,6 +63,7 @@ from budgetproxy.proxy.upstream_call import UpstreamCall
 from budgetproxy.proxy.wire import (
     encode_exact,
     exact_payload,
+    ignored_spec_headers,
     parse_payload,
     spec_from_headers,
 )
@@ -375,7 +376,9 @@ class ModelCalls:
                 return None, fresh()
             raise ProxyError(503, "store_unavailable",
                              "The episode store is unavailable; try again shortly") from None
-        if opened.created:
+        if not opened.created:
+            call.warning = ignored_spec_headers(headers, opened.state)
+        else:
             key = group_key(opened.state)
             if size is not None and key is not None and self.groups is not None:
                 with contextlib.suppress(StoreUnavailable):  # the group API can declare it
@@ -461,11 +464,13 @@ class ModelCalls:
         st, grant = call.state, call.grant
         if st is None or call.episode_id is None:
             return []
-        # A refused call is reported as the turn it would have been, as in its log record.
-        turn = grant.turn if grant is not None and grant.kind is GrantKind.FORWARD else (
-            st.turns_used + 1)
-        out = [(b"x-episode-id", local_id(call.episode_id).encode()),
-               (b"x-episode-turn", b"%d" % turn)]
+        out = [(b"x-episode-id", local_id(call.episode_id).encode())]
+        # Only a turn taken has a number: a call refused (or answered by the proxy's final
+        # reply) took none (its log record says which it would have been).
+        if grant is not None and grant.kind is GrantKind.FORWARD:
+            out.append((b"x-episode-turn", b"%d" % grant.turn))
+        if call.warning is not None:
+            out.append((b"x-episode-warning", call.warning))
         mode = self.cfg.episodes.budget_headers
         if mode == "always" or (mode == "disclosed_only" and st.disclosure == "disclosed"):
             remaining = st.remaining

@@ -8,6 +8,7 @@ from typing import Any
 import orjson
 
 from budgetproxy.core.budget import TURNS_MAX
+from budgetproxy.core.episode import EpisodeState
 from budgetproxy.core.spec import EpisodeSpec
 from budgetproxy.errors import invalid_request
 
@@ -115,6 +116,45 @@ def spec_from_headers(episode_id: str, headers: dict[bytes, bytes]) -> EpisodeSp
         disclosure=arm,  # type: ignore[arg-type]
         **_axis_fields(headers),
     )
+
+
+# First-call headers a later call may resend (SDKs send default headers on every call), and
+# the episode field each sets. A later copy never changes the episode; one that differs is
+# named in the answer's X-Episode-Warning.
+_FIRST_CALL_FIELDS = (
+    (b"x-episode-budget", "budget"),
+    (b"x-episode-max-turns", "max_turns"),
+    (b"x-episode-announced-budget", "announced_budget"),
+    (b"x-episode-task", "task_id"),
+    (b"x-episode-group", "group"),
+    (b"x-episode-disclosure", "disclosure"),
+)
+_COUNT_FIELDS = frozenset({"budget", "max_turns", "announced_budget"})
+
+
+def ignored_spec_headers(headers: dict[bytes, bytes], st: EpisodeState) -> bytes | None:
+    """The X-Episode-Warning of a later call whose first-call headers differ from what its
+    episode holds (those headers are read on the first call only), or None when none do."""
+    ignored: list[str] = []
+    for name, attr in _FIRST_CALL_FIELDS:
+        raw = headers.get(name)
+        if not raw:
+            continue
+        held = getattr(st, attr)
+        sent = raw.decode("utf-8", "replace").strip()
+        if name == b"x-episode-disclosure":
+            sent = sent.lower()
+        elif attr in _COUNT_FIELDS and sent.isascii() and sent.isdigit():  # "08" is 8
+            sent = sent.lstrip("0") or "0"  # (no int(): thousands of digits would raise)
+        if held is None or sent != str(held):
+            shown = "none" if held is None else str(held)
+            shown_sent = sent if len(sent) <= 64 else sent[:64] + "..."
+            ignored.append(f"{name.decode().title()} {shown_sent!r} ignored: the episode's "
+                           f"{attr} is {shown} (set on its first call)")
+    if not ignored:
+        return None
+    # ASCII, anything else escaped: a header value any client reads back the same way
+    return "; ".join(ignored).encode("ascii", "backslashreplace")
 
 
 def parse_payload(body: bytes) -> dict[str, Any]:

@@ -1,11 +1,12 @@
 """A fake OpenAI-compatible upstream: deterministic answers, fault injection, cheap per request.
 
-Request headers steer it (the proxy forwards them): ``X-Fake-Status``, ``X-Fake-Delay-Ms``,
+Request headers steer it: ``X-Fake-Status``, ``X-Fake-Delay-Ms``,
 ``X-Fake-Fail-Times`` + ``X-Fake-Fail-Key``, ``X-Fake-Chunks``, ``X-Fake-Chunk-Gap-Ms``,
 ``X-Fake-Stream-Break-After``, ``X-Fake-Parallel-Tools``, ``X-Fake-Echo-Request`` and, on
 Messages, ``X-Fake-Cache-Read`` / ``X-Fake-Cache-Write``. Chat and text completions, the
 Responses API (function calls, the full event stream) and Anthropic Messages (tool_use, cache
-tokens, the full event stream) answer as the real APIs do.
+tokens, the full event stream) answer as the real APIs do. The proxy passes these headers
+upstream only when told to (``server.forward_headers: ["x-fake-*"]``).
 """
 
 from __future__ import annotations
@@ -529,7 +530,8 @@ class FakeUpstream(LocalAiohttpServer):
 
 
 _HEADERS_HELP = """\
-request headers (the proxy forwards them):
+request headers (through budgetproxy only with server.forward_headers: ["x-fake-*"];
+by default the proxy does not forward X-Fake-* headers):
   X-Fake-Status: N               answer with this status (500 if only Fail-Times is set)
   X-Fake-Fail-Times: N           fail the first N requests sharing X-Fake-Fail-Key, then answer
   X-Fake-Fail-Key: K             (with X-Fake-Fail-Times) which requests count together

@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
+import json
 import re
 import shutil
 import subprocess
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -13,8 +15,52 @@ from urllib.parse import urlsplit
 
 import pytest
 
-BIN = Path(__file__).resolve().parents[2] / ".ci" / "node" / "node_modules" / ".bin"
-INSTALL = "npm ci --prefix .ci/node (what .ci/run does)"
+NODE = Path(__file__).resolve().parents[2] / ".ci" / "node"
+BIN = NODE / "node_modules" / ".bin"
+INSTALL = "npm ci --prefix .ci/node --no-audit --no-fund"
+STRACE_INSTALL = "apt-get install strace"
+# Each pinned package and the command it installs under node_modules/.bin.
+COMMANDS = {"@openai/codex": "codex", "@anthropic-ai/claude-code": "claude"}
+
+
+def missing_clis(node: Path = NODE) -> list[str]:
+    """The pinned packages (.ci/node/package.json) not installed at their pinned version."""
+    pins: dict[str, str] = json.loads((node / "package.json").read_text())["dependencies"]
+    out = []
+    for package, version in pins.items():
+        installed = node / "node_modules" / package / "package.json"
+        command = node / "node_modules" / ".bin" / COMMANDS.get(package, package)
+        try:
+            found = json.loads(installed.read_text()).get("version")
+        except (OSError, ValueError):
+            found = None
+        if found != version or not command.exists():
+            out.append(f"{package}@{version}")
+    return out
+
+
+def ensure_clis(node: Path = NODE, which: Callable[[str], str | None] = shutil.which,
+                timeout: float = 900.0) -> None:
+    """Install the pinned CLIs with npm when any is missing; fail (never skip) with the one
+    command to run when npm is not there or the install fails, and when strace is missing."""
+    if which("strace") is None:
+        pytest.fail(f"strace is not installed (the agent tests log what the CLIs connect to): "
+                    f"run {STRACE_INSTALL}", pytrace=False)
+    missing = missing_clis(node)
+    if not missing:
+        return
+    npm = which("npm")
+    if npm is None:
+        pytest.fail(f"the agent CLIs ({', '.join(missing)}) are not installed and npm is not "
+                    f"on PATH: install Node.js with npm, then run {INSTALL}", pytrace=False)
+    done = subprocess.run([npm, "ci", "--prefix", str(node), "--no-audit", "--no-fund",
+                           "--loglevel=error"], capture_output=True, text=True,
+                          timeout=timeout, check=False)
+    still = missing_clis(node)
+    if done.returncode != 0 or still:
+        tail = (done.stderr or done.stdout).strip().splitlines()[-5:]
+        pytest.fail(f"{INSTALL} failed (exit {done.returncode}; missing {', '.join(still)}): "
+                    + " | ".join(tail), pytrace=False)
 
 # What keeps each CLI off the network and away from a login: Codex reads its provider's key
 # from `env_key`, checks for updates only when asked, and syncs its plugin marketplace (a git
@@ -94,7 +140,7 @@ def _run(argv: list[str], home: Path, env: dict[str, str], timeout: float,
     if trace is not None:
         strace = shutil.which("strace")
         if strace is None:
-            pytest.fail("strace is not installed (apt-get install strace; .ci/run does)")
+            pytest.fail(f"strace is not installed: run {STRACE_INSTALL}")
         argv = [strace, "-f", "-qq", "-e", "trace=connect", "-o", str(trace), *argv]
     t0 = time.monotonic()
     done = subprocess.run(

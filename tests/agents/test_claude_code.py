@@ -10,7 +10,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from agent_clis import claude_print, connections, proxy_address
+from agent_clis import claude_print, connections, ensure_clis, proxy_address
 from conftest import Proxy, ProxyFactory, new_id
 
 from budgetproxy.config import FinishTexts
@@ -20,6 +20,13 @@ EXHAUSTED_TEXT = FinishTexts().turns
 
 TURN_1_OF_1 = "[Turn budget] Turn 1 of 1. 0 turns remain after this one."
 ALIAS = {"id_headers": ["X-Claude-Code-Session-Id"]}
+
+
+@pytest.fixture(scope="module", autouse=True)
+def clis_installed() -> None:
+    """The pinned CLIs, installed with npm when missing (a failure naming the command to run
+    when npm is not there)."""
+    ensure_clis()
 
 
 @pytest.fixture(scope="module")

@@ -12,6 +12,7 @@ from records_support import episode_record
 
 from budgetproxy.analysis import command
 from budgetproxy.analysis.compare import parse_comparison
+from budgetproxy.analysis.stats import ADJUSTMENTS, adjust_p
 
 
 def analyze(*argv: str) -> int:
@@ -101,3 +102,90 @@ def test_a_value_no_episode_has_is_said(tmp_path: Path, capsys: pytest.CaptureFi
 def test_bad_compare_argument(text: str) -> None:
     with pytest.raises(ValueError):
         parse_comparison(text)
+
+
+def _moderate(tmp_path: Path) -> Path:
+    """24 tasks in two slices (tag m), 4 episodes per arm; disclosed ahead by a little in one
+    slice (on 4 of its 14 tasks), a lot in the other; slice "z" has hidden episodes only (no
+    pairs at all)."""
+    records = []
+    for t in range(24):
+        m = "weak" if t < 14 else "strong"
+        gain = (1 if t % 4 == 0 else 0) if m == "weak" else 2
+        base = t % 2
+        for i in range(4):
+            records.append(ep(f"h{t}-{i}", f"t{t}", "hidden", i < base, tags={"m": m}))
+            records.append(ep(f"d{t}-{i}", f"t{t}", "disclosed", i < base + gain,
+                              tags={"m": m}))
+    records += [ep(f"z{i}", f"t{i}", "hidden", True, tags={"m": "z"}) for i in range(4)]
+    return write(tmp_path / "log.jsonl", records)
+
+
+def test_empty_strata_are_not_printed_but_counted(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    log = _moderate(tmp_path)
+    assert analyze(str(log), "--k", "1,2", "--tiers", "50,100", "--by", "m",
+                   "--compare", "disclosure=disclosed,hidden") == 0
+    text = capsys.readouterr().out
+    table = text[text.index("Paired differences"):]
+    rows = [ln.split() for ln in table.splitlines() if ln.split()[:1] in (["weak"], ["strong"],
+                                                                           ["z"])]
+    # shown: only cells with a paired task (slice z has none; K=4 at 50% has none either)
+    assert rows and all("—" not in r for r in rows), rows
+    assert {r[0] for r in rows} == {"weak", "strong"}
+    assert "cell(s) with no paired task are not shown" in table
+    analyze(str(log), "--json", "--k", "1,2", "--tiers", "50,100", "--by", "m",
+            "--compare", "disclosure=disclosed,hidden")
+    cells = json.loads(capsys.readouterr().out)["compare"]
+    assert any(c["diff"] is None for c in cells)  # the JSON keeps every cell
+    assert all(c["p_adjusted"] is None for c in cells if c["diff"] is None)
+
+
+@pytest.mark.parametrize("method", ["holm", "bh", "none"])
+def test_compare_adjusts_over_the_cells_and_says_how(
+    method: str, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    log = _moderate(tmp_path)
+    argv = [str(log), "--k", "1,2,4", "--tiers", "50,100", "--by", "m",
+            "--compare", "disclosure=disclosed,hidden", "--adjust", method]
+    assert analyze(*argv, "--json") == 0
+    out = json.loads(capsys.readouterr().out)
+    assert out["settings"]["adjust"] == method
+    cells = [c for c in out["compare"] if c["diff"] is not None]
+    raw = [1.0 if c["p_value"] is None else c["p_value"] for c in cells]
+    assert [c["p_adjusted"] for c in cells] == pytest.approx(adjust_p(raw, method))
+    for c in cells:
+        assert c["adjust"] == method
+        if method == "none":
+            assert c["significant"] == c["excludes_zero"]
+        else:
+            assert c["significant"] == (c["excludes_zero"] and c["p_adjusted"] < 0.05)
+    assert analyze(*argv) == 0
+    table = capsys.readouterr().out
+    starred = sum(ln.rstrip().endswith(("*", "*†")) for ln in table.splitlines()
+                  if ln.startswith(("weak", "strong")))
+    assert starred == sum(c["significant"] for c in cells)
+    assert ("adjustment over the" in table) is (method != "none")
+    assert ADJUSTMENTS[method].split(" (")[0] in table or method == "none"
+
+
+def test_holm_stars_fewer_cells_than_unadjusted_intervals(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    log = _moderate(tmp_path)
+    counts = {}
+    for method in ("none", "bh", "holm"):
+        analyze(str(log), "--json", "--k", "1,2,4", "--tiers", "50,100", "--by", "m",
+                "--compare", "disclosure=disclosed,hidden", "--adjust", method)
+        counts[method] = sum(c["significant"]
+                             for c in json.loads(capsys.readouterr().out)["compare"])
+    assert counts["none"] >= counts["bh"] > counts["holm"] >= 1, counts
+
+
+def test_adjust_p_by_hand() -> None:
+    ps = [0.01, 0.04, 0.03, 0.005]
+    assert adjust_p(ps, "holm") == pytest.approx([0.03, 0.06, 0.06, 0.02])
+    assert adjust_p(ps, "bh") == pytest.approx([0.02, 0.04, 0.04, 0.02])
+    assert adjust_p(ps, "none") == ps
+    assert adjust_p([0.9, 0.8], "holm") == [1.0, 1.0]

@@ -119,7 +119,10 @@ def test_the_same_file_given_twice_is_read_once(tmp_path: Path) -> None:
 
 
 def test_parquet_round_trip(tmp_path: Path) -> None:
-    records = [turn("a", 1), turn("a", 2), episode("a", tags={"policy": "rl"}),
+    records = [turn("a", 1), turn("a", 2),
+               episode("a", tags={"policy": "rl"}, metadata={"judge": "exact"},
+                       token_budget=100, tokens_used=40, cost_budget=0.5, cost_used=0.125,
+                       time_budget_s=60.0, time_used_s=1.5, exhausted_by=None),
                turn("b", 1), episode("b", outcome="failure", end_reason="exhausted",
                                      success_turn=None, exhausted=True, turns_used=5),
                episode("c", task="t2", disclosure="disclosed", announced_budget=5)]  # fmt: skip
@@ -137,6 +140,10 @@ def test_parquet_round_trip(tmp_path: Path) -> None:
         again = read(con, tmp_path / "pq")
         cells_again = compute_cells(con, [1, 2], budgets, ["policy", "disclosure"], 100, 0)
         reread = con.execute("SELECT * EXCLUDE (file) FROM episodes ORDER BY 1").fetchall()
+        columns = [d[0] for d in con.execute(
+            f"SELECT * FROM read_parquet('{episodes_file}') LIMIT 0").description]
+        assert con.execute("SELECT token_budget, cost_used, metadata ->> 'judge' FROM episodes "
+                           "WHERE episode_id = 'a'").fetchone() == (100, 0.125, "exact")
         load.create_turns_view(con, load.discover([str(tmp_path / "pq")]))
         turn_rows = con.execute(
             "SELECT episode_id, turn, response ->> 'content', disclosure ->> 'arm' FROM turns "
@@ -148,6 +155,7 @@ def test_parquet_round_trip(tmp_path: Path) -> None:
     assert (again.episodes, again.turn_records, again.skipped) == (3, 3, 0)
     assert first.turn_records == 3
     assert reread == original
+    assert {"metadata", "token_budget", "exhausted_by"} <= set(columns)
     assert [c.as_json() for c in cells_again] == [c.as_json() for c in cells]
     assert turn_rows == [
         ("a", 1, "ok", "hidden"),

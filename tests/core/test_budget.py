@@ -18,7 +18,8 @@ from budgetproxy.core.budget import (
 
 
 def contract_candidates(max_turns: int, step: str) -> list[int]:
-    """CONTRACT: n = round(1/step); candidate i = max(1, round_half_up(i*step*max_turns))."""
+    """BudgetMix (docs/episodes.md): n = round(1/step); candidate i =
+    max(1, round_half_up(i*step*max_turns))."""
     q = Fraction(step)
     n = round_half_up(1 / q)
     return [max(1, int(i * q * max_turns + Fraction(1, 2))) for i in range(1, n + 1)]

@@ -34,7 +34,8 @@ texts = st.text(min_size=1, max_size=30)
 
 
 def appended(message: dict[str, Any], text: str) -> dict[str, Any]:
-    """CONTRACT: append "\\n\\n" + text; a new text part when content is a list of parts."""
+    """docs/disclosure.md: append "\\n\\n" + text; a new text part when content is a list
+    of parts."""
     out = dict(message)
     if isinstance(message["content"], list):
         out["content"] = [*message["content"], {"type": "text", "text": text}]

@@ -514,3 +514,69 @@ def test_an_ending_that_waits_for_a_turn_outlives_a_zero_retention(
     finally:
         if kind == "redis":
             drop_prefix(store["key_prefix"])
+
+
+# -- headers that say what the proxy did (not what the client asked) -----------------------
+
+
+def test_a_refused_call_names_no_turn_it_did_not_take(default_proxy: Proxy) -> None:
+    eid = new_id()
+    spend(default_proxy, eid, 2)
+    r = call(default_proxy, eid, chat_body("over"))
+    assert r.status_code == 403
+    assert "x-episode-turn" not in r.headers, dict(r.headers)
+    assert r.headers["x-episode-remaining"] == "0"
+    assert default_proxy.episode(eid)["turns_used"] == 2
+
+
+def test_a_finish_mode_reply_names_no_turn_it_did_not_take(finishing: Proxy) -> None:
+    eid = new_id()
+    spend(finishing, eid)
+    r = call(finishing, eid, chat_body("more"))
+    assert r.status_code == 200 and r.headers["x-episode-exhausted"] == "true"
+    assert "x-episode-turn" not in r.headers, dict(r.headers)
+
+
+def test_a_changed_budget_header_after_the_first_call_is_warned(default_proxy: Proxy) -> None:
+    eid = new_id()
+    first = call(default_proxy, eid, chat_body("one"), **{"X-Episode-Budget": "3"})
+    assert "x-episode-warning" not in first.headers
+    same = call(default_proxy, eid, chat_body("two"), **{"X-Episode-Budget": "3"})
+    assert same.status_code == 200 and "x-episode-warning" not in same.headers
+    client = default_proxy.client(default_headers={"X-Episode-Id": eid,
+                                                   "X-Episode-Budget": "9"})
+    raw = client.chat.completions.with_raw_response.create(
+        model="m1", messages=[{"role": "user", "content": "three"}])
+    assert raw.http_response.status_code == 200  # the call goes on, on the episode's budget
+    warning = raw.headers["x-episode-warning"]
+    assert "X-Episode-Budget" in warning and "9" in warning and "3" in warning, warning
+    assert raw.headers["x-episode-budget"] == "3" and raw.headers["x-episode-remaining"] == "0"
+    r = call(default_proxy, eid, chat_body("four"), **{"X-Episode-Budget": "9",
+                                                        "X-Episode-Max-Turns": "12"})
+    assert r.status_code == 403  # the budget stayed 3
+    assert "X-Episode-Budget" in r.headers["x-episode-warning"]
+    assert "X-Episode-Max-Turns" in r.headers["x-episode-warning"]
+
+
+def test_a_resent_first_call_header_of_any_shape_is_warned_never_a_500(
+    default_proxy: Proxy,
+) -> None:
+    eid = new_id()
+    task = ("X-Episode-Task", "t-ü".encode())  # header text is UTF-8
+    first = default_proxy.http().post(
+        "/v1/chat/completions", content=orjson.dumps(chat_body("one")),
+        headers=[("content-type", "application/json"), ("X-Episode-Id", eid),
+                 ("X-Episode-Budget", "3"), task])
+    assert first.status_code == 200 and default_proxy.episode(eid)["task_id"] == "t-ü"
+    same = call(default_proxy, eid, chat_body("two"), **{"X-Episode-Budget": "003"})
+    assert "x-episode-warning" not in same.headers  # the same number, written otherwise
+    raw = default_proxy.http().post(
+        "/v1/chat/completions", content=orjson.dumps(chat_body("three")),
+        headers=[("content-type", "application/json"), ("X-Episode-Id", eid),
+                 ("X-Episode-Budget", "9" * 5000), task,
+                 ("X-Episode-Disclosure", b"\xff\xfe")])
+    assert raw.status_code == 200, raw.text
+    warning = raw.headers["x-episode-warning"]
+    assert "X-Episode-Budget" in warning and len(warning) < 1000 and warning.isascii()
+    assert "X-Episode-Task" not in warning  # the same task, sent as UTF-8 bytes
+    assert "X-Episode-Disclosure" in warning

@@ -285,6 +285,22 @@ def test_unknown_key_suggests_the_nearest_valid_name(tmp_path: Path) -> None:
                     "(did you mean `default_turns`?)")
 
 
+def test_check_reports_every_bad_key_a_line_each(tmp_path: Path) -> None:
+    bad = tmp_path / "bad.yaml"
+    bad.write_text("budget: {default_turn: 3, on_exhausted: stop}\n"
+                   "server: {port: -1}\n"
+                   "disclosure: {template: '{nope}'}\n"
+                   "upstreams: [{base_url: 'ftp://127.0.0.1:9/v1'}]\n")
+    proc = serve("--config", str(bad), "--check", cwd=tmp_path)
+    out, err = proc.communicate(timeout=30)
+    assert proc.returncode == 2 and out == ""
+    lines = [ln for ln in err.splitlines() if ln.strip()]
+    assert all(ln.startswith("budgetproxy: bad config: ") for ln in lines), lines
+    keys = sorted(ln.removeprefix("budgetproxy: bad config: ").split(":")[0] for ln in lines)
+    assert keys == ["budget.default_turn", "budget.on_exhausted", "disclosure.template",
+                    "server.port", "upstreams.0.base_url"], lines
+
+
 def test_check_prints_the_effective_config_with_secrets_masked(tmp_path: Path) -> None:
     good = tmp_path / "good.yaml"
     good.write_text(

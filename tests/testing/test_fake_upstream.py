@@ -8,6 +8,7 @@ from typing import Any
 import httpx
 import orjson
 import pytest
+from conftest import ProxyFactory
 
 from budgetproxy.testing import FakeUpstream
 
@@ -170,3 +171,19 @@ def test_help_lists_the_request_headers_that_steer_it(capsys: pytest.CaptureFixt
     for header in ("X-Fake-Status", "X-Fake-Delay-Ms", "X-Fake-Stream-Break-After",
                    "X-Fake-Echo-Request"):
         assert header in out, header
+    # through the proxy only when it is told to forward them (server.forward_headers)
+    assert "the proxy forwards them" not in out
+    assert 'forward_headers: ["x-fake-*"]' in out
+
+
+def test_the_steering_headers_reach_it_through_the_proxy_only_when_forwarded(
+    proxy: ProxyFactory,
+) -> None:
+    """What the help says: by default the proxy keeps X-Fake-* to itself; with
+    server.forward_headers: ["x-fake-*"] they steer the fake."""
+    plain = proxy({"server": {"forward_headers": []}}).http()
+    told = proxy({"server": {"forward_headers": ["x-fake-*"]}}).http()
+    body = {"model": "m1", "messages": [{"role": "user", "content": "hi"}]}
+    steer = {"X-Fake-Status": "418"}
+    assert plain.post("/v1/chat/completions", json=body, headers=steer).status_code == 200
+    assert told.post("/v1/chat/completions", json=body, headers=steer).status_code == 418
