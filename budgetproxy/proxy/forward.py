@@ -54,6 +54,7 @@ from budgetproxy.proxy.calls import (
 from budgetproxy.proxy.dialects import DIALECTS, Reply
 from budgetproxy.proxy.dialects.base import lone_text
 from budgetproxy.proxy.episode_keys import EpisodeKeys
+from budgetproxy.proxy.experiments import EXPERIMENT_HEADER, Assigned, Experiments
 from budgetproxy.proxy.grouping import RolloutRecorder, group_key, group_size
 from budgetproxy.proxy.refusal import refusal_status
 from budgetproxy.proxy.upstream import UpstreamPool
@@ -90,6 +91,7 @@ class ModelCalls:
         *,
         groups: GroupStore | None = None,
         episode_keys: EpisodeKeys | None = None,
+        experiments: Experiments | None = None,
     ) -> None:
         self.cfg = config
         self.pool = pool
@@ -99,6 +101,9 @@ class ModelCalls:
         self.tracing = tracing
         self.groups = groups
         self.episode_keys = episode_keys
+        self.experiments = experiments
+        # (an episode that names no experiment pays nothing for them on its calls)
+        self.has_experiments = experiments is not None and bool(experiments.by_name)
         names = ["x-episode-id", *(h.lower() for h in config.episodes.all_id_headers())]
         self.id_headers = tuple(dict.fromkeys(n.encode() for n in names))
         self.alias_headers = self.id_headers[1:]
@@ -109,7 +114,9 @@ class ModelCalls:
         self.budget_cfg = config.budget
         self.disc_cfg = config.disclosure
         # whether the disclosure text tells the other axes (its fields change every turn)
-        self.tells_axes = disclosure.uses_axes(config.disclosure.template)
+        self.tells_axes = any(disclosure.uses_axes(t) for t in (
+            config.disclosure.template,
+            *(a.template for e in config.experiments for a in e.arms if a.template)))
         self.max_body = config.server.max_body_bytes
         self.fail_open = config.store.on_unavailable == "fail_open"
         self.prices = PriceTable({g: p.model_dump() for g, p in config.prices.items()})
@@ -283,6 +290,13 @@ class ModelCalls:
                                          grant.hold.cap)
             conversation = dialect.conversation(payload)
             body = b""  # re-encode below
+        if st.arm is not None and self.experiments is not None:
+            arm_model = self.experiments.model_of(st)
+            routed = None if arm_model is None else self.pool.route(arm_model)
+            if routed is not None and arm_model != call.model:  # the arm's model instead
+                payload = dict((self._exact(call, body, payload) if body else None) or payload)
+                payload["model"] = call.model = arm_model
+                upstream, body = routed, b""  # re-encode below
         if st.disclosure == "disclosed" and dialect.discloses:
             exact = self._exact(call, body, payload) if body else None
             if exact is not None:
@@ -296,8 +310,11 @@ class ModelCalls:
             # (a template without axis fields renders as on a turn-only episode: cached)
             fields = axis_calls.template_fields(st, time.time()) if (
                 grant.hold is not None and self.tells_axes) else None
+            template = cfg.template
+            if st.arm is not None and self.experiments is not None:
+                template = self.experiments.template_of(st) or template
             text, again = disclosure.texts(
-                cfg.template, grant.turn, st.budget, st.announced_budget, grant.disclosed_at,
+                template, grant.turn, st.budget, st.announced_budget, grant.disclosed_at,
                 call.prints if keep else None, fields=fields, told=st.told)
             if fields is not None and keep:
                 await axis_calls.keep_told(self.store, eid, grant.turn, text)
@@ -314,15 +331,35 @@ class ModelCalls:
         now = time.time()
 
         size: int | None = None
+        exp = stop = None
+        if self.has_experiments:
+            assert self.experiments is not None
+            raw_exp = headers.get(EXPERIMENT_HEADER)
+            if raw_exp:
+                exp = self.experiments.by_name.get(raw_exp.decode("latin-1").strip())
+                if exp is not None:
+                    stop = await self.experiments.stop_of(exp)
 
         def fresh() -> EpisodeState:
             nonlocal size
+            assigned: Assigned | None = None
             try:
-                st = new_episode(spec_from_headers(eid, headers), self.budget_cfg,
-                                 self.disc_cfg, now)
+                spec = spec_from_headers(eid, headers)
+                if exp is not None:
+                    assert self.experiments is not None
+                    spec, assigned = self.experiments.assign(exp, spec, stop)
+                elif headers.get(EXPERIMENT_HEADER):  # a name no experiment has: a 400
+                    if self.experiments is None:
+                        raise invalid_request("Header X-Episode-Experiment names no configured "
+                                              "experiment (none are configured)", "experiment")
+                    self.experiments.named(headers[EXPERIMENT_HEADER])
+                st = new_episode(spec, self.budget_cfg, self.disc_cfg, now)
             except SpecError as e:
                 raise invalid_request(str(e), e.param) from None
             st.model = call.model
+            if assigned is not None:
+                st.experiment, st.arm = assigned.experiment, assigned.arm.name
+                st.model = assigned.arm.model or st.model
             size = group_size(headers)
             return st
 
@@ -433,6 +470,8 @@ class ModelCalls:
             st.turns_used + 1)
         out = [(b"x-episode-id", local_id(call.episode_id).encode()),
                (b"x-episode-turn", b"%d" % turn)]
+        if st.arm is not None:
+            out.append((b"x-episode-arm", st.arm.encode()))
         mode = self.cfg.episodes.budget_headers
         if mode == "always" or (mode == "disclosed_only" and st.disclosure == "disclosed"):
             remaining = st.remaining
