@@ -246,9 +246,10 @@ class RolloutRecorder(Recorder):
                             st.episode_id)
 
     async def episode_ended(self, st: EpisodeState) -> None:
-        await super().episode_ended(st)
         if st.experiment is not None and self.experiments is not None:
+            # (before the record: an episode whose record is written is in the tally)
             await self.experiments.ended(st)
+        await super().episode_ended(st)
         key = group_key(st)
         if key is not None:
             try:

@@ -1,0 +1,55 @@
+"""Live experiments on Redis: two replicas share one experiment's outcomes, and its stop."""
+
+from __future__ import annotations
+
+import sys
+import time
+from pathlib import Path
+
+import pytest
+from conftest import ProxyFactory, new_id
+from redis_support import REDIS_URL, drop_prefix, new_prefix, require_redis
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "serve"))
+from test_experiments_api import _config, report, run_episode  # noqa: E402
+
+pytestmark = [pytest.mark.redis]
+
+
+def test_replicas_share_the_tally_and_the_stop(proxy: ProxyFactory) -> None:
+    require_redis()
+    prefix = new_prefix()
+    try:
+        over = {**_config(stop="auto"),
+                "store": {"kind": "redis", "url": REDIS_URL, "key_prefix": prefix}}
+        a, b = proxy(over, fresh=True), proxy(over, fresh=True)
+        arms = []
+        for i in range(200):
+            p = (a, b)[i % 2]
+            eid = new_id()
+            arm = run_episode(p, eid)
+            report((b, a)[i % 2], eid, arm == "hidden")  # ended on the other replica
+            arms.append(arm)
+            # (an outcome reported while the last turn settles is recorded by that settle)
+            deadline = time.monotonic() + 5
+            while True:
+                view_a = a.http().get("/v1/experiments/disclosure").json()
+                view_b = b.http().get("/v1/experiments/disclosure").json()
+                if all(sum(x["episodes"] for x in v["arms"]) == i + 1
+                       for v in (view_a, view_b)) or time.monotonic() > deadline:
+                    break
+                time.sleep(0.01)
+            assert view_a["arms"] == view_b["arms"]
+            assert view_a["difference"] == view_b["difference"]
+            assert sum(x["episodes"] for x in view_a["arms"]) == i + 1
+            if view_a["stopped"] is not None:
+                break
+            if view_a["decision"] != "continue":
+                time.sleep(0.5)  # one of the replicas' sweeps stops it
+        assert view_a["stopped"] == "stop_a_better"
+        assert {run_episode(p, new_id()) for p in (a, b, a, b)} == {"hidden"}
+        decisions = [*a.wait_records(1, type="experiment_decision"),
+                     *b.records(type="experiment_decision")]
+        assert len(decisions) == 1  # written by the replica that stopped it, once
+    finally:
+        drop_prefix(prefix)
