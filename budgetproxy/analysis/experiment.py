@@ -15,6 +15,7 @@ from typing import Any
 
 import orjson
 
+from budgetproxy.config import ExperimentConfig
 from budgetproxy.core.experiment import (
     DECISION_RECORD,
     Finished,
@@ -22,6 +23,7 @@ from budgetproxy.core.experiment import (
     experiment_view,
     outcome_of,
 )
+from budgetproxy.core.sequential import Decision
 
 
 def _lines(path: str) -> Iterator[bytes]:
@@ -35,8 +37,26 @@ def _lines(path: str) -> Iterator[bytes]:
 
 def read_experiment(files: Sequence[str], name: str) -> dict[str, Any] | None:
     """The experiment's view from the logs, or None when no record of its settings is found."""
+    found = _read(files, name)
+    if found is None:
+        return None
+    exp, finished, stopped = found
+    return experiment_view(exp, finished, stopped)
+
+
+def read_finished(files: Sequence[str], name: str) -> tuple[ExperimentConfig, list[Finished]]:
+    """The experiment's settings and finished episodes from the logs (a LookupError when its
+    settings record is missing)."""
+    found = _read(files, name)
+    if found is None:
+        raise LookupError(name)
+    return found[0], found[1]
+
+
+def _read(files: Sequence[str], name: str) -> tuple[
+        ExperimentConfig, list[Finished], Decision | None] | None:
     settings: dict[str, Any] | None = None
-    stopped = None
+    stopped: Decision | None = None
     episodes: dict[str, Finished] = {}
     for path in files:
         for line in _lines(path):
@@ -60,7 +80,7 @@ def read_experiment(files: Sequence[str], name: str) -> dict[str, Any] | None:
                                          str(rec.get("ended_at")))
     if settings is None:
         return None
-    return experiment_view(experiment_from_record(settings), episodes.values(), stopped)
+    return experiment_from_record(settings), list(episodes.values()), stopped
 
 
 def run_experiment(files: Sequence[str], name: str, as_json: bool) -> int:

@@ -138,6 +138,23 @@ def experiment_view(exp: ExperimentConfig, finished: Iterable[Finished],
     }
 
 
+def first_stops(exp: ExperimentConfig, finished: Iterable[Finished]) -> dict[
+        tuple[str, str], tuple[int, dict[str, Any]]]:
+    """For each comparison (a, b), the number of finished episodes after which its decision
+    was first other than continue, and the comparison then: the view read after every
+    episode, in finishing order."""
+    ordered = sorted(finished, key=lambda f: (f.ended_at, f.episode_id))
+    found: dict[tuple[str, str], tuple[int, dict[str, Any]]] = {}
+    for n in range(1, len(ordered) + 1):
+        for c in experiment_view(exp, ordered[:n])["comparisons"]:
+            key = (c["a"], c["b"])
+            if c["decision"] != "continue" and key not in found:
+                found[key] = (n, c)
+        if len(found) == len(exp.arms) - 1:
+            break
+    return found
+
+
 def settings_record(exp: ExperimentConfig) -> dict[str, Any]:
     """What `analyze --experiment` needs of the config, as the log's experiment record."""
     return {"name": exp.name, "unit": exp.unit, "metric": exp.metric, "alpha": exp.alpha,

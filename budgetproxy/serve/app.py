@@ -188,7 +188,8 @@ class BudgetProxy:
                                 episode_keys=self.episode_keys, experiments=self.experiments)
         self.api = build_api(config, self.store, self.recorder, self.pool, self.registry,
                              self.metrics, extra_routes=self._extra_routes,
-                             mint_key=self.episode_keys.mint)
+                             mint_key=self.episode_keys.mint,
+                             experiments=self.experiments)
         self._keys = KeyRing.of(config.auth)
         self._sweeper: asyncio.Task[None] | None = None
         self._flusher: asyncio.Task[None] | None = None

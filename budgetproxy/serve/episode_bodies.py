@@ -106,6 +106,8 @@ class EpisodeCreate(BaseModel):
     announced_tokens: Tokens | None = None
     announced_cost: Amount | None = None
     announced_time_s: Amount | None = None
+    # a live experiment to join (docs/experiments.md): the proxy assigns and applies its arm
+    experiment: str | None = Field(None, min_length=1, max_length=64)
 
 
 class OutcomeBody(BaseModel):
