@@ -142,6 +142,6 @@ def decode_state(pairs: list[str]) -> EpisodeState:
         )
     # else: a turn-only episode reads the axis fields' defaults from the class (they are plain
     # values there), without a write each
-    if "experiment" in d:  # (an episode in no experiment reads the class's None, as above)
-        st.__dict__.update(experiment=d["experiment"], arm=g("arm"))
+    if "experiment" in d or "arm" in d:  # (one in no experiment reads the class's None)
+        st.__dict__.update(experiment=g("experiment"), arm=g("arm"))
     return st
