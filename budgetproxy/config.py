@@ -330,13 +330,14 @@ def _keys_from_file(path: str) -> list[ClientKey]:
     return out
 
 
-_ARM_NAME = r"^[A-Za-z0-9][A-Za-z0-9._-]{0,63}$"
+# Names of experiments and arms: metric label values, so short and plain.
+NAME_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9._-]{0,63}$"
 
 
 class ArmConfig(_Strict):
     """One arm of an experiment: what an episode assigned to it gets (None: as configured)."""
 
-    name: str = Field(pattern=_ARM_NAME)
+    name: str = Field(pattern=NAME_PATTERN)
     disclosure: Literal["hidden", "disclosed"] | None = None
     announced_budget: int | None = Field(None, ge=1)
     budget: int | None = Field(None, ge=1)
@@ -352,7 +353,7 @@ class ArmConfig(_Strict):
 class ExperimentConfig(_Strict):
     """A live experiment (docs/experiments.md): arms assigned per unit, a running decision."""
 
-    name: str = Field(pattern=_ARM_NAME)
+    name: str = Field(pattern=NAME_PATTERN)
     unit: Literal["task", "group", "episode"] = "task"
     metric: Literal["success"] = "success"
     alpha: float = Field(0.05, gt=0, lt=1)

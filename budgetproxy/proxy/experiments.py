@@ -59,14 +59,15 @@ class Experiments:
             metrics.enable_experiments({n: [a.name for a in e.arms]
                                         for n, e in self.by_name.items()})
 
-    def named(self, raw: bytes) -> ExperimentConfig:
+    def named(self, raw: bytes | str,
+              source: str = "Header X-Episode-Experiment") -> ExperimentConfig:
         """The experiment a first call names; a name no experiment has is a 400 naming it."""
-        name = raw.decode("latin-1").strip()
+        name = (raw.decode("latin-1") if isinstance(raw, bytes) else raw).strip()
         exp = self.by_name.get(name)
         if exp is None:
             known = ", ".join(sorted(self.by_name)) or "none are configured"
-            raise invalid_request(f"Header X-Episode-Experiment names no configured experiment: "
-                                  f"{name!r} (experiments: {known})", "experiment")
+            raise invalid_request(f"{source} names no configured experiment: {name!r} "
+                                  f"(experiments: {known})", "experiment")
         return exp
 
     async def stop_of(self, exp: ExperimentConfig) -> Decision | None:

@@ -257,7 +257,7 @@ def build_api(
             if experiments is None:
                 raise ProxyError(400, "invalid_request", "experiment names no configured "
                                  f"experiment: {body.experiment!r}", param="experiment")
-            exp = experiments.named(body.experiment.encode())
+            exp = experiments.named(body.experiment, "experiment")
             spec, assigned = experiments.assign(exp, spec, await experiments.stop_of(exp))
         try:
             st = new_episode(spec, config.budget, config.disclosure, time.time())

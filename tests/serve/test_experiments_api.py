@@ -182,3 +182,22 @@ def test_bad_experiment_config_names_the_key(bad: dict[str, Any]) -> None:
 
     with pytest.raises(ConfigError, match="experiments"):
         load_config(None, {"experiments": [{**EXPERIMENT, **bad}]})
+
+
+def test_joining_by_the_episode_api(proxy: ProxyFactory) -> None:
+    p = proxy(_config())
+    seen = set()
+    for _ in range(8):
+        r = p.http().post("/v1/episodes", json={"experiment": "disclosure", "task_id": "t"})
+        assert r.status_code == 201, r.text
+        body = r.json()
+        assert body["experiment"] == "disclosure"
+        seen.add(body["arm"])
+        assert body["disclosure"] == ("hidden" if body["arm"] == "hidden" else "disclosed")
+        call = p.http().post(f"/episodes/{body['episode_id']}/v1/chat/completions",
+                             json=chat_body())
+        assert call.headers["x-episode-arm"] == body["arm"]
+    assert seen == {"hidden", "told-wrong"}
+    err = assert_openai_error(p.http().post("/v1/episodes", json={"experiment": "nope"}),
+                              400, "invalid_request", "experiment")
+    assert "'nope'" in err["message"]
