@@ -9,49 +9,10 @@ from typing import Any
 
 import pytest
 from conftest import Proxy, ProxyFactory, assert_openai_error, chat_body, new_id
+from experiments_support import EXPERIMENT, report, run_episode
+from experiments_support import experiment_config as _config
 
 from budgetproxy.analysis.experiment import read_experiment
-
-EXPERIMENT = {
-    "name": "disclosure",
-    "unit": "episode",
-    "alpha": 0.05,
-    "min_effect": 0.3,
-    "arms": [
-        {"name": "hidden", "disclosure": "hidden"},
-        {"name": "told-wrong", "disclosure": "disclosed", "announced_budget": 3,
-         "template": "[Budget] {total} turns in all."},
-    ],
-}
-
-
-def _config(**changes: Any) -> dict[str, Any]:
-    return {"experiments": [{**EXPERIMENT, **changes}],
-            "episodes": {"sweep_interval_s": 0.2}}
-
-
-def run_episode(p: Proxy, eid: str, experiment: str = "disclosure",
-                **headers: str) -> str:
-    """One turn through the official client; the arm the proxy answered with."""
-    client = p.client()
-    raw = client.chat.completions.with_raw_response.create(
-        model="m1", messages=[{"role": "user", "content": "go"}],
-        extra_headers={"X-Episode-Id": eid, "X-Episode-Experiment": experiment, **headers})
-    assert raw.http_response.status_code == 200
-    arm = raw.headers["x-episode-arm"]
-    # the header is read on the first call only; a second call keeps the arm
-    again = client.chat.completions.with_raw_response.create(
-        model="m1", messages=[{"role": "user", "content": "go"},
-                              {"role": "assistant", "content": "ok"},
-                              {"role": "user", "content": "on"}],
-        extra_headers={"X-Episode-Id": eid})
-    assert again.headers["x-episode-arm"] == arm
-    return arm
-
-
-def report(p: Proxy, eid: str, success: bool) -> None:
-    r = p.http().post(f"/v1/episodes/{eid}/outcome", json={"success": success})
-    assert r.status_code == 200, r.text
 
 
 def test_arms_assigned_applied_and_recorded(proxy: ProxyFactory) -> None:
@@ -201,3 +162,18 @@ def test_joining_by_the_episode_api(proxy: ProxyFactory) -> None:
     err = assert_openai_error(p.http().post("/v1/episodes", json={"experiment": "nope"}),
                               400, "invalid_request", "experiment")
     assert "'nope'" in err["message"]
+
+
+def test_an_arm_with_a_model_calls_that_model(proxy: ProxyFactory) -> None:
+    p = proxy({"experiments": [{"name": "models", "unit": "episode", "arms": [
+        {"name": "asked"}, {"name": "other", "model": "other-model"}]}]})
+    got: dict[str, set[str]] = {}
+    for _ in range(10):
+        eid = new_id()
+        raw = p.client().chat.completions.with_raw_response.create(
+            model="m1", messages=[{"role": "user", "content": "hi"}],
+            extra_headers={"X-Episode-Id": eid, "X-Episode-Experiment": "models"})
+        got.setdefault(raw.headers["x-episode-arm"], set()).add(raw.parse().model)
+    assert got == {"asked": {"m1"}, "other": {"other-model"}}
+    turns = p.wait_records(10, type="turn", experiment="models")
+    assert {t["arm"]: t["model"] for t in turns} == {"asked": "m1", "other": "other-model"}

@@ -2,16 +2,14 @@
 
 from __future__ import annotations
 
-import sys
 import time
-from pathlib import Path
 
 import pytest
 from conftest import ProxyFactory, new_id
+from experiments_support import experiment_config, report, run_episode
 from redis_support import REDIS_URL, drop_prefix, new_prefix, require_redis
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "serve"))
-from test_experiments_api import _config, report, run_episode  # noqa: E402
+from budgetproxy.proxy.experiments import STOP_RECHECK_S
 
 pytestmark = [pytest.mark.redis]
 
@@ -20,7 +18,7 @@ def test_replicas_share_the_tally_and_the_stop(proxy: ProxyFactory) -> None:
     require_redis()
     prefix = new_prefix()
     try:
-        over = {**_config(stop="auto"),
+        over = {**experiment_config(stop="auto"),
                 "store": {"kind": "redis", "url": REDIS_URL, "key_prefix": prefix}}
         a, b = proxy(over, fresh=True), proxy(over, fresh=True)
         arms = []
@@ -47,6 +45,7 @@ def test_replicas_share_the_tally_and_the_stop(proxy: ProxyFactory) -> None:
             if view_a["decision"] != "continue":
                 time.sleep(0.5)  # one of the replicas' sweeps stops it
         assert view_a["stopped"] == "stop_a_better"
+        time.sleep(STOP_RECHECK_S)  # the replica that did not stop it sees the stop by then
         assert {run_episode(p, new_id()) for p in (a, b, a, b)} == {"hidden"}
         decisions = [*a.wait_records(1, type="experiment_decision"),
                      *b.records(type="experiment_decision")]
