@@ -106,24 +106,40 @@ def decide(low: float, high: float, min_effect: float | None) -> Decision:
     return "continue"
 
 
+class Pairer:
+    """Forms pairs (outcome of arm a, outcome of arm b) as outcomes arrive in finishing order.
+
+    With `by_task`, an outcome pairs with the oldest unpaired one of the other arm on the same
+    task (episodes without a task pair among themselves); otherwise with the oldest of the
+    other arm on any task (a unit of whole tasks cannot pair within one).
+    """
+
+    __slots__ = ("a", "b", "by_task", "_waiting")
+
+    def __init__(self, a: int, b: int, *, by_task: bool) -> None:
+        self.a, self.b, self.by_task = a, b, by_task
+        self._waiting: dict[tuple[str | None, int], deque[float]] = {}
+
+    def add(self, task: str | None, arm: int, y: float) -> tuple[float, float] | None:
+        """The pair this outcome completes, if any."""
+        if arm != self.a and arm != self.b:
+            return None
+        key = task if self.by_task else None
+        other = self._waiting.get((key, self.b if arm == self.a else self.a))
+        if other:
+            z = other.popleft()
+            return (y, z) if arm == self.a else (z, y)
+        self._waiting.setdefault((key, arm), deque()).append(y)
+        return None
+
+
 def paired(
     outcomes: Iterable[tuple[str | None, int, float]], a: int, b: int, *, by_task: bool,
 ) -> Iterable[tuple[float, float]]:
-    """Pairs (outcome of arm a, outcome of arm b) in the order the second of each arrives.
-
-    `outcomes` are (task id, arm index, outcome) in finishing order. With `by_task`, an
-    outcome pairs with the oldest unpaired one of the other arm on the same task (episodes
-    without a task pair among themselves); otherwise with the oldest of the other arm on any
-    task (a unit of whole tasks cannot pair within one).
-    """
-    waiting: dict[tuple[str | None, int], deque[float]] = {}
+    """The pairs of arms a and b from (task id, arm index, outcome) in finishing order, in the
+    order the second of each arrives (Pairer)."""
+    pairer = Pairer(a, b, by_task=by_task)
     for task, arm, y in outcomes:
-        if arm != a and arm != b:
-            continue
-        key = task if by_task else None
-        other = waiting.get((key, b if arm == a else a))
-        if other:
-            z = other.popleft()
-            yield (y, z) if arm == a else (z, y)
-        else:
-            waiting.setdefault((key, arm), deque()).append(y)
+        pair = pairer.add(task, arm, y)
+        if pair is not None:
+            yield pair

@@ -9,6 +9,7 @@ import pytest
 from budgetproxy.core.sequential import (
     DifferenceSequence,
     MeanSequence,
+    Pairer,
     decide,
     paired,
 )
@@ -89,3 +90,37 @@ def test_pairs_within_a_task_in_finishing_order() -> None:
     assert list(paired(outcomes, 0, 1, by_task=True)) == [(1.0, 1.0), (1.0, 0.0)]
     assert list(paired(outcomes, 0, 1, by_task=False)) == [(1.0, 0.0), (0.0, 1.0),
                                                             (1.0, 1.0)]
+
+
+def _experiment(effect: float, rng: random.Random, episodes: int = 400) -> tuple[bool, bool]:
+    """Episodes on 20 tasks of different difficulty (0.1 to 0.6), each arm drawn per episode,
+    arm 0 better by `effect` on every task, pairs within the task, the interval read after
+    every episode: (ever stopped for a winner, ever missed the true difference)."""
+    difficulty = [rng.uniform(0.1, 0.6) for _ in range(20)]
+    pairer = Pairer(0, 1, by_task=True)
+    seq = DifferenceSequence(ALPHA)
+    stopped = missed = False
+    for _ in range(episodes):
+        task, arm = rng.randrange(20), rng.randrange(2)
+        p = difficulty[task] + (effect if arm == 0 else 0.0)
+        pair = pairer.add(f"t{task}", arm, float(rng.random() < p))
+        if pair is None:
+            continue
+        seq.add(*pair)
+        iv = seq.interval()
+        stopped = stopped or decide(iv.low, iv.high, None) != "continue"
+        missed = missed or not iv.low <= effect <= iv.high
+    return stopped, missed
+
+
+@pytest.mark.parametrize("effect", [0.0, 0.3])
+def test_episodes_paired_within_tasks_read_after_each(effect: float) -> None:
+    """Tasks differ; arms are drawn per episode: with equal arms the share of experiments that
+    ever stopped is at most alpha, and the interval holds the effect in all but alpha."""
+    rng = random.Random(11)
+    runs = [_experiment(effect, rng) for _ in range(200)]
+    assert sum(m for _, m in runs) / len(runs) <= ALPHA
+    if effect == 0.0:
+        assert sum(s for s, _ in runs) / len(runs) <= ALPHA
+    else:  # a real effect of 0.3 is found within 400 episodes
+        assert sum(s for s, _ in runs) / len(runs) > 0.5
