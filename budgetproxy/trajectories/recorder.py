@@ -82,34 +82,36 @@ class Recorder:
             tenant = m.tenant_label(st.episode_id)
             if tenant is not None:
                 m.tenant_episodes_finished.labels(tenant, reason).inc()
-        record: dict[str, Any] = {
-            "schema": SCHEMA_VERSION,
-            "type": "episode",
-            "episode_id": st.episode_id,
-            "task_id": st.task_id,
-            "group": st.group,
-            "tags": st.tags,
-            "model": st.model,
-            "budget": st.budget,
-            "max_turns": st.max_turns,
-            "tier": tier,
-            "disclosure": arm,
-            "announced_budget": st.announced_budget,
-            "turns_used": st.turns_used,
-            "outcome": st.outcome,
-            "success_turn": st.settled_success_turn,
-            "reward": st.reward,
-            "exhausted": st.exhausted,
-            "end_reason": reason,
-            "started_at": rfc3339(st.created_at),
-            "ended_at": rfc3339(st.ended_at or time.time()),
-            "metadata": st.metadata,
-            **axes.view(st, time.time()),
-            **self.full_budgets,
-        }
-        if st.experiment is not None:
-            record["experiment"], record["arm"] = st.experiment, st.arm
-        await self.sink.put(record)
+        await self.sink.put(
+            {
+                "schema": SCHEMA_VERSION,
+                "type": "episode",
+                "episode_id": st.episode_id,
+                "task_id": st.task_id,
+                "group": st.group,
+                "tags": st.tags,
+                "model": st.model,
+                "budget": st.budget,
+                "max_turns": st.max_turns,
+                "tier": tier,
+                "disclosure": arm,
+                "announced_budget": st.announced_budget,
+                "turns_used": st.turns_used,
+                "outcome": st.outcome,
+                "success_turn": st.settled_success_turn,
+                "reward": st.reward,
+                "exhausted": st.exhausted,
+                "end_reason": reason,
+                "started_at": rfc3339(st.created_at),
+                "ended_at": rfc3339(st.ended_at or time.time()),
+                "metadata": st.metadata,
+                **axes.view(st, time.time()),
+                **self.full_budgets,
+                # (an episode in a live experiment: the experiment and its arm)
+                **({} if st.experiment is None else {
+                    "experiment": st.experiment, "arm": st.arm}),
+            }
+        )
 
     async def probe(self, record: dict[str, Any]) -> None:
         """A probe call's record (never an episode's turn), texts left out as turns' are."""
