@@ -293,6 +293,8 @@ class ModelCalls:
         if st.arm is not None and self.experiments is not None:
             arm_model = self.experiments.model_of(st)
             routed = None if arm_model is None else self.pool.route(arm_model)
+            if routed is not None and routed.kind == "litellm" and not dialect.via_litellm:
+                routed = None  # (a litellm upstream serves chat only: the model asked for)
             if routed is not None and arm_model != call.model:  # the arm's model instead
                 payload = dict((self._exact(call, body, payload) if body else None) or payload)
                 payload["model"] = call.model = arm_model
