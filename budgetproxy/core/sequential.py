@@ -1,7 +1,7 @@
 """Always-valid inference for a difference of success rates: a confidence sequence and a decision.
 
 The confidence sequence is the predictable plug-in empirical-Bernstein one of Waudby-Smith and
-Ramdas (2023, JRSS B 86(1), Theorem 2) for the mean of observations in [0, 1]; it holds at
+Ramdas (2024, JRSS B 86(1), Theorem 2) for the mean of observations in [0, 1]; it holds at
 every sample size at once (Ville's inequality), so it may be read after every episode. Its
 running intersection holds too, which makes decisions final.
 """
