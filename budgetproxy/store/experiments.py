@@ -1,9 +1,11 @@
 """Experiments' running state: each finished episode's outcome, and the stop once decided.
 
 Memory: lists in this process. Redis, shared by replicas: ``{prefix}:exp:{<name>}`` a list of
-finished episodes (JSON, in the order they were added) and ``{prefix}:exp:{<name>}:stop`` the
+finished episodes (JSON, in the order they were added; each replica reads only what it has not
+read before) and ``{prefix}:exp:{<name>}:stop`` the
 decision that stopped it (set once, by whichever replica decided first). Neither expires: an
-experiment's state lives as long as its name is in use (delete the keys to start it afresh).
+experiment's state lives as long as its name is in use (delete the keys and restart the replicas
+to start it afresh).
 """
 
 from __future__ import annotations
@@ -77,6 +79,8 @@ class RedisExperiments:
                                                    socket_connect_timeout=5.0,
                                                    decode_responses=True)
         self._prefix = prefix
+        # The list only grows (RPUSH): what this replica has read of it, to read only the rest.
+        self._read: dict[str, list[Finished]] = {}
 
     def _key(self, name: str) -> str:
         return f"{self._prefix}:exp:{{{name}}}"
@@ -93,8 +97,15 @@ class RedisExperiments:
         await self._run(self._redis.rpush(self._key(name), orjson.dumps(finished.to_json())))
 
     async def finished(self, name: str) -> list[Finished]:
-        raw = await self._run(self._redis.lrange(self._key(name), 0, -1))
-        return [Finished.from_json(orjson.loads(r)) for r in raw]
+        kept = self._read.setdefault(name, [])
+        pipe = self._redis.pipeline(transaction=True)
+        pipe.llen(self._key(name)).lrange(self._key(name), len(kept), -1)
+        length, raw = await self._run(pipe.execute())
+        if length < len(kept):  # the keys were deleted (the experiment started afresh)
+            kept.clear()
+            raw = await self._run(self._redis.lrange(self._key(name), 0, -1))
+        kept.extend(Finished.from_json(orjson.loads(r)) for r in raw)
+        return list(kept)
 
     async def stop(self, name: str, decision: Decision) -> bool:
         return bool(await self._run(self._redis.set(self._key(name) + ":stop", decision,

@@ -52,3 +52,30 @@ def test_replicas_share_the_tally_and_the_stop(proxy: ProxyFactory) -> None:
         assert len(decisions) == 1  # written by the replica that stopped it, once
     finally:
         drop_prefix(prefix)
+
+
+async def test_the_store_reads_only_what_is_new_and_sees_a_fresh_start() -> None:
+    require_redis()
+    from budgetproxy.core.experiment import Finished
+    from budgetproxy.store.experiments import RedisExperiments
+
+    prefix = new_prefix()
+    one, two = RedisExperiments(REDIS_URL, prefix), RedisExperiments(REDIS_URL, prefix)
+    try:
+        done = [Finished(f"e{i}", "t", "a", i % 2 == 0, f"2026-12-06T10:00:0{i}.000Z")
+                for i in range(6)]
+        for f in done[:3]:
+            await one.add("x", f)
+        assert await two.finished("x") == done[:3]
+        for f in done[3:]:
+            await one.add("x", f)
+        assert await two.finished("x") == done
+        assert await one.stop("x", "stop_a_better") and not await two.stop("x", "stop_futile")
+        assert await two.stopped("x") == "stop_a_better"
+        drop_prefix(prefix)  # deleted to start afresh
+        await one.add("x", done[0])
+        assert await two.finished("x") == done[:1]
+    finally:
+        await one.close()
+        await two.close()
+        drop_prefix(prefix)
