@@ -27,10 +27,34 @@ def unit_key(exp: ExperimentConfig, spec: EpisodeSpec) -> tuple[str, ...]:
 
 
 def draw_arm(seed: int, exp: ExperimentConfig, spec: EpisodeSpec) -> int:
-    """The unit's arm: uniform over the arms, fixed by (seed, experiment, unit), so every
-    replica and restart gives a unit the same arm without sharing a counter."""
+    """The unit's arm drawn from values alone: uniform over the arms, fixed by (seed,
+    experiment, unit). Used when the store cannot count (block_arm)."""
     u = _unit_draw("experiment", seed, exp.name, *unit_key(exp, spec))
     return int(u * len(exp.arms))
+
+
+def stratum(exp: ExperimentConfig, spec: EpisodeSpec) -> str:
+    """Whose units are balanced together: every task (unit task), or the units of one task
+    (group, episode), so that a task's episodes are split evenly and pair within it."""
+    return "" if exp.unit == "task" else (spec.task_id or "")
+
+
+def kept_unit(exp: ExperimentConfig, spec: EpisodeSpec) -> str | None:
+    """The unit whose arm the store keeps for its later episodes (a task or a group); None
+    for an episode, whose own state keeps its arm."""
+    key = unit_key(exp, spec)
+    return None if key[0] == "episode" else "\x1f".join(key)
+
+
+def block_arm(seed: int, exp: ExperimentConfig, stratum: str, index: int) -> int:
+    """The arm of a stratum's index-th new unit (from 0): permuted blocks, so every k
+    consecutive units get each of the k arms once, in an order fixed by (seed, experiment,
+    stratum, block)."""
+    k = len(exp.arms)
+    block, at = divmod(index, k)
+    order = sorted(range(k), key=lambda i: _unit_draw("experiment-block", seed, exp.name,
+                                                      stratum, block, i))
+    return order[at]
 
 
 def stopped_arm(exp: ExperimentConfig, decision: Decision) -> int:

@@ -14,11 +14,14 @@ from budgetproxy.core.experiment import (
     DECISION_RECORD,
     Finished,
     apply_arm,
+    block_arm,
     draw_arm,
     experiment_view,
+    kept_unit,
     outcome_of,
     settings_record,
     stopped_arm,
+    stratum,
 )
 from budgetproxy.core.sequential import Decision
 from budgetproxy.core.spec import EpisodeSpec
@@ -33,7 +36,7 @@ log = logging.getLogger("budgetproxy")
 
 EXPERIMENT_HEADER = b"x-episode-experiment"
 # How long a replica trusts that a `stop: auto` experiment has not stopped before asking the
-# store again (admission of its episodes reads it).
+# store again (the creation of its episodes reads it).
 STOP_RECHECK_S = 1.0
 
 
@@ -41,6 +44,15 @@ STOP_RECHECK_S = 1.0
 class Assigned:
     experiment: str
     arm: ArmConfig
+
+
+class NeedArm(Exception):
+    """A new episode names an experiment: its arm is drawn (from the store) before it is
+    created. Raised from a store's `fresh()`, which then stores nothing."""
+
+    def __init__(self, experiment: ExperimentConfig, spec: EpisodeSpec) -> None:
+        super().__init__(experiment.name)
+        self.experiment, self.spec = experiment, spec
 
 
 class Experiments:
@@ -85,9 +97,22 @@ class Experiments:
         self._stops[exp.name] = (decision, now)
         return decision
 
-    def assign(self, exp: ExperimentConfig, spec: EpisodeSpec,
-               stop: Decision | None) -> tuple[EpisodeSpec, Assigned]:
-        index = draw_arm(self.seed, exp, spec) if stop is None else stopped_arm(exp, stop)
+    async def assign(self, exp: ExperimentConfig,
+                     spec: EpisodeSpec) -> tuple[EpisodeSpec, Assigned]:
+        """A new episode's arm, and its spec with the arm applied: after a stop the stopped
+        arm; else its unit's arm, or the next of its stratum's permuted blocks (the draw from
+        values alone while the store is unavailable)."""
+        stop = await self.stop_of(exp)
+        if stop is not None:
+            index = stopped_arm(exp, stop)
+        else:
+            where = stratum(exp, spec)
+            try:
+                index = await self.store.assign(
+                    exp.name, where, kept_unit(exp, spec),
+                    lambda n: block_arm(self.seed, exp, where, n))
+            except StoreUnavailable:
+                index = draw_arm(self.seed, exp, spec)
         arm = exp.arms[index]
         return apply_arm(spec, arm), Assigned(exp.name, arm)
 

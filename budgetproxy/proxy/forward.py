@@ -21,7 +21,7 @@ from budgetproxy.core.forwarded_headers import HeaderPolicy
 from budgetproxy.core.keys import KeyRing, Principal
 from budgetproxy.core.paths import wire_query
 from budgetproxy.core.prices import PriceTable
-from budgetproxy.core.spec import SpecError, new_episode
+from budgetproxy.core.spec import EpisodeSpec, SpecError, new_episode
 from budgetproxy.core.tenants import TENANT_HEADER, local_id, qualified, tenant_for, tenant_of
 from budgetproxy.core.usage import token_counts
 from budgetproxy.errors import (
@@ -54,7 +54,7 @@ from budgetproxy.proxy.calls import (
 from budgetproxy.proxy.dialects import DIALECTS, Reply
 from budgetproxy.proxy.dialects.base import lone_text
 from budgetproxy.proxy.episode_keys import EpisodeKeys
-from budgetproxy.proxy.experiments import EXPERIMENT_HEADER, Assigned, Experiments
+from budgetproxy.proxy.experiments import EXPERIMENT_HEADER, Assigned, Experiments, NeedArm
 from budgetproxy.proxy.grouping import RolloutRecorder, group_key, group_size
 from budgetproxy.proxy.refusal import refusal_status
 from budgetproxy.proxy.upstream import UpstreamPool
@@ -102,8 +102,6 @@ class ModelCalls:
         self.groups = groups
         self.episode_keys = episode_keys
         self.experiments = experiments
-        # (an episode that names no experiment pays nothing for them on its calls)
-        self.has_experiments = experiments is not None and bool(experiments.by_name)
         names = ["x-episode-id", *(h.lower() for h in config.episodes.all_id_headers())]
         self.id_headers = tuple(dict.fromkeys(n.encode() for n in names))
         self.alias_headers = self.id_headers[1:]
@@ -333,28 +331,23 @@ class ModelCalls:
         now = time.time()
 
         size: int | None = None
-        exp = stop = None
-        if self.has_experiments:
-            assert self.experiments is not None
-            raw_exp = headers.get(EXPERIMENT_HEADER)
-            if raw_exp:
-                exp = self.experiments.by_name.get(raw_exp.decode("latin-1").strip())
-                if exp is not None:
-                    stop = await self.experiments.stop_of(exp)
+        # A new episode that names an experiment: its arm, drawn between two tries (NeedArm).
+        # Only the creation of an episode reads the header: later calls pay nothing for it.
+        drawn: tuple[EpisodeSpec, Assigned] | None = None
 
         def fresh() -> EpisodeState:
             nonlocal size
-            assigned: Assigned | None = None
             try:
-                spec = spec_from_headers(eid, headers)
-                if exp is not None:
-                    assert self.experiments is not None
-                    spec, assigned = self.experiments.assign(exp, spec, stop)
-                elif headers.get(EXPERIMENT_HEADER):  # a name no experiment has: a 400
-                    if self.experiments is None:
-                        raise invalid_request("Header X-Episode-Experiment names no configured "
-                                              "experiment (none are configured)", "experiment")
-                    self.experiments.named(headers[EXPERIMENT_HEADER])
+                if drawn is not None:
+                    spec, assigned = drawn
+                else:
+                    spec, assigned = spec_from_headers(eid, headers), None
+                    named = headers.get(EXPERIMENT_HEADER)
+                    if named:  # a name no experiment has is a 400
+                        if self.experiments is None:
+                            raise invalid_request("Header X-Episode-Experiment names no "
+                                                  "configured experiment", "experiment")
+                        raise NeedArm(self.experiments.named(named), spec)
                 st = new_episode(spec, self.budget_cfg, self.disc_cfg, now)
             except SpecError as e:
                 raise invalid_request(str(e), e.param) from None
@@ -378,14 +371,26 @@ class ModelCalls:
         model = call.model or ""
         cap = axis_calls.client_cap(call)
         try:
-            opened = await self.store.open_turn(
-                eid, fresh, turn_hash(call.route, body), now,
-                free_retries=self.budget_cfg.free_retries_per_turn,
-                message_count=count, disclosure_index=index, model=call.model,
-                fingerprint=fingerprint, client_cap=cap,
-                output_hold=self.budget_cfg.output_hold_tokens,
-                out_rate=self.prices.cached_output_rate(model),
-            )
+            try:
+                opened = await self.store.open_turn(
+                    eid, fresh, turn_hash(call.route, body), now,
+                    free_retries=self.budget_cfg.free_retries_per_turn,
+                    message_count=count, disclosure_index=index, model=call.model,
+                    fingerprint=fingerprint, client_cap=cap,
+                    output_hold=self.budget_cfg.output_hold_tokens,
+                    out_rate=self.prices.cached_output_rate(model),
+                )
+            except NeedArm as need:  # a new episode in an experiment: draw its arm, again
+                assert self.experiments is not None
+                drawn = await self.experiments.assign(need.experiment, need.spec)
+                opened = await self.store.open_turn(
+                    eid, fresh, turn_hash(call.route, body), now,
+                    free_retries=self.budget_cfg.free_retries_per_turn,
+                    message_count=count, disclosure_index=index, model=call.model,
+                    fingerprint=fingerprint, client_cap=cap,
+                    output_hold=self.budget_cfg.output_hold_tokens,
+                    out_rate=self.prices.cached_output_rate(model),
+                )
             if opened.grant.kind is GrantKind.NEED_PRICE:  # a cost budget: once per model
                 created = opened.created
                 rate = await axis_calls.output_rate(self.prices, model)

@@ -258,7 +258,7 @@ def build_api(
                 raise ProxyError(400, "invalid_request", "experiment names no configured "
                                  f"experiment: {body.experiment!r}", param="experiment")
             exp = experiments.named(body.experiment, "experiment")
-            spec, assigned = experiments.assign(exp, spec, await experiments.stop_of(exp))
+            spec, assigned = await experiments.assign(exp, spec)
         try:
             st = new_episode(spec, config.budget, config.disclosure, time.time())
         except SpecError as e:

@@ -1,15 +1,16 @@
-"""Experiments' running state: each finished episode's outcome, and the stop once decided.
+"""Experiments' running state: units' arms, each finished episode's outcome, the stop.
 
-Memory: lists in this process. Redis, shared by replicas: ``{prefix}:exp:{<name>}`` a list of
-finished episodes (JSON, in the order they were added; each replica reads only what it has not
-read before) and ``{prefix}:exp:{<name>}:stop`` the
-decision that stopped it (set once, by whichever replica decided first). Neither expires: an
-experiment's state lives as long as its name is in use (delete the keys and restart the replicas
-to start it afresh).
+Memory: dicts and lists in this process. Redis, shared by replicas: ``{prefix}:exp:{<name>}`` a
+list of finished episodes (JSON, in the order they were added; each replica reads only what it
+has not read before), ``...:stop`` the decision that stopped it (set once, by whichever replica
+decided first), ``...:n`` the count of new units per stratum and ``...:units`` the arm of each
+task or group. None expires: an experiment's state lives as long as its name is in use (delete
+the keys and restart the replicas to start it afresh).
 """
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any, Protocol
 
 import orjson
@@ -24,6 +25,13 @@ MAX_FINISHED = 1_000_000
 
 
 class ExperimentStore(Protocol):
+    async def assign(self, name: str, stratum: str, unit: str | None,
+                     arm_of: Callable[[int], int]) -> int:
+        """The arm of a new unit: `unit`'s arm if it has one; else `arm_of(n)` for the
+        stratum's n-th new unit (from 0), kept for `unit` when given. Atomic per unit across
+        replicas (a race between two first episodes of one unit may skip a count)."""
+        ...
+
     async def add(self, name: str, finished: Finished) -> None:
         """One episode of the experiment ended (called once per episode across replicas)."""
         ...
@@ -46,6 +54,19 @@ class MemoryExperiments:
         self._finished: dict[str, list[Finished]] = {}
         self._stops: dict[str, Decision] = {}
         self._max = max_finished
+        self._counts: dict[tuple[str, str], int] = {}
+        self._units: dict[tuple[str, str], int] = {}
+
+    async def assign(self, name: str, stratum: str, unit: str | None,
+                     arm_of: Callable[[int], int]) -> int:
+        if unit is not None and (name, unit) in self._units:
+            return self._units[name, unit]
+        n = self._counts.get((name, stratum), 0)
+        self._counts[name, stratum] = n + 1
+        arm = arm_of(n)
+        if unit is not None:
+            self._units[name, unit] = arm
+        return arm
 
     async def add(self, name: str, finished: Finished) -> None:
         kept = self._finished.setdefault(name, [])
@@ -92,6 +113,19 @@ class RedisExperiments:
             return await coro
         except (rexc.ConnectionError, rexc.TimeoutError, OSError) as e:
             raise StoreUnavailable(f"Redis is unavailable: {e}") from e
+
+    async def assign(self, name: str, stratum: str, unit: str | None,
+                     arm_of: Callable[[int], int]) -> int:
+        units, counts = self._key(name) + ":units", self._key(name) + ":n"
+        if unit is not None:
+            kept = await self._run(self._redis.hget(units, unit))
+            if kept is not None:
+                return int(kept)
+        n = int(await self._run(self._redis.hincrby(counts, stratum, 1))) - 1
+        arm = arm_of(n)
+        if unit is not None and not await self._run(self._redis.hsetnx(units, unit, arm)):
+            return int(await self._run(self._redis.hget(units, unit)))  # another was first
+        return arm
 
     async def add(self, name: str, finished: Finished) -> None:
         await self._run(self._redis.rpush(self._key(name), orjson.dumps(finished.to_json())))

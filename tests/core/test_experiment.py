@@ -11,13 +11,16 @@ from budgetproxy.config import ExperimentConfig
 from budgetproxy.core.experiment import (
     Finished,
     apply_arm,
+    block_arm,
     draw_arm,
     experiment_from_record,
     experiment_view,
     first_stops,
+    kept_unit,
     outcome_of,
     settings_record,
     stopped_arm,
+    stratum,
 )
 from budgetproxy.core.spec import EpisodeSpec
 
@@ -113,3 +116,23 @@ def test_three_arms_split_alpha_over_two_comparisons() -> None:
 def test_settings_round_trip() -> None:
     e = exp(min_effect=0.1, stop="auto")
     assert experiment_from_record({"type": "experiment", "ts": "x", **settings_record(e)}) == e
+
+
+def test_permuted_blocks_give_each_arm_once_per_block() -> None:
+    e = exp(arms=[{"name": n} for n in "abc"])
+    for where in ("", "task-1"):
+        arms = [block_arm(0, e, where, n) for n in range(30)]
+        assert all(sorted(arms[i:i + 3]) == [0, 1, 2] for i in range(0, 30, 3))
+        assert arms == [block_arm(0, e, where, n) for n in range(30)]
+    assert [block_arm(0, e, "", n) for n in range(30)] != [
+        block_arm(1, e, "", n) for n in range(30)]
+
+
+def test_strata_and_kept_units() -> None:
+    spec = EpisodeSpec("ep", task_id="t", group="g")
+    assert (stratum(exp(unit="task"), spec), kept_unit(exp(unit="task"), spec)) == (
+        "", "task\x1ft")
+    assert (stratum(exp(unit="group"), spec), kept_unit(exp(unit="group"), spec)) == (
+        "t", "group\x1ft\x1fg")
+    assert (stratum(exp(), spec), kept_unit(exp(), spec)) == ("t", None)
+    assert kept_unit(exp(unit="task"), EpisodeSpec("ep")) is None  # no task: its own unit

@@ -64,17 +64,26 @@ def test_unknown_experiment_is_a_400_naming_it(proxy: ProxyFactory, default_prox
     assert "'nope'" in r.json()["error"]["message"]
 
 
-def test_unit_task_gives_a_task_one_arm_on_every_replica(proxy: ProxyFactory) -> None:
-    first = proxy(_config(unit="task"))
-    second = proxy(_config(unit="task"), fresh=True)  # another process with the same config
+def test_unit_task_gives_a_task_one_arm_in_balanced_blocks(proxy: ProxyFactory) -> None:
+    p = proxy(_config(unit="task", name="by-task"), fresh=True)
     seen: dict[str, set[str]] = {}
     for i in range(8):
         task = f"task-{i}"
-        for p in (first, second, first):
+        for _ in range(3):
             seen.setdefault(task, set()).add(
-                run_episode(p, new_id(), **{"X-Episode-Task": task}))
+                run_episode(p, new_id(), "by-task", **{"X-Episode-Task": task}))
     assert all(len(arms) == 1 for arms in seen.values())
-    assert {next(iter(a)) for a in seen.values()} == {"hidden", "told-wrong"}
+    firsts = [next(iter(seen[f"task-{i}"])) for i in range(8)]
+    for block in range(4):  # every two new tasks: one of each arm
+        assert sorted(firsts[2 * block: 2 * block + 2]) == ["hidden", "told-wrong"]
+
+
+def test_unit_episode_splits_each_task_evenly(proxy: ProxyFactory) -> None:
+    p = proxy(_config(name="by-episode"), fresh=True)
+    for task in ("a", "b"):
+        arms = [run_episode(p, new_id(), "by-episode", **{"X-Episode-Task": task})
+                for _ in range(6)]
+        assert arms.count("hidden") == 3
 
 
 def test_auto_stop_assigns_the_winner_and_logs_the_decision(proxy: ProxyFactory) -> None:

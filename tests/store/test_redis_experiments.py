@@ -54,6 +54,25 @@ def test_replicas_share_the_tally_and_the_stop(proxy: ProxyFactory) -> None:
         drop_prefix(prefix)
 
 
+def test_replicas_give_a_task_one_arm(proxy: ProxyFactory) -> None:
+    require_redis()
+    prefix = new_prefix()
+    try:
+        over = {**experiment_config(unit="task"),
+                "store": {"kind": "redis", "url": REDIS_URL, "key_prefix": prefix}}
+        a, b = proxy(over, fresh=True), proxy(over, fresh=True)
+        seen: dict[str, set[str]] = {}
+        for i in range(8):
+            for p in (b, a, b) if i % 2 else (a, b, a):
+                seen.setdefault(f"task-{i}", set()).add(
+                    run_episode(p, new_id(), **{"X-Episode-Task": f"task-{i}"}))
+        assert all(len(arms) == 1 for arms in seen.values())
+        firsts = sorted(next(iter(arms)) for arms in seen.values())
+        assert firsts == ["hidden"] * 4 + ["told-wrong"] * 4  # blocks counted in the store
+    finally:
+        drop_prefix(prefix)
+
+
 async def test_the_store_reads_only_what_is_new_and_sees_a_fresh_start() -> None:
     require_redis()
     from budgetproxy.core.experiment import Finished
