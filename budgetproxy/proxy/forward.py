@@ -413,7 +413,12 @@ class ModelCalls:
                             "forwarded without accounting" if self.fail_open
                             else "answered 503 store_unavailable", policy)
             if self.fail_open:
-                return None, fresh()
+                try:
+                    return None, fresh()
+                except NeedArm as need:  # (the store was down before it was asked for one)
+                    assert self.experiments is not None
+                    drawn = await self.experiments.assign(need.experiment, need.spec)
+                    return None, fresh()
             raise ProxyError(503, "store_unavailable",
                              "The episode store is unavailable; try again shortly") from None
         if opened.created:

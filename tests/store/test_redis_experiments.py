@@ -5,7 +5,7 @@ from __future__ import annotations
 import time
 
 import pytest
-from conftest import ProxyFactory, new_id
+from conftest import ProxyFactory, chat_body, new_id
 from experiments_support import experiment_config, report, run_episode
 from redis_support import REDIS_URL, drop_prefix, new_prefix, require_redis
 
@@ -98,3 +98,14 @@ async def test_the_store_reads_only_what_is_new_and_sees_a_fresh_start() -> None
         await one.close()
         await two.close()
         drop_prefix(prefix)
+
+
+@pytest.mark.parametrize("policy", ["fail_open", "fail_closed"])
+def test_a_new_experiment_episode_with_the_store_down(proxy: ProxyFactory, policy: str) -> None:
+    """No Redis at that address: forwarded uncounted (fail_open) or 503, never a 500."""
+    p = proxy({**experiment_config(), "store": {
+        "kind": "redis", "url": "redis://127.0.0.1:9/0", "on_unavailable": policy}})
+    r = p.http().post("/v1/chat/completions", json=chat_body(),
+                      headers={"X-Episode-Id": new_id(), "X-Episode-Experiment": "disclosure"})
+    assert r.status_code == (200 if policy == "fail_open" else 503), r.text
+    assert p.http().get("/v1/experiments/disclosure").status_code == 503
