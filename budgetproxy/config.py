@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import difflib
+import fnmatch
 import os
 import re
 from collections.abc import Mapping
@@ -156,6 +157,21 @@ class BudgetConfig(_Strict):
     finish_replies: int | None = Field(1, ge=1)
 
 
+def _check_template(v: str) -> str:
+    """A disclosure template renders with the fields the proxy fills in."""
+    axis_fields = {f"{a}_{p}": 1 for a in ("tokens", "cost", "seconds")
+                   for p in ("remaining", "total", "used")}
+    try:
+        v.format(turn=1, total=2, remaining=1, used=0, turns_remain="1 turn remains",
+                 **axis_fields)
+    except (KeyError, IndexError, ValueError) as e:
+        allowed = "{turn} {total} {remaining} {used} {turns_remain} {tokens_remaining} "\
+            "{tokens_total} {tokens_used} {cost_remaining} {cost_total} {cost_used} "\
+            "{seconds_remaining} {seconds_total} {seconds_used}"
+        raise ValueError(f"cannot render ({e!r}); allowed fields are {allowed}") from None
+    return v
+
+
 class DisclosureConfig(_Strict):
     mode: Literal["hidden", "disclosed", "mixed"] = "hidden"
     disclosed_fraction: float = Field(0.5, ge=0, le=1)
@@ -166,17 +182,7 @@ class DisclosureConfig(_Strict):
     @field_validator("template")
     @classmethod
     def _template_renders(cls, v: str) -> str:
-        axis_fields = {f"{a}_{p}": 1 for a in ("tokens", "cost", "seconds")
-                       for p in ("remaining", "total", "used")}
-        try:
-            v.format(turn=1, total=2, remaining=1, used=0, turns_remain="1 turn remains",
-                     **axis_fields)
-        except (KeyError, IndexError, ValueError) as e:
-            allowed = "{turn} {total} {remaining} {used} {turns_remain} {tokens_remaining} "\
-                "{tokens_total} {tokens_used} {cost_remaining} {cost_total} {cost_used} "\
-                "{seconds_remaining} {seconds_total} {seconds_used}"
-            raise ValueError(f"cannot render ({e!r}); allowed fields are {allowed}") from None
-        return v
+        return _check_template(v)
 
 
 # Session headers agents send on every call, usable as episode-id aliases by name
@@ -361,6 +367,49 @@ def _keys_from_file(path: str) -> list[ClientKey]:
     return out
 
 
+# Names of experiments and arms: metric label values, so short and plain.
+NAME_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9._-]{0,63}$"
+
+
+class ArmConfig(_Strict):
+    """One arm of an experiment: what an episode assigned to it gets (None: as configured)."""
+
+    name: str = Field(pattern=NAME_PATTERN)
+    disclosure: Literal["hidden", "disclosed"] | None = None
+    announced_budget: int | None = Field(None, ge=1)
+    budget: int | None = Field(None, ge=1)
+    model: str | None = Field(None, min_length=1)
+    template: str | None = None
+
+    @field_validator("template")
+    @classmethod
+    def _template_renders(cls, v: str | None) -> str | None:
+        return None if v is None else _check_template(v)
+
+
+class ExperimentConfig(_Strict):
+    """A live experiment (docs/experiments.md): arms assigned per unit, a running decision."""
+
+    name: str = Field(pattern=NAME_PATTERN)
+    unit: Literal["task", "group", "episode"] = "task"
+    metric: Literal["success"] = "success"
+    alpha: float = Field(0.05, gt=0, lt=1)
+    # Futility: stop when the interval excludes every difference of at least this size.
+    min_effect: float | None = Field(None, gt=0, le=1)
+    arms: list[ArmConfig] = Field(min_length=2, max_length=16)
+    stop: Literal["manual", "auto"] = "manual"
+    # stop: auto, once decided: new episodes get the better arm (winner) or the first (control).
+    on_stop: Literal["winner", "control"] = "winner"
+
+    @field_validator("arms")
+    @classmethod
+    def _arm_names_unique(cls, v: list[ArmConfig]) -> list[ArmConfig]:
+        names = [a.name for a in v]
+        if len(set(names)) < len(names):
+            raise ValueError(f"arm names must differ, got {names}")
+        return v
+
+
 class PriceConfig(_Strict):
     input_per_mtok: float = Field(0.0, ge=0)
     output_per_mtok: float = Field(0.0, ge=0)
@@ -381,6 +430,7 @@ class Config(_Strict):
     prices: dict[str, PriceConfig] = Field(default_factory=dict)
     reward: RewardConfig = RewardConfig()
     rollouts: RolloutsConfig = RolloutsConfig()
+    experiments: list[ExperimentConfig] = Field(default_factory=list, max_length=64)
 
     @model_validator(mode="after")
     def _check(self) -> Config:
@@ -392,6 +442,16 @@ class Config(_Strict):
                 "server.workers: more than one worker needs a shared store (store.kind: redis); "
                 "the memory store would give each worker its own budgets"
             )
+        names = [e.name for e in self.experiments]
+        if len(set(names)) < len(names):
+            raise ValueError(f"experiments: names must differ, got {names}")
+        for i, e in enumerate(self.experiments):
+            for j, arm in enumerate(e.arms):
+                if arm.model is not None and self.upstreams and not any(
+                        fnmatch.fnmatchcase(arm.model, g) for u in self.upstreams
+                        for g in u.models):
+                    raise ValueError(f"experiments.{i}.arms.{j}.model: no upstream serves "
+                                     f"model {arm.model!r}")
         return self
 
 

@@ -1216,7 +1216,66 @@ def proxy_health() -> Json:
     )
 
 
-DASHBOARDS = {"agent-budgets.json": agent_budgets, "proxy-health.json": proxy_health}
+# ---- Live experiments ------------------------------------------------------------------------
+
+
+def experiments() -> Json:
+    """One live experiment's running state (docs/experiments.md). Every replica computes the
+    same numbers from the shared store: the narrowest bounds and the largest counts are the
+    newest (the interval only narrows, the counts only grow)."""
+    sel = 'experiment=~"$experiment"'
+
+    def bound(name: str, agg: str) -> str:
+        return f'{agg} by (experiment) (budgetproxy_experiment_difference{{{sel}, bound="{name}"}})'
+
+    running = timeseries(
+        "First arm − second arm: estimate and always-valid interval",
+        "The difference in success rate between the experiment's first two arms, with its "
+        "confidence sequence (cs_low, cs_high): valid however often it is read, so a stop "
+        "taken when it excludes 0 keeps the error rate at the experiment's alpha.",
+        [target(bound("cs_low", "max"), "{{experiment}} cs_low"),
+         target(bound("estimate", "avg"), "{{experiment}} estimate"),
+         target(bound("cs_high", "min"), "{{experiment}} cs_high")],
+        "percentunit", min_=None,
+    )
+    rate = timeseries(
+        "Success rate per arm",
+        "Finished episodes that succeeded, per arm (abandoned episodes left out).",
+        [target(f"max by (experiment, arm) (budgetproxy_experiment_estimate{{{sel}}})",
+                "{{experiment}} {{arm}}")],
+        "percentunit", max_=1,
+    )
+    counts = bargauge(
+        "Episodes per arm",
+        "Finished episodes per arm so far.",
+        [target(f"max by (experiment, arm) (budgetproxy_experiment_episodes{{{sel}}})",
+                "{{experiment}} {{arm}}", instant=True)],
+    )
+    decision = stat(
+        "Decision",
+        "continue, stop_a_better, stop_b_better or stop_futile: the experiment's decision now.",
+        f"max by (experiment, decision) (budgetproxy_experiment_decision{{{sel}}}) == 1",
+    )
+    decision["options"]["textMode"] = "name"
+    decision["targets"][0]["legendFormat"] = "{{experiment}}: {{decision}}"
+    panels = layout(
+        (9, [(running, 16), (decision, 8)]),
+        (8, [(rate, 12), (counts, 12)]),
+    )
+    variables = [query_var("experiment", "Experiment", "budgetproxy_experiment_episodes",
+                           "experiment", "Experiments named in the proxy's config.")]
+    return dashboard(
+        "budgetproxy-experiments",
+        "Live experiments",
+        "budgetproxy: a live experiment's arms, the running difference with its always-valid "
+        "interval, and its decision.",
+        panels,
+        variables,
+    )
+
+
+DASHBOARDS = {"agent-budgets.json": agent_budgets, "proxy-health.json": proxy_health,
+              "experiments.json": experiments}
 
 
 def render(build: Any) -> str:

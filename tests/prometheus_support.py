@@ -39,6 +39,7 @@ SAMPLE_VALUES: dict[str, str] = {
     "cost": "0.1|1",
     "seconds": "60|600",
     "window": "10m",
+    "experiment": ".*",
     "__range": "10m",
     "__rate_interval": "1m",
     "__interval": "15s",
@@ -77,7 +78,15 @@ METRICS: dict[str, set[str]] = {
     "budgetproxy_episode_tokens": {"tier", "disclosure", "outcome"},
     "budgetproxy_episode_cost_usd": {"tier", "disclosure", "outcome"},
     "budgetproxy_episode_seconds": {"tier", "disclosure", "outcome"},
+    # with `experiments` configured (docs/experiments.md)
+    "budgetproxy_experiment_episodes": {"experiment", "arm"},
+    "budgetproxy_experiment_successes": {"experiment", "arm"},
+    "budgetproxy_experiment_estimate": {"experiment", "arm"},
+    "budgetproxy_experiment_difference": {"experiment", "bound"},
+    "budgetproxy_experiment_decision": {"experiment", "decision"},
 }
+# The dashboard whose series exist only with experiments configured (its own test run).
+EXPERIMENTS_BOARD = "Live experiments"
 SERIES_NAMES = {
     f"{name}{suffix}": labels
     for name, labels in METRICS.items()

@@ -156,6 +156,12 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
         help="paired differences A − B per task, with bootstrap CIs, per cell: e.g. "
         "disclosure=disclosed,hidden or model=rl,base (a --by field or tag; may repeat)",
     )
+    p.add_argument(
+        "--experiment",
+        metavar="NAME",
+        help="a live experiment's arms, always-valid difference and decision from the logs "
+        "(docs/experiments.md)",
+    )
     p.add_argument("--json", action="store_true", help="print JSON instead of tables")
     p.add_argument("--report", type=Path, metavar="FILE.html", help="write an HTML report")
     p.add_argument(
@@ -290,6 +296,11 @@ def run(args: argparse.Namespace) -> int:
 
 
 def _run(args: argparse.Namespace) -> int:
+    if args.experiment is not None:
+        from budgetproxy.analysis.experiment import run_experiment
+        from budgetproxy.analysis.load import discover
+
+        return run_experiment(discover(args.paths).jsonl, args.experiment, args.json)
     if args.budgets or args.axis is not None or args.hold:
         from budgetproxy.analysis.axis_command import run_axis
 

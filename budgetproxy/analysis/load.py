@@ -157,7 +157,8 @@ def _read_lines(files: Sequence[str]) -> str:
 
 # One pass over every line, parsed once for its schema, type and episode_id. Of an episode
 # line only the fields the analysis reads are kept (`v`), one row per line; turn lines are
-# only counted, per file and episode; probe lines passed over (they belong to no episode);
+# only counted, per file and episode; probe and experiment lines passed over (they belong to
+# no episode);
 # anything else is grouped by the reason it is skipped.
 SCAN_SQL = """
 CREATE TEMP TABLE scan AS
@@ -175,7 +176,8 @@ WITH head AS (
              WHEN h[2] = 'episode' THEN 'episode'
              WHEN h[1] = '{schema}' AND h[2] = 'turn' AND h[3] IS NOT NULL THEN 'turn'
              -- a probe's calls (budgetproxy probe) belong to no episode: not read, not bad
-             WHEN h[1] = '{schema}' AND h[2] = 'probe' THEN 'probe'
+             WHEN h[1] = '{schema}' AND h[2] IN ('probe', 'experiment', 'experiment_decision')
+                THEN 'probe'
              ELSE 'bad' END AS kind
     FROM head
 )

@@ -70,6 +70,9 @@ class EpisodeState:
     exhausted_by: str | None = None  # the axis other than turns that ended it (or a refusal's)
     # Disclosed texts with axis fields, by turn (str): re-applied as they were (history: keep).
     told: dict[str, str] | None = None
+    # The live experiment this episode is in and its arm there (core.experiment).
+    experiment: str | None = None
+    arm: str | None = None
 
     @property
     def remaining(self) -> int:

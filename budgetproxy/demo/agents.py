@@ -44,6 +44,7 @@ class EpisodePlan:
     group: str | None = None
     tier: int | None = None  # percent of max_turns, for tier runs
     token_budget: int | None = None  # input + output tokens, for the token runs
+    experiment: str | None = None  # a live experiment to join: the proxy picks the arm
 
     @property
     def model(self) -> str:
@@ -127,6 +128,7 @@ async def play(
         disclosure=plan.disclosure,
         tags={"policy": plan.policy, "run": plan.run},
         token_budget=plan.token_budget,
+        experiment=plan.experiment,
     )
     client = episode.async_openai(like=llm)
     game = Game(task, plan.seed)

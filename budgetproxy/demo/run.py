@@ -54,11 +54,13 @@ class DemoSettings:
     token_k: int = 8
     token_calls_per_cell: float = 1.5
     figure: Path | None = None  # also draw the README's figure here (demo/figure.py)
+    # the live experiment (demo/live_experiment.py): episodes whose arm the proxy draws
+    experiment_episodes: int = 120
 
     @classmethod
     def quick(cls, out: Path, seed: int = 0) -> DemoSettings:
         return cls(out=out, seed=seed, k=8, tasks=QUICK_TASKS, budgetmix_groups=2,
-                   probe_states=32, probe_samples=4, probe_rollouts=1)
+                   probe_states=32, probe_samples=4, probe_rollouts=1, experiment_episodes=90)
 
     @property
     def budgetmix_tasks(self) -> tuple[Task, ...]:
@@ -219,9 +221,10 @@ def _clear_old_logs(folder: Path) -> int:
 
 def run_demo(s: DemoSettings, out: TextIO = sys.stdout, err: TextIO = sys.stderr) -> DemoOutcome:
     """The whole demo; raises on failure. Writes OUT/{trajectories/,metrics.txt,report.html,
-    trajectories-tokens/,pass_at.json,summary.txt,probe.json,probe/}."""
+    trajectories-tokens/,trajectories-experiment/,experiment.json,pass_at.json,summary.txt,
+    probe.json,probe/}."""
     from budgetproxy.client import BudgetClient
-    from budgetproxy.demo import token_arm
+    from budgetproxy.demo import live_experiment, token_arm
     from budgetproxy.demo.model_server import ModelServer
     from budgetproxy.demo.probe import add_to_report, claims, run_demo_probe
     from budgetproxy.demo.summary import (
@@ -242,13 +245,17 @@ def run_demo(s: DemoSettings, out: TextIO = sys.stdout, err: TextIO = sys.stderr
     token_plans = token_arm.plan_token_episodes(
         s.tasks, s.token_k, s.token_calls_per_cell, lambda *p: episode_seed(s.seed, *p))
     _clear_old_logs(s.out / token_arm.LOGS)
+    experiment_plans = live_experiment.plan_experiment_episodes(
+        s.experiment_episodes, tier_turns(live_experiment.TIER, live_experiment.TASK.max_turns),
+        lambda *p: episode_seed(s.seed, *p))
+    _clear_old_logs(s.out / live_experiment.LOGS)
     outcome = DemoOutcome()
     with ModelServer(seed=s.seed) as model:
         with ProxyServer(proxy_config(s, model.base_url)) as proxy:
             print(f"proxy on {proxy.url}, simulated model on {model.base_url}; "
-                  f"{len(plans) + len(token_plans)} episodes on {len(s.tasks)} FrozenLake maps",
-                  file=err)
-            bar = ProgressBar(len(plans) + len(token_plans), err)
+                  f"{len(plans) + len(token_plans) + len(experiment_plans)} episodes on "
+                  f"{len(s.tasks)} FrozenLake maps", file=err)
+            bar = ProgressBar(len(plans) + len(token_plans) + len(experiment_plans), err)
             try:
                 outcome.results = asyncio.run(play_all(proxy.url, plans, s.concurrency, bar))
                 # The token arm tells the agent its tokens: a proxy of its own, its template.
@@ -256,6 +263,11 @@ def run_demo(s: DemoSettings, out: TextIO = sys.stdout, err: TextIO = sys.stderr
                                               **token_arm.proxy_overrides(s.out))) as tokens:
                     outcome.results += asyncio.run(
                         play_all(tokens.url, token_plans, s.concurrency, bar))
+                # The live experiment: its proxy draws each episode's arm.
+                with ProxyServer(proxy_config(s, model.base_url,
+                                              **live_experiment.proxy_overrides(s.out))) as lx:
+                    outcome.results += asyncio.run(
+                        play_all(lx.url, experiment_plans, s.concurrency, bar))
             finally:
                 bar.close()
             with BudgetClient(proxy.url) as api:
@@ -289,6 +301,11 @@ def run_demo(s: DemoSettings, out: TextIO = sys.stdout, err: TextIO = sys.stderr
     token_analysis = json.loads(token_json)
     outcome.summary += token_claim(token_analysis.get("compare", []), outcome.results)
     analysis["token_arm"] = token_analysis
+    experiment_view, experiment_lines = live_experiment.stopping_points(
+        s.out / live_experiment.LOGS)
+    (s.out / "experiment.json").write_text(json.dumps(experiment_view, indent=2) + "\n",
+                                           encoding="utf-8")
+    outcome.summary += ["", *experiment_lines]
     as_json = json.dumps(analysis, indent=2, ensure_ascii=False)
     add_summary_to_report(report, outcome.summary)
     add_to_report(report, outcome.probe)
@@ -313,6 +330,9 @@ def run_demo(s: DemoSettings, out: TextIO = sys.stdout, err: TextIO = sys.stderr
                                      "(budgetproxy view)"),
                        ("trajectories/", "the proxy's JSONL trajectories"),
                        ("trajectories-tokens/", "the token arm's trajectories"),
+                       ("trajectories-experiment/", "the live experiment's trajectories"),
+                       ("experiment.json", "the live experiment's state at the end "
+                                           "(analyze --experiment)"),
                        ("metrics.txt", "a /metrics snapshot (Prometheus text)"),
                        ("pass_at.json", "the Pass@(K,T) cells and paired differences "
                                         "(analyze --json)"),
@@ -324,5 +344,7 @@ def run_demo(s: DemoSettings, out: TextIO = sys.stdout, err: TextIO = sys.stderr
           + " ".join(f"--compare {c}" for c in COMPARE), file=out)
     print("  and of the token arm: budgetproxy analyze "
           + " ".join(token_arm.analyze_args(s.out, ks, s.seed)), file=out)
+    print(f"  and of the live experiment: budgetproxy analyze {s.out / live_experiment.LOGS} "
+          f"--experiment {live_experiment.NAME}", file=out)
     print(f"Look at one episode, turn by turn: budgetproxy view {traj} --serve", file=out)
     return outcome

@@ -175,6 +175,8 @@ def turn_record(
     }
     if call.previous_response is not None:  # what the logged input continues
         record["previous_response_id"] = call.previous_response
+    if st.experiment is not None:
+        record["experiment"], record["arm"] = st.experiment, st.arm
     if call.tokens is not None:
         record.update(call.tokens.fields())
     return record

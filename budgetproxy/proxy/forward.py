@@ -22,7 +22,7 @@ from budgetproxy.core.forwarded_headers import HeaderPolicy
 from budgetproxy.core.keys import KeyRing, Principal
 from budgetproxy.core.paths import wire_query
 from budgetproxy.core.prices import PriceTable
-from budgetproxy.core.spec import SpecError, new_episode
+from budgetproxy.core.spec import EpisodeSpec, SpecError, new_episode
 from budgetproxy.core.tenants import TENANT_HEADER, local_id, qualified, tenant_for, tenant_of
 from budgetproxy.core.usage import token_counts
 from budgetproxy.errors import (
@@ -55,6 +55,7 @@ from budgetproxy.proxy.calls import (
 from budgetproxy.proxy.dialects import DIALECTS, Reply
 from budgetproxy.proxy.dialects.base import lone_text
 from budgetproxy.proxy.episode_keys import EpisodeKeys
+from budgetproxy.proxy.experiments import EXPERIMENT_HEADER, Assigned, Experiments, NeedArm
 from budgetproxy.proxy.grouping import RolloutRecorder, group_key, group_size
 from budgetproxy.proxy.refusal import refusal_status
 from budgetproxy.proxy.sse import EventSplitter
@@ -93,6 +94,7 @@ class ModelCalls:
         *,
         groups: GroupStore | None = None,
         episode_keys: EpisodeKeys | None = None,
+        experiments: Experiments | None = None,
     ) -> None:
         self.cfg = config
         self.pool = pool
@@ -102,6 +104,7 @@ class ModelCalls:
         self.tracing = tracing
         self.groups = groups
         self.episode_keys = episode_keys
+        self.experiments = experiments
         names = ["x-episode-id", *(h.lower() for h in config.episodes.all_id_headers())]
         self.id_headers = tuple(dict.fromkeys(n.encode() for n in names))
         self.alias_headers = self.id_headers[1:]
@@ -113,7 +116,9 @@ class ModelCalls:
         self.disc_cfg = config.disclosure
         self.finish_texts = config.budget.finish_texts.model_dump()
         # whether the disclosure text tells the other axes (its fields change every turn)
-        self.tells_axes = disclosure.uses_axes(config.disclosure.template)
+        self.tells_axes = any(disclosure.uses_axes(t) for t in (
+            config.disclosure.template,
+            *(a.template for e in config.experiments for a in e.arms if a.template)))
         self.max_body = config.server.max_body_bytes
         self.fail_open = config.store.on_unavailable == "fail_open"
         self.prices = PriceTable({g: p.model_dump() for g, p in config.prices.items()})
@@ -287,6 +292,15 @@ class ModelCalls:
                                          grant.hold.cap)
             conversation = dialect.conversation(payload)
             body = b""  # re-encode below
+        if st.arm is not None and self.experiments is not None:
+            arm_model = self.experiments.model_of(st)
+            routed = None if arm_model is None else self.pool.route(arm_model)
+            if routed is not None and routed.kind == "litellm" and not dialect.via_litellm:
+                routed = None  # (a litellm upstream serves chat only: the model asked for)
+            if routed is not None and arm_model != call.model:  # the arm's model instead
+                payload = dict((self._exact(call, body, payload) if body else None) or payload)
+                payload["model"] = call.model = arm_model
+                upstream, body = routed, b""  # re-encode below
         if st.disclosure == "disclosed" and dialect.discloses:
             exact = self._exact(call, body, payload) if body else None
             if exact is not None:
@@ -300,8 +314,11 @@ class ModelCalls:
             # (a template without axis fields renders as on a turn-only episode: cached)
             fields = axis_calls.template_fields(st, time.time()) if (
                 grant.hold is not None and self.tells_axes) else None
+            template = cfg.template
+            if st.arm is not None and self.experiments is not None:
+                template = self.experiments.template_of(st) or template
             text, again = disclosure.texts(
-                cfg.template, grant.turn, st.budget, st.announced_budget, grant.disclosed_at,
+                template, grant.turn, st.budget, st.announced_budget, grant.disclosed_at,
                 call.prints if keep else None, fields=fields, told=st.told)
             if fields is not None and keep:
                 await axis_calls.keep_told(self.store, eid, grant.turn, text)
@@ -318,15 +335,30 @@ class ModelCalls:
         now = time.time()
 
         size: int | None = None
+        # A new episode that names an experiment: its arm, drawn between two tries (NeedArm).
+        # Only the creation of an episode reads the header: later calls pay nothing for it.
+        drawn: tuple[EpisodeSpec, Assigned] | None = None
 
         def fresh() -> EpisodeState:
             nonlocal size
             try:
-                st = new_episode(spec_from_headers(eid, headers), self.budget_cfg,
-                                 self.disc_cfg, now)
+                if drawn is not None:
+                    spec, assigned = drawn
+                else:
+                    spec, assigned = spec_from_headers(eid, headers), None
+                    named = headers.get(EXPERIMENT_HEADER)
+                    if named:  # a name no experiment has is a 400
+                        if self.experiments is None:
+                            raise invalid_request("Header X-Episode-Experiment names no "
+                                                  "configured experiment", "experiment")
+                        raise NeedArm(self.experiments.named(named), spec)
+                st = new_episode(spec, self.budget_cfg, self.disc_cfg, now)
             except SpecError as e:
                 raise invalid_request(str(e), e.param) from None
             st.model = call.model
+            if assigned is not None:
+                st.experiment, st.arm = assigned.experiment, assigned.arm.name
+                st.model = assigned.arm.model or st.model
             size = group_size(headers)
             return st
 
@@ -343,14 +375,26 @@ class ModelCalls:
         model = call.model or ""
         cap = axis_calls.client_cap(call)
         try:
-            opened = await self.store.open_turn(
-                eid, fresh, turn_hash(call.route, body), now,
-                free_retries=self.budget_cfg.free_retries_per_turn,
-                message_count=count, disclosure_index=index, model=call.model,
-                fingerprint=fingerprint, client_cap=cap,
-                output_hold=self.budget_cfg.output_hold_tokens,
-                out_rate=self.prices.cached_output_rate(model),
-            )
+            try:
+                opened = await self.store.open_turn(
+                    eid, fresh, turn_hash(call.route, body), now,
+                    free_retries=self.budget_cfg.free_retries_per_turn,
+                    message_count=count, disclosure_index=index, model=call.model,
+                    fingerprint=fingerprint, client_cap=cap,
+                    output_hold=self.budget_cfg.output_hold_tokens,
+                    out_rate=self.prices.cached_output_rate(model),
+                )
+            except NeedArm as need:  # a new episode in an experiment: draw its arm, again
+                assert self.experiments is not None
+                drawn = await self.experiments.assign(need.experiment, need.spec)
+                opened = await self.store.open_turn(
+                    eid, fresh, turn_hash(call.route, body), now,
+                    free_retries=self.budget_cfg.free_retries_per_turn,
+                    message_count=count, disclosure_index=index, model=call.model,
+                    fingerprint=fingerprint, client_cap=cap,
+                    output_hold=self.budget_cfg.output_hold_tokens,
+                    out_rate=self.prices.cached_output_rate(model),
+                )
             if opened.grant.kind is GrantKind.NEED_PRICE:  # a cost budget: once per model
                 created = opened.created
                 rate = await axis_calls.output_rate(self.prices, model)
@@ -373,7 +417,12 @@ class ModelCalls:
                             "forwarded without accounting" if self.fail_open
                             else "answered 503 store_unavailable", policy)
             if self.fail_open:
-                return None, fresh()
+                try:
+                    return None, fresh()
+                except NeedArm as need:  # (the store was down before it was asked for one)
+                    assert self.experiments is not None
+                    drawn = await self.experiments.assign(need.experiment, need.spec)
+                    return None, fresh()
             raise ProxyError(503, "store_unavailable",
                              "The episode store is unavailable; try again shortly") from None
         if not opened.created:
@@ -471,6 +520,8 @@ class ModelCalls:
             out.append((b"x-episode-turn", b"%d" % grant.turn))
         if call.warning is not None:
             out.append((b"x-episode-warning", call.warning))
+        if st.arm is not None:
+            out.append((b"x-episode-arm", st.arm.encode()))
         mode = self.cfg.episodes.budget_headers
         if mode == "always" or (mode == "disclosed_only" and st.disclosure == "disclosed"):
             remaining = st.remaining

@@ -14,6 +14,7 @@ from budgetproxy.core.tenants import tenant_of
 from budgetproxy.errors import invalid_request
 from budgetproxy.proxy.calls import ModelCall, turn_numbers
 from budgetproxy.proxy.capture import Tokens
+from budgetproxy.proxy.experiments import Experiments
 from budgetproxy.store.base import StoreUnavailable
 from budgetproxy.store.groups import GroupKey, GroupStore
 from budgetproxy.store.turn_log import MemoryTurnLog, TurnLog
@@ -213,6 +214,8 @@ class RolloutRecorder(Recorder):
         self.lazy = isinstance(turns, MemoryTurnLog)
         if turns is not None:
             self.keeps_turns = True
+        # Live experiments keep each of their episodes' outcomes as its record is written.
+        self.experiments: Experiments | None = None
 
     async def keep(self, call: ModelCall, st: EpisodeState,
                    reply: dict[str, Any] | None) -> None:
@@ -243,6 +246,9 @@ class RolloutRecorder(Recorder):
                             st.episode_id)
 
     async def episode_ended(self, st: EpisodeState) -> None:
+        if st.experiment is not None and self.experiments is not None:
+            # (before the record: an episode whose record is written is in the tally)
+            await self.experiments.ended(st)
         await super().episode_ended(st)
         key = group_key(st)
         if key is not None:

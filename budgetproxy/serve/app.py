@@ -28,15 +28,22 @@ from budgetproxy.errors import (
 )
 from budgetproxy.proxy.asgi import Receive, Scope, Send, send_error
 from budgetproxy.proxy.episode_keys import EpisodeKeys
+from budgetproxy.proxy.experiments import Experiments
 from budgetproxy.proxy.forward import ModelCalls
 from budgetproxy.proxy.grouping import RolloutRecorder, with_rollout_group
 from budgetproxy.proxy.upstream import UpstreamPool
 from budgetproxy.proxy.wire import MODEL_ROUTES
 from budgetproxy.serve.episode_api import build_api
+from budgetproxy.serve.experiments_api import add_experiment_routes
 from budgetproxy.serve.groups_api import add_group_routes
 from budgetproxy.serve.paths import model_route, refused_path, request_path
 from budgetproxy.serve.trajectory_api import add_trajectory_route
 from budgetproxy.store.base import EpisodeStore, StoreUnavailable
+from budgetproxy.store.experiments import (
+    ExperimentStore,
+    MemoryExperiments,
+    RedisExperiments,
+)
 from budgetproxy.store.groups import GroupStore, MemoryGroups, RedisGroups
 from budgetproxy.store.turn_log import MemoryTurnLog, RedisTurnLog, TurnLog
 from budgetproxy.telemetry.metrics import Metrics
@@ -69,6 +76,12 @@ def _make_groups(config: Config) -> GroupStore:
         return RedisGroups(config.store.url, config.store.key_prefix,
                            config.episodes.retention_s, config.store.max_connections)
     return MemoryGroups()
+
+
+def _make_experiments(config: Config) -> ExperimentStore:
+    if config.store.kind == "redis" and config.experiments:
+        return RedisExperiments(config.store.url, config.store.key_prefix)
+    return MemoryExperiments()
 
 
 def full_budgets(config: Config) -> dict[str, float]:
@@ -160,6 +173,10 @@ class BudgetProxy:
                                         config.trajectories.content == "full", self.groups,
                                         self.turn_log)
         self.recorder.full_budgets = full_budgets(config)
+        self.experiment_store = _make_experiments(config)
+        self.experiments = Experiments(config, self.experiment_store, self.sink, self.metrics)
+        if config.experiments:
+            self.recorder.experiments = self.experiments
         litellm_call = None
         if any(u.kind == "litellm" for u in config.upstreams):
             from budgetproxy.proxy.litellm_adapter import call_litellm
@@ -169,10 +186,11 @@ class BudgetProxy:
         self.episode_keys = EpisodeKeys(secret.encode() if secret else os.urandom(32))
         self.calls = ModelCalls(config, self.pool, self.store, self.recorder, self.metrics,
                                 self.tracing, litellm_call, groups=self.groups,
-                                episode_keys=self.episode_keys)
+                                episode_keys=self.episode_keys, experiments=self.experiments)
         self.api = build_api(config, self.store, self.recorder, self.pool, self.registry,
                              self.metrics, extra_routes=self._extra_routes,
-                             mint_key=self.episode_keys.mint)
+                             mint_key=self.episode_keys.mint,
+                             experiments=self.experiments)
         self._keys = KeyRing.of(config.auth)
         self._sweeper: asyncio.Task[None] | None = None
         self._flusher: asyncio.Task[None] | None = None
@@ -185,6 +203,7 @@ class BudgetProxy:
         """The rollout gateway's routes, registered before the pass-through ones."""
         add_group_routes(app, self.config, self.store, self.groups)
         add_trajectory_route(app, self.config, self.store, self.turn_log)
+        add_experiment_routes(app, self.experiments)
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] != "http":
@@ -286,6 +305,7 @@ class BudgetProxy:
     async def startup(self) -> None:
         await self.pool.start()
         await self.sink.start()
+        await self.experiments.write_settings()
         self._sweeper = asyncio.create_task(self._sweep(), name="episode-sweeper")
         if self.metrics is not None:
             self._flusher = asyncio.create_task(self._flush_metrics(), name="metrics-flush")
@@ -305,6 +325,7 @@ class BudgetProxy:
         await self.pool.close()
         await self.store.close()
         await self.groups.close()
+        await self.experiment_store.close()
         if self.turn_log is not None:
             await self.turn_log.close()
         if self.metrics is not None:
@@ -330,6 +351,7 @@ class BudgetProxy:
                                                      ep.retention_s)
                 for st in ended:
                     await self.recorder.episode_ended(st)
+                await self.experiments.review()
                 if self.metrics is not None:
                     self.metrics.queue_depth.set(self.sink.depth())
                     self.metrics.store_degraded.set(0)

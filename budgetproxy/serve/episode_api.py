@@ -31,6 +31,7 @@ from budgetproxy.core.spec import (
 )
 from budgetproxy.core.tenants import local_id, qualified, tenant_for, tenant_of
 from budgetproxy.errors import ProxyError, checked_episode_id, request_too_large, upstream_redirect
+from budgetproxy.proxy.experiments import Experiments
 from budgetproxy.proxy.upstream import UpstreamPool
 from budgetproxy.serve.episode_bodies import EpisodeCreate, OutcomeBody
 from budgetproxy.serve.openapi import install as install_openapi
@@ -65,6 +66,8 @@ def episode_view(st: EpisodeState) -> dict[str, Any]:
         "tags": st.tags,
         **axes.view(st, time.time()),
     }
+    if st.experiment is not None:
+        view["experiment"], view["arm"] = st.experiment, st.arm
     tenant = tenant_of(st.episode_id)
     if tenant is not None:
         view["tenant"] = tenant
@@ -129,6 +132,7 @@ def build_api(
     families: Metrics | None = None,
     extra_routes: Callable[[FastAPI], None] | None = None,
     mint_key: Callable[[str], str] | None = None,
+    experiments: Experiments | None = None,
 ) -> FastAPI:
     """The episode API, /v1/models, pass-through routes and the service endpoints. API keys
     (`auth.keys`) are checked by the app before any /v1 route here (app.py)."""
@@ -248,10 +252,20 @@ def build_api(
             time_budget_s=body.time_budget_s, announced_tokens=body.announced_tokens,
             announced_cost=body.announced_cost, announced_time_s=body.announced_time_s,
         )
+        assigned = None
+        if body.experiment is not None:  # the arm, drawn as for a first call's header
+            if experiments is None:
+                raise ProxyError(400, "invalid_request", "experiment names no configured "
+                                 f"experiment: {body.experiment!r}", param="experiment")
+            exp = experiments.named(body.experiment, "experiment")
+            spec, assigned = await experiments.assign(exp, spec)
         try:
             st = new_episode(spec, config.budget, config.disclosure, time.time())
         except SpecError as e:
             raise ProxyError(400, "invalid_request", str(e), param=e.param) from None
+        if assigned is not None:
+            st.experiment, st.arm = assigned.experiment, assigned.arm.name
+            st.model = assigned.arm.model
         if not await store.create(st):
             raise ProxyError(409, "episode_exists", f"Episode {eid!r} already exists",
                              param="episode_id")

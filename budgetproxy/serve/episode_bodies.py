@@ -16,6 +16,7 @@ from pydantic import (
     WithJsonSchema,
 )
 
+from budgetproxy.config import NAME_PATTERN
 from budgetproxy.core.budget import TURNS_MAX
 from budgetproxy.core.spec import (
     GROUP_MAX_CHARS,
@@ -106,6 +107,8 @@ class EpisodeCreate(BaseModel):
     announced_tokens: Tokens | None = None
     announced_cost: Amount | None = None
     announced_time_s: Amount | None = None
+    # a live experiment to join (docs/experiments.md): the proxy assigns and applies its arm
+    experiment: str | None = Field(None, pattern=NAME_PATTERN)
 
 
 class OutcomeBody(BaseModel):

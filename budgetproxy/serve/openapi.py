@@ -8,6 +8,7 @@ from typing import Any
 from fastapi import FastAPI
 from fastapi.openapi.utils import get_openapi
 
+from budgetproxy.config import NAME_PATTERN as EXPERIMENT_NAME_PATTERN
 from budgetproxy.core.spec import GROUP_MAX_CHARS, TASK_ID_MAX_CHARS
 from budgetproxy.serve.episode_bodies import EPISODE_ID_PATTERN, JSON_VALUE_SCHEMA
 
@@ -46,6 +47,7 @@ _WHEN = {
 }
 _GROUPS = "/v1/groups/{task_id}/{group}"
 _TRAJECTORY = "/v1/episodes/{episode_id}/trajectory"
+_EXPERIMENT = "/v1/experiments/{name}"
 # What each route of the API can answer besides its success.
 _ERRORS: dict[tuple[str, str], tuple[int, ...]] = {
     ("post", "/v1/episodes"): (400, 401, 409, 413, 503),
@@ -56,6 +58,7 @@ _ERRORS: dict[tuple[str, str], tuple[int, ...]] = {
     ("post", "/v1/groups"): (400, 401, 409, 413, 503),
     ("get", _GROUPS): (400, 401, 404, 503),
     ("get", "/v1/models"): (401, 502),
+    ("get", _EXPERIMENT): (400, 401, 404, 503),
 }
 # Where a route's error means something else than _WHEN says.
 _WHEN_HERE: dict[tuple[str, str, int], str] = {
@@ -73,6 +76,10 @@ _WHEN_HERE: dict[tuple[str, str, int], str] = {
     ("get", _GROUPS, 404): "No group with this task id and name in the caller's tenant "
         "(`group_not_found`)",
     ("get", _GROUPS, 503): "The group or episode store is unavailable (`store_unavailable`)",
+    ("get", _EXPERIMENT, 400): "The path holds what no path segment may (`invalid_path`)",
+    ("get", _EXPERIMENT, 404): "No experiment of this name in the config "
+        "(`experiment_not_found`)",
+    ("get", _EXPERIMENT, 503): "The experiment store is unavailable (`store_unavailable`)",
 }
 
 def describe(app: FastAPI) -> dict[str, Any]:
@@ -107,6 +114,8 @@ def describe(app: FastAPI) -> dict[str, Any]:
                     continue
                 if param["name"] == "episode_id":
                     param["schema"] = {"type": "string", "pattern": EPISODE_ID_PATTERN}
+                elif param["name"] == "name" and path == _EXPERIMENT:
+                    param["schema"] = {"type": "string", "pattern": EXPERIMENT_NAME_PATTERN}
                 elif param["name"] in _SEGMENT_MAX:  # a group's names, as a path carries them
                     param["schema"] = {"type": "string", "pattern": SEGMENT_PATTERN,
                                        "maxLength": _SEGMENT_MAX[param["name"]]}

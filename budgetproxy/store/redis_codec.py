@@ -24,6 +24,7 @@ _CODEC: dict[str, str] = {
     "announced_tokens": _INT, "announced_cost": _FLOAT, "announced_time_s": _FLOAT,
     "tokens_used": _INT, "cost_used": _FLOAT, "tokens_reserved": _INT, "cost_reserved": _FLOAT,
     "first_call_at": _FLOAT, "exhausted_by": _STR, "told": _JSON,
+    "experiment": _STR, "arm": _STR,
 }
 
 
@@ -141,4 +142,6 @@ def decode_state(pairs: list[str]) -> EpisodeState:
         )
     # else: a turn-only episode reads the axis fields' defaults from the class (they are plain
     # values there), without a write each
+    if "experiment" in d or "arm" in d:  # (one in no experiment reads the class's None)
+        st.__dict__.update(experiment=g("experiment"), arm=g("arm"))
     return st

@@ -337,6 +337,56 @@ class Metrics:
             for outcome in self.OUTCOMES:
                 self.tenant_episodes_finished.labels(tenant, outcome)
 
+    def enable_experiments(self, arms: dict[str, list[str]]) -> None:
+        """Per-experiment gauges (docs/experiments.md); labels come from the config only.
+
+        Every replica computes them from the shared store, so workers report the value they
+        computed last (livemostrecent)."""
+        def gauge(name: str, doc: str, labels: tuple[str, ...]) -> Gauge:
+            return Gauge(name, doc, labels, registry=self._registry,
+                         multiprocess_mode="livemostrecent")
+
+        self.exp_episodes = gauge("budgetproxy_experiment_episodes",
+                                  "Finished episodes per experiment and arm (abandoned ones "
+                                  "left out).", ("experiment", "arm"))
+        self.exp_successes = gauge("budgetproxy_experiment_successes",
+                                   "Successful episodes per experiment and arm.",
+                                   ("experiment", "arm"))
+        self.exp_estimate = gauge("budgetproxy_experiment_estimate",
+                                  "Success rate per experiment and arm.", ("experiment", "arm"))
+        self.exp_difference = gauge(
+            "budgetproxy_experiment_difference",
+            "First arm minus second: the estimate and the confidence sequence's bounds "
+            "(bound = estimate | cs_low | cs_high), valid however often it is read.",
+            ("experiment", "bound"))
+        self.exp_decision = gauge("budgetproxy_experiment_decision",
+                                  "1 for the experiment's current decision, 0 for the others.",
+                                  ("experiment", "decision"))
+        for name, names in arms.items():
+            self.set_experiment({"name": name, "decision": "continue",
+                                 "difference": {"estimate": None, "cs_low": -1.0,
+                                                "cs_high": 1.0},
+                                 "arms": [{"name": a, "episodes": 0, "successes": 0,
+                                           "estimate": None} for a in names]})
+
+    def set_experiment(self, view: dict[str, Any]) -> None:
+        """Set an experiment's gauges from its view (core.experiment.experiment_view)."""
+        name = view["name"]
+        for arm in view["arms"]:
+            self.exp_episodes.labels(name, arm["name"]).set(arm["episodes"])
+            self.exp_successes.labels(name, arm["name"]).set(arm["successes"])
+            est = arm["estimate"]
+            self.exp_estimate.labels(name, arm["name"]).set(
+                float("nan") if est is None else est)
+        diff = view["difference"]
+        for bound in ("estimate", "cs_low", "cs_high"):
+            value = diff[bound]
+            self.exp_difference.labels(name, bound).set(float("nan") if value is None
+                                                       else value)
+        for decision in ("continue", "stop_a_better", "stop_b_better", "stop_futile"):
+            self.exp_decision.labels(name, decision).set(
+                1.0 if view["decision"] == decision else 0.0)
+
     def tenant_label(self, stored_id: str) -> str | None:
         """The tenant label of an episode (by the id the store knows), or None when no
         tenant list is configured."""

@@ -107,6 +107,9 @@ class Recorder:
                 "metadata": st.metadata,
                 **axes.view(st, time.time()),
                 **self.full_budgets,
+                # (an episode in a live experiment: the experiment and its arm)
+                **({} if st.experiment is None else {
+                    "experiment": st.experiment, "arm": st.arm}),
             }
         )
 

@@ -121,3 +121,21 @@ def test_the_token_arm_is_enforced_disclosed_and_claimed(
     # The main analysis reads the tier runs only: the token arm logs apart.
     assert all(r["tags"]["run"] != "tokens" for r in read_jsonl(out / "trajectories")
                if r["type"] == "episode")
+
+
+def test_the_live_experiment_assigns_arms_and_says_when_it_could_stop(
+    demo: tuple[subprocess.CompletedProcess[str], Path],
+) -> None:
+    done, out = demo
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert "Live experiment 'budget-told'" in done.stdout
+    # the disclosed budget beats the hidden one by far at a quarter of it: a decision
+    assert re.search(r"hidden - disclosed: could stop after \d+ episodes with stop_b_better "
+                     r"\(difference [+-]\d\.\d\d, always-valid interval", done.stdout), done.stdout
+    view = json.loads((out / "experiment.json").read_text(encoding="utf-8"))
+    assert [a["name"] for a in view["arms"]] == ["hidden", "disclosed", "told-full"]
+    episodes = [r for r in read_jsonl(out / "trajectories-experiment") if r["type"] == "episode"]
+    assert {r["arm"] for r in episodes} == {"hidden", "disclosed", "told-full"}
+    told = [r for r in episodes if r["arm"] == "told-full"]
+    assert all(r["announced_budget"] == 48 and r["budget"] == 12 for r in told)
+    assert sum(a["episodes"] for a in view["arms"]) == len(episodes)

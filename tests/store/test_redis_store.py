@@ -76,12 +76,15 @@ def test_every_episode_field_has_a_codec() -> None:
     decoded = decode_state(flat)
     # decode sets every field itself, but for the axis fields of a turn-only episode
     # (docs/budgets.md), which keep the class defaults without a write each
+    # and for an episode in no live experiment (its experiment and arm)
     left = names - set(vars(decoded))
-    assert left == set(_NO_AXES) | {"told"}
+    assert left == set(_NO_AXES) | {"told", "experiment", "arm"}
     assert all(getattr(decoded, n) == getattr(EpisodeState, n) for n in left)
-    axis_ep = episode("e", token_budget=5)
+    axis_ep = episode("e", token_budget=5, experiment="x", arm="a")
     flat = [v if isinstance(v, str) else v.decode() for v in encode_state(axis_ep)]
-    assert set(vars(decode_state(flat))) == names
+    decoded = decode_state(flat)
+    assert set(vars(decoded)) == names
+    assert (decoded.experiment, decoded.arm) == ("x", "a")
 
 
 def _states() -> st.SearchStrategy[EpisodeState]:
@@ -123,6 +126,8 @@ def _states() -> st.SearchStrategy[EpisodeState]:
         end_reason=st.none() | st.sampled_from(["success", "failure", "exhausted", "abandoned"]),
         ended_at=st.none() | floats,
         end_pending=st.booleans(),
+        experiment=st.none() | st.text(min_size=1, max_size=8),
+        arm=st.none() | st.text(min_size=1, max_size=8),
     )
 
 

@@ -27,10 +27,12 @@ from prometheus_support import (
 EXPECTED = {
     "agent-budgets.json": ("budgetproxy-agent-budgets", "Agent budgets"),
     "proxy-health.json": ("budgetproxy-proxy-health", "Proxy health"),
+    "experiments.json": ("budgetproxy-experiments", "Live experiments"),
 }
 REQUIRED_VARIABLES = {
     "agent-budgets.json": {"tier", "arm"},
     "proxy-health.json": {"model"},
+    "experiments.json": {"experiment"},
 }
 # Grafana's built-in variables the panels may use.
 BUILTINS = {"__range", "__rate_interval", "__interval"}

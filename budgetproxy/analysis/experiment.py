@@ -1,0 +1,104 @@
+"""`analyze --experiment NAME`: a live experiment's arms, difference and decision from the logs.
+
+Reads the episode records that name the experiment and the proxy's `experiment` record (its
+settings, written at start), and computes what GET /v1/experiments/{name} gives for the same
+episodes (core.experiment: the same finishing order, pairs and confidence sequence).
+"""
+
+from __future__ import annotations
+
+import gzip
+import json
+import sys
+from collections.abc import Iterator, Sequence
+from typing import Any
+
+import orjson
+
+from budgetproxy.config import ExperimentConfig
+from budgetproxy.core.experiment import (
+    DECISION_RECORD,
+    Finished,
+    experiment_from_record,
+    experiment_view,
+    outcome_of,
+)
+from budgetproxy.core.sequential import Decision
+
+
+def _lines(path: str) -> Iterator[bytes]:
+    opener: Any = gzip.open if path.endswith(".gz") else open
+    try:
+        with opener(path, "rb") as f:
+            yield from f
+    except (OSError, EOFError):  # a truncated rotation: what was read counts
+        return
+
+
+def read_experiment(files: Sequence[str], name: str) -> dict[str, Any] | None:
+    """The experiment's view from the logs, or None when no record of its settings is found."""
+    found = _read(files, name)
+    if found is None:
+        return None
+    exp, finished, stopped = found
+    return experiment_view(exp, finished, stopped)
+
+
+def read_finished(files: Sequence[str], name: str) -> tuple[ExperimentConfig, list[Finished]]:
+    """The experiment's settings and finished episodes from the logs (a LookupError when its
+    settings record is missing)."""
+    found = _read(files, name)
+    if found is None:
+        raise LookupError(name)
+    return found[0], found[1]
+
+
+def _read(files: Sequence[str], name: str) -> tuple[
+        ExperimentConfig, list[Finished], Decision | None] | None:
+    settings: dict[str, Any] | None = None
+    stopped: Decision | None = None
+    episodes: dict[str, Finished] = {}
+    for path in files:
+        for line in _lines(path):
+            if name.encode() not in line:  # most lines: no JSON parse
+                continue
+            try:
+                rec = orjson.loads(line)
+            except orjson.JSONDecodeError:
+                continue
+            if not isinstance(rec, dict):
+                continue
+            kind = rec.get("type")
+            if kind == "experiment" and rec.get("name") == name:
+                settings = rec
+            elif kind == DECISION_RECORD and rec.get("experiment") == name:
+                stopped = stopped or rec.get("decision")
+            elif kind == "episode" and rec.get("experiment") == name and rec.get("arm"):
+                eid = str(rec.get("episode_id"))
+                episodes[eid] = Finished(eid, rec.get("task_id"), str(rec["arm"]),
+                                         outcome_of(rec.get("end_reason")),
+                                         str(rec.get("ended_at")))
+    if settings is None:
+        return None
+    return experiment_from_record(settings), list(episodes.values()), stopped
+
+
+def run_experiment(files: Sequence[str], name: str, as_json: bool) -> int:
+    view = read_experiment(files, name)
+    if view is None:
+        print(f"budgetproxy analyze: no record of experiment {name!r} in the logs (the proxy "
+              "writes one when it starts with the experiment configured)", file=sys.stderr)
+        return 1
+    if as_json:
+        print(json.dumps(view, indent=2))
+        return 0
+    print(f"experiment {view['name']} (unit {view['unit']}, alpha {view['alpha']})")
+    for arm in view["arms"]:
+        est = "-" if arm["estimate"] is None else f"{arm['estimate']:.3f}"
+        print(f"  {arm['name']:<20} {arm['successes']:>6} / {arm['episodes']:<6} {est}")
+    for c in view["comparisons"]:
+        d = c["difference"]
+        est = "-" if d["estimate"] is None else f"{d['estimate']:+.3f}"
+        print(f"  {c['a']} - {c['b']}: {est} [{d['cs_low']:+.3f}, {d['cs_high']:+.3f}] "
+              f"over {d['pairs']} pairs: {c['decision']}")
+    return 0
