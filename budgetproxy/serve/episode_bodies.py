@@ -21,6 +21,7 @@ from budgetproxy.core.budget import TURNS_MAX
 from budgetproxy.core.spec import (
     GROUP_MAX_CHARS,
     METADATA_MAX_BYTES,
+    PRINTABLE_PATTERN,
     TAGS_MAX_BYTES,
     TASK_ID_MAX_CHARS,
 )
@@ -33,6 +34,15 @@ JSON_VALUE_SCHEMA: dict[str, Any] = {"anyOf": [
     {"type": "number", "minimum": NUMBER_MIN, "maximum": NUMBER_MAX},
     {"type": "array", "items": {"$ref": "#/components/schemas/JsonValue"}},
     {"type": "object", "additionalProperties": {"$ref": "#/components/schemas/JsonValue"}},
+]}
+# Tags: the same JSON, but every string (keys too) printable (core.spec: no control or
+# bidirectional formatting characters); the check itself is new_episode's.
+TAG_VALUE_SCHEMA: dict[str, Any] = {"anyOf": [
+    {"type": "null"}, {"type": "boolean"}, {"type": "string", "pattern": PRINTABLE_PATTERN},
+    {"type": "number", "minimum": NUMBER_MIN, "maximum": NUMBER_MAX},
+    {"type": "array", "items": {"$ref": "#/components/schemas/TagValue"}},
+    {"type": "object", "propertyNames": {"pattern": PRINTABLE_PATTERN},
+     "additionalProperties": {"$ref": "#/components/schemas/TagValue"}},
 ]}
 
 
@@ -83,10 +93,12 @@ Tokens = Turns
 # A cost or a time: a positive finite JSON number (true and "1.5" are not numbers).
 Amount = Annotated[float, Field(gt=0, allow_inf_nan=False, strict=True)]
 _OBJECT = {"type": "object", "additionalProperties": {"$ref": "#/components/schemas/JsonValue"}}
+_TAGS = {"type": "object", "propertyNames": {"pattern": PRINTABLE_PATTERN},
+         "additionalProperties": {"$ref": "#/components/schemas/TagValue"}}
 
 
-def _json_object(most: int) -> Any:
-    return Annotated[dict[str, Any], AfterValidator(_loggable(most)), WithJsonSchema(_OBJECT)]
+def _json_object(most: int, schema: dict[str, Any] = _OBJECT) -> Any:
+    return Annotated[dict[str, Any], AfterValidator(_loggable(most)), WithJsonSchema(schema)]
 
 
 class EpisodeCreate(BaseModel):
@@ -95,11 +107,12 @@ class EpisodeCreate(BaseModel):
     episode_id: str | None = Field(None, json_schema_extra={"pattern": EPISODE_ID_PATTERN})
     budget: Turns | None = None
     max_turns: Turns | None = None
-    task_id: str | None = Field(None, max_length=TASK_ID_MAX_CHARS)
-    group: str | None = Field(None, max_length=GROUP_MAX_CHARS)
+    task_id: str | None = Field(None, max_length=TASK_ID_MAX_CHARS, pattern=PRINTABLE_PATTERN)
+    group: str | None = Field(None, max_length=GROUP_MAX_CHARS, pattern=PRINTABLE_PATTERN)
     disclosure: Literal["hidden", "disclosed"] | None = None
     announced_budget: Turns | None = None
-    tags: _json_object(TAGS_MAX_BYTES) = Field(default_factory=dict)  # type: ignore[valid-type]
+    tags: _json_object(TAGS_MAX_BYTES, _TAGS) = Field(  # type: ignore[valid-type]
+        default_factory=dict)
     # budgets beside turns (core.axes, docs/budgets.md)
     token_budget: Tokens | None = None
     cost_budget: Amount | None = None

@@ -10,7 +10,11 @@ from fastapi.openapi.utils import get_openapi
 
 from budgetproxy.config import NAME_PATTERN as EXPERIMENT_NAME_PATTERN
 from budgetproxy.core.spec import GROUP_MAX_CHARS, TASK_ID_MAX_CHARS
-from budgetproxy.serve.episode_bodies import EPISODE_ID_PATTERN, JSON_VALUE_SCHEMA
+from budgetproxy.serve.episode_bodies import (
+    EPISODE_ID_PATTERN,
+    JSON_VALUE_SCHEMA,
+    TAG_VALUE_SCHEMA,
+)
 
 # A path segment the proxy routes (core.paths): printable ASCII less "/" "\\" "%" ";", and
 # not "." or ".." (which the path resolves away): a character that is not a dot, or 3+ dots.
@@ -90,6 +94,7 @@ def describe(app: FastAPI) -> dict[str, Any]:
     schemas = spec.setdefault("components", {}).setdefault("schemas", {})
     schemas["Error"] = _ERROR
     schemas["JsonValue"] = JSON_VALUE_SCHEMA
+    schemas["TagValue"] = TAG_VALUE_SCHEMA
     for name in ("HTTPValidationError", "ValidationError"):
         schemas.pop(name, None)
     for path, ops in spec["paths"].items():
