@@ -1,5 +1,8 @@
 """What an upstream HTTP client costs a model call: CPU time per POST, aiohttp beside budgetproxy's
-own HTTP/1.1 client (budgetproxy/proxy/h1.py), in one process, rounds alternating.
+own HTTP/1.1 client (budgetproxy/proxy/h1.py), in one process, rounds alternating. The built-in
+client runs three ways: as configured by default (a kept connection reused after 0.25 s quiet),
+reusing at once (`reuse_quiet_s: 0`), and with a connection per call (`reuse_connections:
+false`).
 
 The client runs pinned to one core on uvloop (as `budgetproxy serve` does) with 32 calls in
 flight, each a ~500-byte chat body answered by the fake upstream on the other core; CPU time is
@@ -21,6 +24,7 @@ import tempfile
 import time
 from collections.abc import Awaitable, Callable
 from pathlib import Path
+from typing import Any
 
 import aiohttp
 import uvloop
@@ -60,8 +64,9 @@ async def with_aiohttp(url: str, calls: int, concurrency: int) -> float:
         return await cpu_per_call(call, calls, concurrency)
 
 
-async def with_h1(host: str, port: int, path: bytes, calls: int, concurrency: int) -> float:
-    origin = h1.Origin(host, port)
+async def with_h1(host: str, port: int, path: bytes, calls: int, concurrency: int,
+                  **origin_kw: Any) -> float:
+    origin = h1.Origin(host, port, **origin_kw)
     host_header = f"{host}:{port}".encode()
 
     async def call() -> None:
@@ -70,9 +75,17 @@ async def with_h1(host: str, port: int, path: bytes, calls: int, concurrency: in
         await resp.read()
         resp.release()
     try:
+        await cpu_per_call(call, calls, concurrency)  # the pool grows to what the rate needs
         return await cpu_per_call(call, calls, concurrency)
     finally:
         origin.close()
+
+
+H1_ROWS: dict[str, dict[str, Any]] = {
+    "h1": {},  # the defaults
+    "h1 quiet 0": {"quiet_s": 0.0},
+    "h1 no reuse": {"reuse": False},
+}
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -87,23 +100,26 @@ def main(argv: list[str] | None = None) -> None:
         os.sched_setaffinity(0, {int(tg.SERVER_CORE)})
     url = upstream.base_url + "/chat/completions"
     host, port = "127.0.0.1", int(url.split(":")[2].split("/")[0])
-    rows: dict[str, list[float]] = {"aiohttp": [], "h1": []}
+    rows: dict[str, list[float]] = {"aiohttp": [], **{name: [] for name in H1_ROWS}}
     try:
         for r in range(args.rounds):
             with asyncio.Runner(loop_factory=uvloop.new_event_loop) as runner:
                 rows["aiohttp"].append(runner.run(with_aiohttp(url, args.calls,
                                                                args.concurrency)))
-                rows["h1"].append(runner.run(with_h1(host, port, b"/v1/chat/completions",
-                                                     args.calls, args.concurrency)))
-            print(f"round {r + 1}: aiohttp {rows['aiohttp'][-1]:.1f} µs/call, "
-                  f"h1 {rows['h1'][-1]:.1f} µs/call", flush=True)
+                for name, kw in H1_ROWS.items():
+                    rows[name].append(runner.run(with_h1(
+                        host, port, b"/v1/chat/completions", args.calls, args.concurrency,
+                        **kw)))
+            print(f"round {r + 1}: " + ", ".join(f"{name} {v[-1]:.1f} µs/call"
+                                                 for name, v in rows.items()), flush=True)
     finally:
         tg.stop(upstream.proc)
-    ratios = [a / b for a, b in zip(rows["aiohttp"], rows["h1"], strict=True)]
-    print(f"\nCPU per call at concurrency {args.concurrency}, medians of {args.rounds} rounds:")
-    print(f"  aiohttp {statistics.median(rows['aiohttp']):.1f} µs, "
-          f"h1 {statistics.median(rows['h1']):.1f} µs; aiohttp / h1 = "
-          f"{statistics.median(ratios):.1f}x (rounds {min(ratios):.1f}-{max(ratios):.1f}x)")
+    print(f"\nCPU per call at concurrency {args.concurrency}, medians of {args.rounds} rounds, "
+          "and each row's ratio to h1's (round by round):")
+    for name, values in rows.items():
+        ratios = [v / b for v, b in zip(values, rows["h1"], strict=True)]
+        print(f"  {name:12s} {statistics.median(values):6.1f} µs  "
+              f"{statistics.median(ratios):.2f}x (rounds {min(ratios):.2f}-{max(ratios):.2f}x)")
 
 
 if __name__ == "__main__":
