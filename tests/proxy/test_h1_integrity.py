@@ -5,6 +5,7 @@ well-formed and hostile answers whose bodies echo each request's nonce."""
 from __future__ import annotations
 
 import asyncio
+import gzip
 import re
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -41,8 +42,26 @@ class Move:
 
 Script = Callable[[bytes, bytes], tuple[bytes, bytes]]  # (request body, last answer) -> writes
 
+def chunked(body: bytes) -> bytes:
+    half = len(body) // 2
+    return (b"HTTP/1.1 200 OK\r\ncontent-type: application/json\r\n"
+            b"transfer-encoding: chunked\r\n\r\n"
+            + b"".join(b"%x\r\n%s\r\n" % (len(p), p) for p in (body[:half], body[half:]))
+            + b"0\r\n\r\n")
+
+
+def gzipped(body: bytes) -> bytes:
+    packed = gzip.compress(body)
+    return (b"HTTP/1.1 200 OK\r\ncontent-type: application/json\r\ncontent-encoding: gzip\r\n"
+            b"content-length: %d\r\n\r\n" % len(packed) + packed)
+
+
 MOVES: dict[str, Script] = {
     "ok": lambda body, last: (answer(echo(body)), b""),
+    "chunked": lambda body, last: (chunked(echo(body)), b""),
+    "gzip": lambda body, last: (gzipped(echo(body)), b""),
+    "interim": lambda body, last: (b"HTTP/1.1 100 Continue\r\n\r\n" + answer(echo(body)), b""),
+    "error_status": lambda body, last: (answer(echo(body), b"503 Service Unavailable"), b""),
     # the answer, then the previous exchange's answer again: a stray second response
     "stray": lambda body, last: (answer(echo(body)), answer(echo(body))),
     # the answer, then bytes that are no answer at all
@@ -244,7 +263,7 @@ async def aiohttp_call(session: aiohttp.ClientSession, port: int,
         return type(e).__name__
 
 
-WELL_FORMED = ["ok"]
+WELL_FORMED = ["ok", "chunked", "gzip", "interim", "error_status"]
 HOSTILE = ["stray", "tail", "two_at_once", "status_999", "switch", "not_http"]
 
 
@@ -271,7 +290,7 @@ async def test_differential_against_aiohttp(kind: str) -> None:
 # -- random sequences -------------------------------------------------------------------------
 
 move_st = st.one_of(
-    st.just(Move("ok")),
+    st.builds(Move, st.sampled_from(WELL_FORMED)),
     st.builds(Move, st.sampled_from(["stray", "tail"]),
               st.floats(min_value=0.0, max_value=0.04)),
     st.builds(Move, st.sampled_from(["two_at_once", "status_999", "switch", "not_http"])),
