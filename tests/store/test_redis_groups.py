@@ -196,5 +196,5 @@ def test_two_thousand_long_polls_take_one_subscription_and_model_calls_go_on(
            if r.status_code != 200 or not r.json()["done"]]
     assert not bad, (len(bad), bad[:3])
     assert during - clients_before <= 10, (clients_before, during)
-    assert max(took) < 5.0, took
+    assert sorted(took)[len(took) // 2] < 1.0, took  # (the first may wait on a busy machine)
     assert rss - rss_before < 200_000, (rss_before, rss)  # kB: under ~100 kB a waiter
