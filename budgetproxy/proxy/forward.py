@@ -68,7 +68,7 @@ from budgetproxy.proxy.wire import (
     parse_payload,
     spec_from_headers,
 )
-from budgetproxy.store.base import EpisodeStore, StoreUnavailable, TurnClose
+from budgetproxy.store.base import EpisodeStore, StoreBusy, StoreUnavailable, TurnClose
 from budgetproxy.store.groups import GroupStore
 from budgetproxy.telemetry.metrics import Metrics
 from budgetproxy.telemetry.tracing import Tracing
@@ -406,17 +406,20 @@ class ModelCalls:
                     output_hold=self.budget_cfg.output_hold_tokens, out_rate=rate,
                 )
                 opened = axis_calls.reopened(opened, created)
-        except StoreUnavailable:
-            policy = "fail_open" if self.fail_open else "fail_closed"
+        except StoreUnavailable as e:
+            # A store that is only busy (this process's connections all taken) is never read
+            # as down: fail_open would forward such calls uncounted.
+            fail_open = self.fail_open and not isinstance(e, StoreBusy)
+            policy = "fail_open" if fail_open else "fail_closed"
             if self.metrics is not None:
                 self.metrics.store_unavailable.labels(policy).inc()
             if now - self._store_down_logged_at >= STORE_DOWN_LOG_EVERY_S:
                 # once in a while, not per call: an outage would otherwise flood the log
                 self._store_down_logged_at = now
                 log.warning("episode store unavailable: model calls are %s (%s)",
-                            "forwarded without accounting" if self.fail_open
+                            "forwarded without accounting" if fail_open
                             else "answered 503 store_unavailable", policy)
-            if self.fail_open:
+            if fail_open:
                 try:
                     return None, fresh()
                 except NeedArm as need:  # (the store was down before it was asked for one)

@@ -20,6 +20,11 @@ class StoreUnavailable(Exception):
     """The store could not be reached; the caller applies `store.on_unavailable`."""
 
 
+class StoreBusy(StoreUnavailable):
+    """Every connection of this process to the store stayed busy for the whole wait: the
+    store itself may be healthy, so `fail_open` does not forward uncounted on it."""
+
+
 # (Named tuples: one of each is made on every model call, at a third of a frozen
 # dataclass's cost.)
 class TurnOpen(NamedTuple):

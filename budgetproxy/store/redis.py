@@ -48,7 +48,13 @@ from budgetproxy.core.episode import (
     finish,
     placed,
 )
-from budgetproxy.store.base import FinishOutcome, StoreUnavailable, TurnClose, TurnOpen
+from budgetproxy.store.base import (
+    FinishOutcome,
+    StoreBusy,
+    StoreUnavailable,
+    TurnClose,
+    TurnOpen,
+)
 from budgetproxy.store.redis_cluster import CLUSTER_UNAVAILABLE, cluster_client, eval_each, run_each
 from budgetproxy.store.redis_codec import decode_state, encode_state
 from budgetproxy.store.redis_pipe import Pending, ScriptPipe, resolve
@@ -100,6 +106,9 @@ def _store_errors() -> Iterator[None]:
     except rexc.MovedError as e:  # a cluster node, reached without the cluster client
         raise StoreUnavailable(f"Redis is a cluster node ({e}): set store.cluster: true") from e
     except _UNAVAILABLE as e:
+        if isinstance(e, rexc.ConnectionError) and isinstance(e.__cause__, TimeoutError):
+            # (redis-py's pool: no connection came free within its timeout)
+            raise StoreBusy(f"every connection to Redis stayed busy: {e}") from e
         raise StoreUnavailable(f"Redis is unavailable: {e}") from e
 
 

@@ -663,3 +663,28 @@ async def test_close_sends_the_settles_and_turns_still_pending(prefix: str) -> N
         assert await RedisTurnLog(other, 60).read(eid) == [b'{"turn":1}']
     finally:
         await other.close()
+
+
+async def test_a_burst_waits_for_a_connection_and_a_busy_pool_is_not_read_as_down(
+        prefix: str) -> None:
+    """More new episodes at once than the pool has connections: each waits its turn. A pool
+    whose connections all stay busy past the wait is StoreBusy (fail_open does not forward
+    on it), not a down Redis."""
+    from budgetproxy.store.base import StoreBusy
+
+    s = RedisStore(REDIS_URL, prefix=prefix, max_connections=2, socket_timeout_s=0.5)
+    try:
+        ids = [new_eid() for _ in range(40)]
+        opened = await asyncio.gather(*(open_(s, e, lambda e=e: episode(e), "b", T0)
+                                        for e in ids))
+        assert all(o.created for o in opened)
+        pool = s._redis.connection_pool
+        held = [await pool.get_connection(), await pool.get_connection()]
+        eid = new_eid()
+        with pytest.raises(StoreBusy):
+            await open_(s, eid, lambda: episode(eid), "b", T0)
+        for conn in held:
+            await pool.release(conn)
+        assert (await open_(s, eid, lambda: episode(eid), "b", T0)).created
+    finally:
+        await s.close()
