@@ -22,6 +22,7 @@ from dataclasses import dataclass
 from typing import Any
 
 import httpx
+import orjson
 
 METHODS = ("prompt_logprobs", "echo")
 
@@ -125,8 +126,8 @@ def _json(resp: httpx.Response, what: str) -> dict[str, Any]:
     if resp.status_code >= 300:
         raise ScoringError(f"{what} answered {resp.status_code}: {_message(resp)}")
     try:
-        body = resp.json()
-    except ValueError:
+        body = orjson.loads(resp.content)
+    except orjson.JSONDecodeError:
         raise ScoringError(f"{what} answered with no JSON") from None
     if not isinstance(body, dict):
         raise ScoringError(f"{what} answered with no JSON object")
@@ -154,7 +155,8 @@ class Scorer:
     async def _post(self, path: str, body: dict[str, Any]) -> httpx.Response:
         self.calls += 1
         try:
-            return await self.client.post(path, json=body)
+            return await self.client.post(path, content=orjson.dumps(body),
+                                          headers={"Content-Type": "application/json"})
         except httpx.HTTPError as e:
             raise ScoringError(f"POST {path}: {type(e).__name__}: {e}") from None
 
