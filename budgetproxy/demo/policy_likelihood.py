@@ -106,7 +106,7 @@ def directions(action: Mapping[str, Any]) -> list[str] | None:
     """The reply's moves, or None when it holds a call that is not a valid move."""
     out = []
     for call in action.get("tool_calls") or []:
-        fn = call.get("function") or {} if isinstance(call, Mapping) else {}
+        fn = (call.get("function") or {}) if isinstance(call, Mapping) else {}
         try:
             d = json.loads(fn.get("arguments") or "{}").get("direction")
         except (ValueError, AttributeError):

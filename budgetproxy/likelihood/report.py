@@ -55,7 +55,8 @@ def lines(result: Mapping[str, Any]) -> list[str]:
         out.append(f"Fewer than {FEW_TASKS} tasks behind {', '.join(few)}: the intervals rest "
                    "on too few draws to name a difference by.")
     own = s.get("own_logprobs") or {}
-    methods = ", ".join(f"{m}: {w}" for m, w in (s.get("methods") or {}).items())
+    methods = ", ".join(f"{m}: {w}" for m, w in (s.get("methods") or {}).items()) or str(
+        s.get("method"))
     out.append(f"log π_policy from captured logprobs for {own.get('captured', 0)} "
                f"trajectories, scored through the proxy for {own.get('scored', 0)}; "
                f"{s.get('scoring_calls', 0)} scoring calls ({methods}).")

@@ -269,7 +269,8 @@ async def run_likelihood(opts: LikelihoodOptions) -> dict[str, Any]:
         "settings": {
             "a": opts.a, "b": opts.b, "reference": opts.reference,
             "model_a": models.get("a"), "model_b": models.get("b"), "proxy": opts.proxy,
-            "methods": dict(scores.scorer.methods), "length_match": opts.length_match,
+            "method": opts.method, "methods": dict(scores.scorer.methods),
+            "length_match": opts.length_match,
             "seed": seed, "resamples": n, "trajectories_per_task": opts.trajectories,
             "trajectories": {s: len(chosen[s]) for s in SIDES},
             "episodes": {s: len(found[s]) for s in SIDES},

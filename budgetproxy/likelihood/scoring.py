@@ -54,7 +54,7 @@ def action_text(action: Mapping[str, Any]) -> str:
     out = content if isinstance(content, str) else "".join(
         str(p.get("text", "")) for p in content or [] if isinstance(p, dict))
     for call in action.get("tool_calls") or []:
-        fn = call.get("function") or {} if isinstance(call, dict) else {}
+        fn = (call.get("function") or {}) if isinstance(call, dict) else {}
         args = fn.get("arguments")
         try:
             parsed = json.loads(args) if isinstance(args, str) else args

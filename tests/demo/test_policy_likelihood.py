@@ -62,6 +62,8 @@ def test_a_reply_the_policy_never_gives_gets_the_floor_and_texts_are_certain() -
     never = {"role": "assistant", "tool_calls": [
         {"id": "x", "type": "function", "function": {"name": "jump", "arguments": "{}"}}]}
     assert reply_logprob(po.POLICIES["careful"], msgs, never) == math.log(FLOOR)
+    junk = {"role": "assistant", "tool_calls": ["not a call"]}
+    assert reply_logprob(po.POLICIES["careful"], msgs, junk) == math.log(FLOOR)
     over = [*msgs[:-1], {"role": "user", "content": "You reached the goal. The game is over."}]
     said = {"role": "assistant", "content": "I reached the goal."}
     assert reply_logprob(po.POLICIES["careful"], over, said) == 0.0

@@ -94,3 +94,11 @@ def test_the_fake_models_logprob_is_a_fixed_function() -> None:
     assert logprob("m", 1, 2) == logprob("m", 1, 2)
     assert -3.0 <= logprob("m", 1, 2) <= -0.001
     assert logprob("m", 1, 2) != logprob("n", 1, 2) or logprob("m", 2, 1) != logprob("n", 2, 1)
+
+
+def test_a_malformed_tool_call_renders_without_failing() -> None:
+    action = {"role": "assistant", "content": None, "tool_calls": ["oops", {"function": {
+        "name": "f", "arguments": "not json"}}]}
+    assert '"arguments": "not json"' in action_text(action)
+    assert chatml([{"role": "user", "content": [{"type": "text", "text": "hi"}]}]) == (
+        "<|im_start|>user\nhi<|im_end|>\n<|im_start|>assistant\n")
