@@ -16,6 +16,7 @@ A reply's log-probability is the sum over its tokens, the end-of-turn token incl
 
 from __future__ import annotations
 
+import asyncio
 import json
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
@@ -166,11 +167,14 @@ class Scorer:
         if action.get("tool_calls"):
             reply["tool_calls"] = action["tool_calls"]
         common = {"model": model, "max_tokens": 1, "temperature": 0, "return_token_ids": True}
-        prefix = _json(await self._post("/chat/completions", {
-            **common, "messages": list(messages)}), "/v1/chat/completions")
-        full = _json(await self._post("/chat/completions", {
-            **common, "messages": [*messages, reply], "add_generation_prompt": False,
-            "prompt_logprobs": 0}), "/v1/chat/completions with prompt_logprobs")
+        # both at once: a server's latency, not its work, is what waits here
+        prefix_resp, full_resp = await asyncio.gather(
+            self._post("/chat/completions", {**common, "messages": list(messages)}),
+            self._post("/chat/completions", {
+                **common, "messages": [*messages, reply], "add_generation_prompt": False,
+                "prompt_logprobs": 0}))
+        full = _json(full_resp, "/v1/chat/completions with prompt_logprobs")
+        prefix = _json(prefix_resp, "/v1/chat/completions")
         entries = full.get("prompt_logprobs")
         if entries is None:
             raise Unsupported("/v1/chat/completions answered without prompt_logprobs")
