@@ -58,7 +58,7 @@ def lines(result: Mapping[str, Any]) -> list[str]:
     methods = ", ".join(f"{m}: {w}" for m, w in (s.get("methods") or {}).items()) or str(
         s.get("method"))
     out.append(f"log π_policy from captured logprobs for {own.get('captured', 0)} "
-               f"trajectories, scored through the proxy for {own.get('scored', 0)}; "
+               f"trajectories, scored under the policy's own model for {own.get('scored', 0)}; "
                f"{s.get('scoring_calls', 0)} scoring calls ({methods}).")
     if s.get("scoring_failures"):
         out.append(f"Left out: {s['scoring_failures']} scoring call(s) failed, "

@@ -240,7 +240,7 @@ async def run_likelihood(opts: LikelihoodOptions) -> dict[str, Any]:
         for t in chosen[side]:
             eid = t.episode.record["episode_id"]
             ref = [scores.get(opts.reference, st) for st in t.states]
-            steps += [StepScore(t.task_id, side, -r.logprob, r.tokens) for r in ref
+            steps += [StepScore(t.task_id, side, 0.0 - r.logprob, r.tokens) for r in ref
                       if r is not None]
             if any(r is None for r in ref):
                 left_out += 1
@@ -252,7 +252,7 @@ async def run_likelihood(opts: LikelihoodOptions) -> dict[str, Any]:
                 own = [g.logprob if g is not None else None for g in got]
             ref_lp = sum(r.logprob for r in ref if r is not None)
             llr = None if any(o is None for o in own) else sum(o or 0.0 for o in own) - ref_lp
-            trajs.append(TrajectoryScore(t.task_id, side, eid, t.success, -ref_lp, llr,
+            trajs.append(TrajectoryScore(t.task_id, side, eid, t.success, 0.0 - ref_lp, llr,
                                          sum(r.tokens for r in ref if r is not None)))
     pairs = match_pairs(trajs, opts.length_match)
     n, seed = opts.resamples, opts.seed
