@@ -77,8 +77,9 @@ def claims(result: Mapping[str, Any]) -> list[str]:
     for side, name in (("b", B), ("a", A)):
         v = llr[f"{side}_success"]
         if v.get("n"):
+            same = " — the reference itself" if name == A else ""
             lines.append(f"- Successful {name} trajectories: log π_{name}(τ)/π_{A}(τ) = "
-                         f"{v['llr_mean']:+.1f} nats ({_ci(v)}, {v['n']} trajectories"
+                         f"{v['llr_mean']:+.1f} nats{same} ({_ci(v)}, {v['n']} trajectories"
                          + (f"; {v['n_tasks']} maps, too few to lean on" if v.get("few_tasks")
                             else "") + ").")
     if lm.get("n_pairs"):
