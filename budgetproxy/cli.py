@@ -1,4 +1,4 @@
-"""The command line: `budgetproxy serve | analyze | export | probe | demo | view`."""
+"""The command line: `budgetproxy serve | analyze | export | probe | likelihood | demo | view`."""
 
 from __future__ import annotations
 
@@ -148,7 +148,8 @@ def build_parser() -> argparse.ArgumentParser:
                        "exit: 0 when valid, 2 with a line naming each bad key when not")
     serve.set_defaults(func=_serve)
     for module in ("budgetproxy.analysis.command", "budgetproxy.analysis.export_command",
-                   "budgetproxy.probe.command", "budgetproxy.demo.command",
+                   "budgetproxy.probe.command", "budgetproxy.likelihood.command",
+                   "budgetproxy.demo.command",
                    "budgetproxy.view.command"):
         try:
             mod = __import__(module, fromlist=["register"])

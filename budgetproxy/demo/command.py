@@ -11,9 +11,10 @@ Start the proxy in-process with embedded defaults, a simulated OpenAI-compatible
 FrozenLake agents (gymnasium) that call it through the official openai client; run K
 episodes per map at the 25/50/75/100% budget tiers in hidden and disclosed arms, plus
 BudgetMix groups; print the Pass@(K,T) table and what it shows; run budgetproxy probe on
-the logs (careful vs recovering from the same states) and print its claims; leave
-report.html (its tasks linked to a page per episode in episodes/), probe.json, the
-trajectories and a metrics snapshot in --out. Needs the [demo] extra."""
+the logs (careful vs recovering from the same states) and budgetproxy likelihood (both
+policies' actions scored under careful) and print their claims; leave report.html (its tasks
+linked to a page per episode in episodes/), probe.json, likelihood.json, the trajectories and
+a metrics snapshot in --out. Needs the [demo] extra."""
 
 
 def _positive(text: str) -> int:

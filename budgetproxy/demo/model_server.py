@@ -6,7 +6,9 @@ when the request sets ``parallel_tool_calls: false``), or a short closing text o
 message says the game is over. Each reply is
 a pure function of (server seed, the request's ``seed`` field, the messages), so a run is
 reproducible and two episodes that send different seeds sample differently, as a real model
-at a temperature would. Streaming (SSE) is served too, for SDKs that ask for it.
+at a temperature would. Streaming (SSE) is served too, for SDKs that ask for it. A request
+with ``prompt_logprobs`` (vLLM's) gets them for its last message, an assistant reply, with
+the policy's exact probability of that reply (``demo/policy_likelihood.py``).
 
 Usage is counted as ``demo/tokens.py`` says (the whole prompt, tools included, every call; 15
 output tokens per move call). An output cap (``max_completion_tokens`` or ``max_tokens``)
@@ -35,6 +37,7 @@ from budgetproxy.demo.policies import (
     game_over,
     policy_for_model,
 )
+from budgetproxy.demo.policy_likelihood import prompt_logprobs
 from budgetproxy.demo.tokens import CALL_TOKENS, REPLY_TOKENS, prompt_tokens, reply_tokens
 from budgetproxy.serve.local_server import LocalAiohttpServer
 
@@ -161,6 +164,8 @@ class ModelServer(LocalAiohttpServer):
             names = ", ".join(MODEL_PREFIX + n for n in POLICIES)
             return _error(404, f"Unknown model {body.get('model')!r}; this server has {names}",
                           "model")
+        if isinstance(body.get("prompt_logprobs"), int):  # a scoring call (likelihood)
+            reply["prompt_logprobs"] = prompt_logprobs(body)
         if not body.get("stream"):
             return web.Response(body=orjson.dumps(reply), headers=_JSON)
         stream_options = body.get("stream_options") or {}

@@ -50,6 +50,8 @@ class DemoSettings:
     probe_states: int = 64
     probe_samples: int = 8
     probe_rollouts: int = 2
+    # budgetproxy likelihood on the run's logs (demo/likelihood.py): trajectories per map
+    likelihood_trajectories: int = 3
     # the token arm (demo/token_arm.py): episodes per task and arm, and the budget's size
     token_k: int = 8
     token_calls_per_cell: float = 1.5
@@ -60,7 +62,8 @@ class DemoSettings:
     @classmethod
     def quick(cls, out: Path, seed: int = 0) -> DemoSettings:
         return cls(out=out, seed=seed, k=8, tasks=QUICK_TASKS, budgetmix_groups=2,
-                   probe_states=32, probe_samples=4, probe_rollouts=1, experiment_episodes=90)
+                   probe_states=32, probe_samples=4, probe_rollouts=1, experiment_episodes=90,
+                   likelihood_trajectories=2)
 
     @property
     def budgetmix_tasks(self) -> tuple[Task, ...]:
@@ -76,6 +79,7 @@ class DemoOutcome:
     pass_at: list[dict[str, Any]] = field(default_factory=list)
     summary: list[str] = field(default_factory=list)
     probe: dict[str, Any] = field(default_factory=dict)
+    likelihood: dict[str, Any] = field(default_factory=dict)
     seconds: float = 0.0
 
 
@@ -219,11 +223,26 @@ def _clear_old_logs(folder: Path) -> int:
     return removed
 
 
+def _likelihood(s: DemoSettings, traj: Path, upstream: str, err: TextIO) -> dict[str, Any]:
+    """The likelihood view on the run's logs, through a proxy of its own on the same model
+    (logging apart, under OUT/likelihood)."""
+    from budgetproxy.demo.likelihood import run_demo_likelihood
+
+    own = replace(s, out=s.out / "likelihood")
+    _clear_old_logs(own.out / "trajectories")
+    started = time.monotonic()
+    result = run_demo_likelihood(s.out, traj, proxy_config(own, upstream),
+                                 per_task=s.likelihood_trajectories, seed=s.seed)
+    print(f"likelihood: {time.monotonic() - started:.1f}s", file=err)
+    return result
+
+
 def run_demo(s: DemoSettings, out: TextIO = sys.stdout, err: TextIO = sys.stderr) -> DemoOutcome:
     """The whole demo; raises on failure. Writes OUT/{trajectories/,metrics.txt,report.html,
     trajectories-tokens/,trajectories-experiment/,experiment.json,pass_at.json,summary.txt,
-    probe.json,probe/}."""
+    probe.json,probe/,likelihood.json,likelihood/}."""
     from budgetproxy.client import BudgetClient
+    from budgetproxy.demo import likelihood as demo_likelihood
     from budgetproxy.demo import live_experiment, token_arm
     from budgetproxy.demo.model_server import ModelServer
     from budgetproxy.demo.probe import add_to_report, claims, run_demo_probe
@@ -281,6 +300,7 @@ def run_demo(s: DemoSettings, out: TextIO = sys.stdout, err: TextIO = sys.stderr
             s.out, traj, proxy_config(probe_out, model.base_url), states=s.probe_states,
             samples=s.probe_samples, rollouts=s.probe_rollouts, seed=s.seed)
         print(f"probe: {time.monotonic() - probe_started:.1f}s", file=err)
+        outcome.likelihood = _likelihood(s, traj, model.base_url, err)
     (s.out / "metrics.txt").write_text(metrics, encoding="utf-8")
     ks = ",".join(map(str, s.analysis_k))
     report = s.out / "report.html"
@@ -309,6 +329,7 @@ def run_demo(s: DemoSettings, out: TextIO = sys.stdout, err: TextIO = sys.stderr
     as_json = json.dumps(analysis, indent=2, ensure_ascii=False)
     add_summary_to_report(report, outcome.summary)
     add_to_report(report, outcome.probe)
+    demo_likelihood.add_to_report(report, outcome.likelihood)
     (s.out / "pass_at.json").write_text(as_json, encoding="utf-8")
     (s.out / "summary.txt").write_text("\n".join(outcome.summary) + "\n", encoding="utf-8")
     if s.figure is not None:
@@ -320,6 +341,7 @@ def run_demo(s: DemoSettings, out: TextIO = sys.stdout, err: TextIO = sys.stderr
     print(table, file=out)
     print("\n".join(outcome.summary), file=out)
     print("\n" + "\n".join(claims(outcome.probe)), file=out)
+    print("\n" + "\n".join(demo_likelihood.claims(outcome.likelihood)), file=out)
     turns = sum(r.turns for r in outcome.results)
     # Every run's refusals, where "Enforcement" above counts the tier runs' alone.
     print(f"\n{len(outcome.results)} episodes, {turns:,} turns answered and "
@@ -338,7 +360,10 @@ def run_demo(s: DemoSettings, out: TextIO = sys.stdout, err: TextIO = sys.stderr
                                         "(analyze --json)"),
                        ("summary.txt", "what this shows"),
                        ("probe.json", "budgetproxy probe: careful vs recovering, same states"),
-                       ("probe/", "the probe's calls and continuation episodes (JSONL)")):
+                       ("probe/", "the probe's calls and continuation episodes (JSONL)"),
+                       ("likelihood.json", "budgetproxy likelihood: both policies' actions "
+                                           "scored under careful"),
+                       ("likelihood/", "the likelihood view's scoring calls (JSONL)")):
         print(f"  {s.out / name}  {what}", file=out)
     print(f"Re-run the analysis: budgetproxy analyze {traj} --by {','.join(BY)} "
           + " ".join(f"--compare {c}" for c in COMPARE), file=out)

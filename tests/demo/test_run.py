@@ -67,6 +67,24 @@ def test_demo_leaves_report_metrics_and_trajectories(
     assert (out / "summary.txt").read_text(encoding="utf-8").startswith("What this shows")
 
 
+def test_the_likelihood_view_is_left_and_claimed_with_intervals(
+    demo: tuple[subprocess.CompletedProcess[str], Path],
+) -> None:
+    done, out = demo
+    assert done.returncode == 0, done.stderr[-3000:]
+    result = json.loads((out / "likelihood.json").read_text(encoding="utf-8"))
+    step = result["per_step"]
+    assert step["a"]["n"] > 0 and step["b"]["n"] > 0 and step["a"]["few_tasks"] is True
+    # careful is the reference: its own trajectories' ratio is exactly 0
+    assert result["trajectory_llr"]["a_success"]["llr_mean"] in (0.0, None)
+    assert result["settings"]["reference"] == "sim-careful"
+    assert result["settings"]["scoring_failures"] == 0
+    assert "Likelihood view (budgetproxy likelihood" in done.stdout
+    assert "2 maps: fewer than 10, too few to name a difference" in done.stdout
+    assert "Likelihood view" in (out / "report.html").read_text(encoding="utf-8")
+    assert any(r["type"] == "probe" for r in read_jsonl(out / "likelihood" / "trajectories"))
+
+
 def test_the_runs_went_through_the_proxy(
     demo: tuple[subprocess.CompletedProcess[str], Path],
 ) -> None:
