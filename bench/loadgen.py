@@ -154,7 +154,7 @@ async def _one_stream(
     serial = next(_stream_ids)
     text = f"stream {serial}: " + _FILLER
     body = _stream_body(api, text)
-    hdrs = {"Content-Type": "application/json", **headers}
+    hdrs = {"Content-Type": "application/json", **target.header_dict(), **headers}
     if target.auth:
         hdrs["Authorization"] = f"Bearer {target.auth}"
     if target.episodes:

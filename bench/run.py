@@ -1,9 +1,11 @@
-"""Benchmark budgetproxy side by side with the upstream, a minimal forwarder, nginx and LiteLLM.
+"""Benchmark budgetproxy side by side with the upstream, a minimal forwarder, nginx, LiteLLM and
+Portkey's gateway.
 
     python bench/run.py                 # default run, about 2-3 minutes
     python bench/run.py --quick         # c=1 and c=32 only, shorter runs
     python bench/run.py --streams 1000  # also hold 1,000 slow streams per proxy
     python bench/run.py --with-litellm  # create LiteLLM's venv if missing and include it
+    python bench/run.py --with-portkey  # npm-install Portkey's gateway if missing (needs Node)
     python bench/run.py --apis responses,messages  # also the Responses and Messages rows
 
 Servers run pinned to core 1, the upstream and load generators to core 0 (when taskset exists).
@@ -37,7 +39,7 @@ import targets as tg  # noqa: E402
 
 ALL_TARGETS = [
     "direct", "forwarder", "budgetproxy", "budgetproxy+episodes", "budgetproxy+redis", "nginx",
-    "litellm",
+    "litellm", "portkey",
 ]
 STREAM_CHUNKS = 64
 STREAM_GAP_MS = 20.0
@@ -80,6 +82,11 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         help=f"create {tg.LITELLM_VENV.name} with {tg.LITELLM_SPEC} if missing (slow)",
     )
     p.add_argument("--no-litellm", action="store_true", help="leave LiteLLM out even if present")
+    p.add_argument(
+        "--with-portkey",
+        action="store_true",
+        help=f"install Portkey's gateway if missing ({tg.PORTKEY_INSTALL}; needs Node.js)",
+    )
     p.add_argument(
         "--stream-rounds",
         type=int,
@@ -138,6 +145,8 @@ def start_targets(
             t = tg.start_nginx(workdir, upstream)
         elif name == "litellm":
             t = tg.start_litellm(workdir, upstream, create=args.with_litellm)
+        elif name == "portkey":
+            t = tg.start_portkey(workdir, upstream, create=args.with_portkey)
         else:
             raise SystemExit(f"unknown target {name!r}")
         if t.skip:

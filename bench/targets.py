@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import contextlib
 import importlib.util
+import json
 import os
 import secrets
 import shutil
@@ -22,6 +23,9 @@ BENCH_DIR = Path(__file__).resolve().parent
 REPO_DIR = BENCH_DIR.parent
 LITELLM_VENV = BENCH_DIR / ".litellm-venv"
 LITELLM_SPEC = "litellm[proxy]==1.106.12"
+# Portkey's gateway, pinned in bench/portkey/package.json (and its lock file)
+PORTKEY_DIR = BENCH_DIR / "portkey"
+PORTKEY_INSTALL = "npm ci --prefix bench/portkey --no-audit --no-fund"
 # A budget no benchmark run can spend: episodes are counted but never refused.
 EPISODE_BUDGET = 1_000_000_000
 EPISODES = 64
@@ -56,6 +60,15 @@ class Target:
     @property
     def pid(self) -> int | None:
         return self.proc.pid if self.proc is not None else None
+
+    def header_dict(self) -> dict[str, str]:
+        """`headers` as a mapping ("Name: value; Name: value", as wrk_chat.lua reads it)."""
+        out = {}
+        for part in self.headers.split(";"):
+            name, sep, value = part.partition(":")
+            if sep and name.strip():
+                out[name.strip()] = value.strip()
+        return out
 
 
 def free_port() -> int:
@@ -143,7 +156,7 @@ def _tail(path: Path | None, lines: int = 6) -> str:
 def wait_ready(target: Target, timeout: float = 60.0) -> bool:
     """Poll with a real chat request until it answers 200; note why if it never does."""
     body = b'{"model":"fake-model","messages":[{"role":"user","content":"ready?"}]}'
-    headers = {"Content-Type": "application/json"}
+    headers = {"Content-Type": "application/json", **target.header_dict()}
     if target.auth:
         headers["Authorization"] = f"Bearer {target.auth}"
     if target.episodes:
@@ -557,6 +570,72 @@ def start_litellm(workdir: Path, upstream: str, create: bool) -> Target:
     target.proc = spawn(argv, target.log_path, env=env)
     wait_ready(target, 180)
     return target
+
+
+def portkey_version() -> str:
+    pins = json.loads((PORTKEY_DIR / "package.json").read_text())["dependencies"]
+    return str(pins["@portkey-ai/gateway"])
+
+
+def ensure_portkey(create: bool) -> tuple[str, str]:
+    """(node, the gateway's start script), installing the pinned gateway with npm when asked;
+    ("", why) when unavailable."""
+    node = shutil.which("node")
+    if node is None:
+        return "", "Node.js is not installed (apt-get install nodejs npm)"
+    script = PORTKEY_DIR / "node_modules" / "@portkey-ai" / "gateway" / "build" / "start-server.js"
+    installed = PORTKEY_DIR / "node_modules" / "@portkey-ai" / "gateway" / "package.json"
+    try:
+        found = json.loads(installed.read_text()).get("version")
+    except (OSError, ValueError):
+        found = None
+    if found == portkey_version() and script.exists():
+        return node, str(script)
+    if not create:
+        return "", ("Portkey's gateway is not installed (run once with --with-portkey, "
+                    f"or {PORTKEY_INSTALL})")
+    npm = shutil.which("npm")
+    if npm is None:
+        return "", "npm is not installed (apt-get install npm)"
+    print(f"installing @portkey-ai/gateway {portkey_version()} with npm...", flush=True)
+    done = subprocess.run([npm, "ci", "--prefix", str(PORTKEY_DIR), "--no-audit", "--no-fund",
+                           "--loglevel=error"], capture_output=True, text=True, check=False)
+    if done.returncode != 0 or not script.exists():
+        return "", f"{PORTKEY_INSTALL} failed: {(done.stderr or done.stdout).strip()[-300:]}"
+    return node, str(script)
+
+
+def start_portkey(workdir: Path, upstream: str, create: bool) -> Target:
+    """Portkey's AI gateway (Node, one process: one core), routing every call to the fake
+    upstream as an OpenAI custom host. A plain gateway: no budgets, no logs kept."""
+    port = free_port()
+    target = Target(
+        "portkey",
+        f"Portkey AI gateway {portkey_version()}, Node {_node_version()} (a peer)",
+        f"http://127.0.0.1:{port}/v1",
+        auth="fake-key",
+        headers=f"x-portkey-provider: openai; x-portkey-custom-host: {upstream}",
+        forwards_headers=False,
+        warmup_s=2.0,  # the JIT warms up
+    )
+    node, script = ensure_portkey(create)
+    if not node:
+        target.skip = script
+        return target
+    target.log_path = workdir / "portkey.log"
+    # NODE_ENV=production and --headless: no UI, no request log kept for it.
+    target.proc = spawn([node, script, f"--port={port}", "--headless"], target.log_path,
+                        env={"NODE_ENV": "production"})
+    wait_ready(target, 60)
+    return target
+
+
+def _node_version() -> str:
+    node = shutil.which("node")
+    if node is None:
+        return "missing"
+    done = subprocess.run([node, "--version"], capture_output=True, text=True, check=False)
+    return done.stdout.strip().lstrip("v") or "?"
 
 
 def _process_tree(pid: int) -> list[int]:

@@ -299,12 +299,15 @@ class BudgetClient:
         episode_id: str | None = None,
         token_budget: int | None = None,
         experiment: str | None = None,
+        cost_budget: float | None = None,
+        time_budget_s: float | None = None,
     ) -> Episode:
         """``POST /v1/episodes``. Unset fields are left to the proxy (its defaults, BudgetMix)."""
         body = _create_body(
             episode_id=episode_id, budget=budget, max_turns=max_turns, task_id=task_id,
             group=group, disclosure=disclosure, announced_budget=announced_budget, tags=tags,
             token_budget=token_budget, experiment=experiment,
+            cost_budget=cost_budget, time_budget_s=time_budget_s,
         )
         data = _check(self._call("POST", "/v1/episodes", body))
         episode: Episode = Episode._from(data, self.proxy_url, self.api_key)
@@ -396,12 +399,15 @@ class AsyncBudgetClient:
         episode_id: str | None = None,
         token_budget: int | None = None,
         experiment: str | None = None,
+        cost_budget: float | None = None,
+        time_budget_s: float | None = None,
     ) -> AsyncEpisode:
         """``POST /v1/episodes``. Unset fields are left to the proxy (its defaults, BudgetMix)."""
         body = _create_body(
             episode_id=episode_id, budget=budget, max_turns=max_turns, task_id=task_id,
             group=group, disclosure=disclosure, announced_budget=announced_budget, tags=tags,
             token_budget=token_budget, experiment=experiment,
+            cost_budget=cost_budget, time_budget_s=time_budget_s,
         )
         data = _check(await self._call("POST", "/v1/episodes", body))
         episode: AsyncEpisode = AsyncEpisode._from(data, self.proxy_url, self.api_key)

@@ -50,7 +50,7 @@ _SECTIONS = set(Config.model_fields)
 _RUN = {"python", "bash", "yaml", "toml"}
 _SHELL_BREAK = {"&&", "||", "|", ";", "&", ">", ">>", "<", "2>", "2>&1"}
 # Blocks marked "not run" across README.md and docs/ (each with its reason in the page).
-NOT_RUN = 15
+NOT_RUN = 16
 
 
 @dataclass(frozen=True)

@@ -138,6 +138,10 @@ def build_api(
     (`auth.keys`) are checked by the app before any /v1 route here (app.py)."""
     forwarded = HeaderPolicy(config.server.forward_headers,
                              (h.lower().encode() for h in config.episodes.id_headers)).forwarded
+    # What a call past the budget gets, for harnesses that stop their agent before it makes a
+    # call the proxy would refuse (the inspect-ai integration): the same for every episode.
+    at_exhaustion = {"on_exhausted": config.budget.on_exhausted,
+                     "finish_replies": config.budget.finish_replies}
     app = FastAPI(
         title="budgetproxy",
         summary="Turn budgets per agent episode, in front of any OpenAI-compatible model.",
@@ -272,7 +276,7 @@ def build_api(
         await recorder.episode_started(st)
         base = str(request.base_url).rstrip("/")
         # The contract's fields, with the rest of what GET answers: one shape for both.
-        created = {**episode_view(st), "base_url": f"{base}/episodes/{eid}/v1"}
+        created = {**episode_view(st), **at_exhaustion, "base_url": f"{base}/episodes/{eid}/v1"}
         if mint_key is not None:  # a bearer key that names this episode: no other id needed
             created["api_key"] = mint_key(st.episode_id)
         return _json(created, 201)
@@ -285,7 +289,7 @@ def build_api(
             if await store.is_known(sid):
                 return _json({"episode_id": episode_id, "status": "finished"})
             raise _not_found(episode_id)
-        return _json(episode_view(st))
+        return _json({**episode_view(st), **at_exhaustion})
 
     @app.post("/v1/episodes/{episode_id}/outcome")
     async def report_outcome(
