@@ -70,6 +70,9 @@ class EpisodeState:
     exhausted_by: str | None = None  # the axis other than turns that ended it (or a refusal's)
     # Disclosed texts with axis fields, by turn (str): re-applied as they were (history: keep).
     told: dict[str, str] | None = None
+    # The fewest turns the task can be solved in, as the harness stated it on the first call:
+    # recorded for the analysis (the ceiling per budget), never enforced.
+    min_turns: int | None = None
 
     @property
     def remaining(self) -> int:

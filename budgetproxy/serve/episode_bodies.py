@@ -98,6 +98,7 @@ class EpisodeCreate(BaseModel):
     group: str | None = Field(None, max_length=GROUP_MAX_CHARS)
     disclosure: Literal["hidden", "disclosed"] | None = None
     announced_budget: Turns | None = None
+    min_turns: Turns | None = None  # the task's fewest turns (analyze --ceiling)
     tags: _json_object(TAGS_MAX_BYTES) = Field(default_factory=dict)  # type: ignore[valid-type]
     # budgets beside turns (core.axes, docs/budgets.md)
     token_budget: Tokens | None = None
