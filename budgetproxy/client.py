@@ -298,12 +298,13 @@ class BudgetClient:
         tags: dict[str, Any] | None = None,
         episode_id: str | None = None,
         token_budget: int | None = None,
+        min_turns: int | None = None,
     ) -> Episode:
         """``POST /v1/episodes``. Unset fields are left to the proxy (its defaults, BudgetMix)."""
         body = _create_body(
             episode_id=episode_id, budget=budget, max_turns=max_turns, task_id=task_id,
             group=group, disclosure=disclosure, announced_budget=announced_budget, tags=tags,
-            token_budget=token_budget,
+            token_budget=token_budget, min_turns=min_turns,
         )
         data = _check(self._call("POST", "/v1/episodes", body))
         episode: Episode = Episode._from(data, self.proxy_url, self.api_key)
@@ -394,12 +395,13 @@ class AsyncBudgetClient:
         tags: dict[str, Any] | None = None,
         episode_id: str | None = None,
         token_budget: int | None = None,
+        min_turns: int | None = None,
     ) -> AsyncEpisode:
         """``POST /v1/episodes``. Unset fields are left to the proxy (its defaults, BudgetMix)."""
         body = _create_body(
             episode_id=episode_id, budget=budget, max_turns=max_turns, task_id=task_id,
             group=group, disclosure=disclosure, announced_budget=announced_budget, tags=tags,
-            token_budget=token_budget,
+            token_budget=token_budget, min_turns=min_turns,
         )
         data = _check(await self._call("POST", "/v1/episodes", body))
         episode: AsyncEpisode = AsyncEpisode._from(data, self.proxy_url, self.api_key)
