@@ -23,6 +23,7 @@ from budgetproxy.probe.inject import (
 from budgetproxy.probe.sampling import Sampled, sample_actions
 from budgetproxy.probe.scorers import Scorer
 from budgetproxy.probe.states import (
+    Episode,
     ProbeInputError,
     State,
     matched_sample,
@@ -147,11 +148,15 @@ def _check_proxy(url: str) -> None:
         raise ProbeInputError(f"--proxy: no proxy answers at {url} ({e})") from None
 
 
-async def run_probe(opts: ProbeOptions) -> dict[str, Any]:
-    """The whole probe; the result has the `--json` shape of docs/probe.md (and more)."""
+async def run_probe(
+    opts: ProbeOptions, episodes: Mapping[str, Episode] | None = None
+) -> dict[str, Any]:
+    """The whole probe; the result has the `--json` shape of docs/probe.md (and more).
+    `episodes`: the logs already read (else read from `opts.paths`)."""
     started = time.monotonic()
     sel_a, sel_b = parse_selector(opts.a), parse_selector(opts.b)
-    selection = select(read_episodes(opts.paths), sel_a, sel_b)
+    selection = select(read_episodes(opts.paths) if episodes is None else episodes, sel_a,
+                       sel_b)
     models = {**selection.models, **opts.models}
     for side, sel in (("a", opts.a), ("b", opts.b)):
         if side not in models:
