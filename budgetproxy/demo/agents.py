@@ -46,6 +46,7 @@ class EpisodePlan:
     group: str | None = None
     tier: int | None = None  # percent of max_turns, for tier runs
     token_budget: int | None = None  # input + output tokens, for the token runs
+    step: int | None = None  # the training checkpoint, for the dynamics run (tag "step")
 
     @property
     def model(self) -> str:
@@ -130,7 +131,8 @@ async def play(
         task_id=task.task_id,
         group=plan.group,
         disclosure=plan.disclosure,
-        tags={"policy": plan.policy, "run": plan.run},
+        tags={"policy": plan.policy, "run": plan.run,
+              **({} if plan.step is None else {"step": plan.step})},
         token_budget=plan.token_budget,
         min_turns=min_turns(task),  # the same field X-Episode-Min-Turns sets
     )

@@ -53,12 +53,17 @@ class DemoSettings:
     # the token arm (demo/token_arm.py): episodes per task and arm, and the budget's size
     token_k: int = 8
     token_calls_per_cell: float = 1.5
+    # the dynamics run (demo/dynamics.py): episodes per map and checkpoint, and its probe
+    dynamics_k: int = 4
+    dynamics_states: int = 28
+    dynamics_samples: int = 4
     figure: Path | None = None  # also draw the README's figure here (demo/figure.py)
 
     @classmethod
     def quick(cls, out: Path, seed: int = 0) -> DemoSettings:
         return cls(out=out, seed=seed, k=8, tasks=QUICK_TASKS, budgetmix_groups=2,
-                   probe_states=32, probe_samples=4, probe_rollouts=1)
+                   probe_states=32, probe_samples=4, probe_rollouts=1, dynamics_states=8,
+                   dynamics_samples=2)
 
     @property
     def budgetmix_tasks(self) -> tuple[Task, ...]:
@@ -74,6 +79,8 @@ class DemoOutcome:
     pass_at: list[dict[str, Any]] = field(default_factory=list)
     summary: list[str] = field(default_factory=list)
     probe: dict[str, Any] = field(default_factory=dict)
+    dynamics: list[EpisodeResult] = field(default_factory=list)  # the checkpoints' episodes
+    dynamics_probe: dict[str, Any] = field(default_factory=dict)
     seconds: float = 0.0
 
 
@@ -219,9 +226,10 @@ def _clear_old_logs(folder: Path) -> int:
 
 def run_demo(s: DemoSettings, out: TextIO = sys.stdout, err: TextIO = sys.stderr) -> DemoOutcome:
     """The whole demo; raises on failure. Writes OUT/{trajectories/,metrics.txt,report.html,
-    trajectories-tokens/,pass_at.json,summary.txt,probe.json,probe/}."""
+    trajectories-tokens/,pass_at.json,summary.txt,probe.json,probe/,dynamics.json,
+    trajectories-dynamics/,probe-dynamics/}."""
     from budgetproxy.client import BudgetClient
-    from budgetproxy.demo import token_arm
+    from budgetproxy.demo import dynamics, token_arm
     from budgetproxy.demo.model_server import ModelServer
     from budgetproxy.demo.probe import add_to_report, claims, run_demo_probe
     from budgetproxy.demo.summary import (
@@ -242,13 +250,16 @@ def run_demo(s: DemoSettings, out: TextIO = sys.stdout, err: TextIO = sys.stderr
     token_plans = token_arm.plan_token_episodes(
         s.tasks, s.token_k, s.token_calls_per_cell, lambda *p: episode_seed(s.seed, *p))
     _clear_old_logs(s.out / token_arm.LOGS)
+    dynamics_plans = dynamics.plan_checkpoint_episodes(
+        s.tasks, s.dynamics_k, lambda *p: episode_seed(s.seed, *p))
+    _clear_old_logs(s.out / dynamics.LOGS)
     outcome = DemoOutcome()
     with ModelServer(seed=s.seed) as model:
         with ProxyServer(proxy_config(s, model.base_url)) as proxy:
             print(f"proxy on {proxy.url}, simulated model on {model.base_url}; "
-                  f"{len(plans) + len(token_plans)} episodes on {len(s.tasks)} FrozenLake maps",
-                  file=err)
-            bar = ProgressBar(len(plans) + len(token_plans), err)
+                  f"{len(plans) + len(token_plans) + len(dynamics_plans)} episodes on "
+                  f"{len(s.tasks)} FrozenLake maps", file=err)
+            bar = ProgressBar(len(plans) + len(token_plans) + len(dynamics_plans), err)
             try:
                 outcome.results = asyncio.run(play_all(proxy.url, plans, s.concurrency, bar))
                 # The token arm tells the agent its tokens: a proxy of its own, its template.
@@ -256,6 +267,11 @@ def run_demo(s: DemoSettings, out: TextIO = sys.stdout, err: TextIO = sys.stderr
                                               **token_arm.proxy_overrides(s.out))) as tokens:
                     outcome.results += asyncio.run(
                         play_all(tokens.url, token_plans, s.concurrency, bar))
+                # The checkpoints log apart too: they are not the tiers' policies.
+                with ProxyServer(proxy_config(s, model.base_url,
+                                              **dynamics.proxy_overrides(s.out))) as steps:
+                    outcome.dynamics = asyncio.run(
+                        play_all(steps.url, dynamics_plans, s.concurrency, bar))
             finally:
                 bar.close()
             with BudgetClient(proxy.url) as api:
@@ -269,6 +285,14 @@ def run_demo(s: DemoSettings, out: TextIO = sys.stdout, err: TextIO = sys.stderr
             s.out, traj, proxy_config(probe_out, model.base_url), states=s.probe_states,
             samples=s.probe_samples, rollouts=s.probe_rollouts, seed=s.seed)
         print(f"probe: {time.monotonic() - probe_started:.1f}s", file=err)
+        dynamics_out = replace(s, out=s.out / "probe-dynamics")
+        _clear_old_logs(dynamics_out.out / "trajectories")
+        probe_started = time.monotonic()
+        with ProxyServer(proxy_config(dynamics_out, model.base_url)) as probing:
+            outcome.dynamics_probe = dynamics.run_probe_over(
+                s.out / dynamics.LOGS, probing.url, states=s.dynamics_states,
+                samples=s.dynamics_samples, seed=s.seed)
+        print(f"probe per checkpoint: {time.monotonic() - probe_started:.1f}s", file=err)
     (s.out / "metrics.txt").write_text(metrics, encoding="utf-8")
     ks = ",".join(map(str, s.analysis_k))
     report = s.out / "report.html"
@@ -290,8 +314,14 @@ def run_demo(s: DemoSettings, out: TextIO = sys.stdout, err: TextIO = sys.stderr
     outcome.summary += token_claim(token_analysis.get("compare", []), outcome.results)
     analysis["token_arm"] = token_analysis
     as_json = json.dumps(analysis, indent=2, ensure_ascii=False)
+    code, dynamics_json = _analyze([*dynamics.analyze_args(s.out, s.seed), "--json"])
+    if code not in (0, 1):
+        raise RuntimeError(f"budgetproxy analyze of the checkpoints failed (exit {code})")
+    dynamics_analysis = json.loads(dynamics_json)
+    dynamics.write(s.out, dynamics_analysis, outcome.dynamics_probe)
     add_summary_to_report(report, outcome.summary)
     add_to_report(report, outcome.probe)
+    dynamics.add_to_report(report, outcome.dynamics_probe)
     (s.out / "pass_at.json").write_text(as_json, encoding="utf-8")
     (s.out / "summary.txt").write_text("\n".join(outcome.summary) + "\n", encoding="utf-8")
     if s.figure is not None:
@@ -303,10 +333,14 @@ def run_demo(s: DemoSettings, out: TextIO = sys.stdout, err: TextIO = sys.stderr
     print(table, file=out)
     print("\n".join(outcome.summary), file=out)
     print("\n" + "\n".join(claims(outcome.probe)), file=out)
+    print("\n" + "\n".join(dynamics.claims(dynamics_analysis, outcome.dynamics_probe)),
+          file=out)
     turns = sum(r.turns for r in outcome.results)
     # Every run's refusals, where "Enforcement" above counts the tier runs' alone.
     print(f"\n{len(outcome.results)} episodes, {turns:,} turns answered and "
-          f"{refusal_breakdown(outcome.results)} refused for a spent budget in "
+          f"{refusal_breakdown(outcome.results)} refused for a spent budget, and "
+          f"{len(outcome.dynamics)} checkpoint episodes "
+          f"({sum(r.turns for r in outcome.dynamics):,} turns), in "
           f"{outcome.seconds:.0f}s. Left in {s.out}:", file=out)
     for name, what in (("report.html", "the HTML report"),
                        ("episodes/", "a page per episode, linked from the report's tasks "
@@ -318,11 +352,16 @@ def run_demo(s: DemoSettings, out: TextIO = sys.stdout, err: TextIO = sys.stderr
                                         "(analyze --json)"),
                        ("summary.txt", "what this shows"),
                        ("probe.json", "budgetproxy probe: careful vs recovering, same states"),
-                       ("probe/", "the probe's calls and continuation episodes (JSONL)")):
+                       ("probe/", "the probe's calls and continuation episodes (JSONL)"),
+                       ("dynamics.json", "the checkpoints: analyze --over step --ceiling and "
+                                         "probe --over step"),
+                       ("trajectories-dynamics/", "the checkpoints' trajectories")):
         print(f"  {s.out / name}  {what}", file=out)
     print(f"Re-run the analysis: budgetproxy analyze {traj} --by {','.join(BY)} "
           + " ".join(f"--compare {c}" for c in COMPARE), file=out)
     print("  and of the token arm: budgetproxy analyze "
           + " ".join(token_arm.analyze_args(s.out, ks, s.seed)), file=out)
+    print("  and of the checkpoints: budgetproxy analyze "
+          + " ".join(dynamics.analyze_args(s.out, s.seed)), file=out)
     print(f"Look at one episode, turn by turn: budgetproxy view {traj} --serve", file=out)
     return outcome
