@@ -16,6 +16,7 @@ from typing import Any
 import orjson
 
 from budgetproxy.core import disclosure
+from budgetproxy.probe import replay
 
 SIDES = ("a", "b")
 
@@ -43,6 +44,9 @@ class State:
     injected: str | None = None  # "tool-error" | "action" when an error was put in
     failed_call: str | None = None  # name(arguments) of the call an injected error failed
     meta: Mapping[str, Any] = field(default_factory=dict)
+    # the API it was served on (probe/replay.py): it is replayed there, in that shape
+    route: str = "/v1/chat/completions"
+    head: Any = None  # Messages' system, or Responses' instructions, as last logged
 
     @property
     def key(self) -> str:
@@ -150,7 +154,11 @@ def episode_states(ep: Episode, source: str) -> list[State]:
     conv: list[Any] = []
     placed: list[tuple[int, str]] = []  # earlier turns' disclosure texts (last_message)
     by_turn: dict[int, State] = {}
+    head: Any = None
     for t in ep.turns:
+        route = replay.route_of(t)
+        if replay.HEADS.get(route) in t:  # logged with the whole conversation
+            head = t[replay.HEADS[route]]
         offset, new = t.get("messages_offset"), t.get("request_messages")
         if not isinstance(offset, int) or not isinstance(new, list):
             continue
@@ -162,10 +170,15 @@ def episode_states(ep: Episode, source: str) -> list[State]:
         if not conv:
             continue
         text = (t.get("disclosure") or {}).get("text")
-        seen = disclosure.apply(conv, "last_message", text, placed) if isinstance(text, str) \
-            else [*conv]
-        if isinstance(text, str):
-            placed = [p for p in placed if p[0] < len(conv) - 1] + [(len(conv) - 1, text)]
+        if route == replay.CHAT:
+            seen = disclosure.apply(conv, "last_message", text, placed) \
+                if isinstance(text, str) else [*conv]
+            if isinstance(text, str):
+                placed = [p for p in placed if p[0] < len(conv) - 1] + [(len(conv) - 1, text)]
+        elif isinstance(text, str):
+            seen, placed = replay.place(route, conv, text, placed)
+        else:
+            seen = [*conv]
         if t.get("status") != "ok" or not isinstance(t.get("response"), dict):
             continue
         turn = int(t.get("turn", 0))
@@ -176,7 +189,7 @@ def episode_states(ep: Episode, source: str) -> list[State]:
             budget=budget if isinstance(budget, int) else None,
             max_turns=rec.get("max_turns") if isinstance(rec.get("max_turns"), int) else None,
             remaining=budget - turn + 1 if isinstance(budget, int) else None,
-            action=t["response"],
+            action=t["response"], route=route, head=head,
         )
     return [by_turn[k] for k in sorted(by_turn)]
 

@@ -22,3 +22,10 @@ def by_step(state: Any, action: dict[str, Any]) -> float:
     """1 when the model's step reaches the bar of the state's task, else 0."""
     step = int(str(action.get("content")).rsplit("-", 1)[1])
     return 1.0 if step >= STEP_BARS[state.task_id] else 0.0
+
+
+def as_logged(state: Any, action: dict[str, Any]) -> float:
+    """1 when the reply is the one the state's own turn got. Behind an upstream that echoes
+    the request it saw, that is: the replay sent the model exactly what it saw then."""
+    logged = (state.action or {}).get("content")
+    return 1.0 if action.get("content") == logged and logged else 0.0
