@@ -89,12 +89,16 @@ def _trend(first: Mapping[str, Any], last: Mapping[str, Any]) -> str:
 def _win_claim(view: Mapping[str, Any] | None, what: str) -> str:
     if not view or view.get("win_rate") is None:
         return f"{what}: no states to compare"
-    text = f"{what} {_iv(view['win_rate'], view['ci_low'], view['ci_high'])}"
+    # wins beside losses (ties apart): the net says which side wins more states
+    net, low, high = view["net_win"], view["net_ci_low"], view["net_ci_high"]
+    text = (f"{what} wins {_iv(view['win_rate'], view['ci_low'], view['ci_high'])}, ties "
+            f"{100 * view['tie_rate']:.0f}%, net {100 * net:+.0f} points [{100 * low:+.0f} to "
+            f"{100 * high:+.0f}]")
     if view.get("few_tasks"):
         return text + f" ({view['n_tasks']} maps: too few to name a winner)"
-    if view["ci_high"] < 0.5:
+    if high < 0:
         return text + ", worse than step 0"
-    if view["ci_low"] > 0.5:
+    if low > 0:
         return text + ", better than step 0"
     return text + ", no difference the interval supports"
 

@@ -55,8 +55,8 @@ class DemoSettings:
     token_calls_per_cell: float = 1.5
     # the dynamics run (demo/dynamics.py): episodes per map and checkpoint, and its probe
     dynamics_k: int = 4
-    dynamics_states: int = 28
-    dynamics_samples: int = 4
+    dynamics_states: int = 20  # 10 per side: one a map on 10 maps, the few_tasks floor
+    dynamics_samples: int = 3
     figure: Path | None = None  # also draw the README's figure here (demo/figure.py)
 
     @classmethod
