@@ -134,3 +134,29 @@ def test_a_messages_state_is_rebuilt_in_messages_shape() -> None:
         "role": "assistant", "content": "hi", "tool_calls": [
             {"id": "t1", "type": "function",
              "function": {"name": "move", "arguments": '{"d": 1}'}}]}
+
+
+def test_a_responses_state_is_rebuilt_in_responses_shape() -> None:
+    items: list[Any] = [{"role": "user", "content": "a"},
+                        {"type": "function_call", "call_id": "c1", "name": "move",
+                         "arguments": "{}"},
+                        {"type": "function_call_output", "call_id": "c1", "output": "ok"}]
+    seen, placed = replay.place(replay.RESPONSES, items[:1], "one", [])
+    assert seen == [{"role": "user", "content": "a\n\none"}]
+    # a tool's output is read by the model: the text joins it
+    seen, placed = replay.place(replay.RESPONSES, items, "two", placed)
+    assert seen[0]["content"] == "a\n\none" and seen[2]["output"] == "ok\n\ntwo"
+    # an assistant message last: the text is a new user item
+    after = [*items, {"role": "assistant", "content": "done"}]
+    seen, placed = replay.place(replay.RESPONSES, after, "three", placed)
+    assert seen[-1] == {"role": "user", "content": "three"} and len(seen) == len(after) + 1
+    assert replay.action_of(replay.RESPONSES, {"output": [
+        {"type": "message", "content": [{"type": "output_text", "text": "hi"}]},
+        {"type": "function_call", "call_id": "c2", "name": "move",
+         "arguments": '{"d": 1}'}]}) == {
+        "role": "assistant", "content": "hi", "tool_calls": [
+            {"id": "c2", "type": "function",
+             "function": {"name": "move", "arguments": '{"d": 1}'}}]}
+    assert replay.route_of({"turn": 1}) == replay.CHAT  # records from before routes were logged
+    body = replay.body(replay.RESPONSES, seen, "Play.", "m", 7, None)
+    assert body == {"model": "m", "input": seen, "store": False, "instructions": "Play."}
