@@ -314,7 +314,7 @@ def _run(args: argparse.Namespace) -> int:
     if args.budgets or args.axis is not None or args.hold:
         for flag, given in (("--over", args.over), ("--ceiling", args.ceiling)):
             if given:
-                raise_usage(f"{flag} reads turns: it does not combine with --axis or --budgets")
+                _usage_error(f"{flag} reads turns: it does not combine with --axis or --budgets")
         from budgetproxy.analysis.axis_command import run_axis
 
         return run_axis(args)
@@ -501,7 +501,7 @@ def _compare(
     return out
 
 
-def raise_usage(message: str) -> NoReturn:
+def _usage_error(message: str) -> NoReturn:
     from budgetproxy.analysis.load import InputError
 
     raise InputError(message, exit_code=2)
@@ -516,7 +516,7 @@ def _over(
     from budgetproxy.analysis.table import compute_cells
 
     if args.over in args.by:
-        raise_usage(f"--over {args.over}: the field is already in --by")
+        _usage_error(f"--over {args.over}: the field is already in --by")
     order, missing = checkpoints(con, args.over)
     if not order:
         print(f"budgetproxy analyze: --over {args.over}: no episode has this field or tag",
