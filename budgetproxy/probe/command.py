@@ -66,6 +66,10 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
     p.add_argument("--api-key", default="probe", help="API key for the proxy")
     p.add_argument("--tools", type=Path, metavar="FILE.json",
                    help="tool definitions to send with each state (the logs do not hold them)")
+    p.add_argument("--placement", choices=("last_message", "system", "new_message"),
+                   default="last_message", help="the disclosure.placement of the proxy that "
+                   "wrote the logs: disclosed states are rebuilt with the texts where it put "
+                   "them (default last_message)")
     p.add_argument("--model-a", help="model to sample for A (default: the one in A's logs)")
     p.add_argument("--model-b", help="model to sample for B")
     p.add_argument("--concurrency", type=_positive, default=16, help="calls at once (16)")
@@ -97,7 +101,7 @@ def options_from(args: argparse.Namespace) -> Any:
         states=args.states, samples=args.samples, inject=args.inject,
         error_pattern=args.error_pattern, tool_error=args.tool_error, continue_=args.continue_,
         rollouts=args.rollouts, seed=args.seed, resamples=args.resamples, api_key=args.api_key,
-        tools=tools, concurrency=args.concurrency, models=models)
+        tools=tools, concurrency=args.concurrency, models=models, placement=args.placement)
 
 
 def run(args: argparse.Namespace) -> int:

@@ -89,12 +89,79 @@ def _new(route: str, text: str) -> dict[str, Any]:
     return {"role": "user", "content": text}
 
 
+PLACEMENTS = ("last_message", "system", "new_message")
+
+
 def place(
+    route: str, items: Sequence[Any], head: Any, text: str,
+    placed: Sequence[tuple[int, str]], placement: str = "last_message",
+) -> tuple[list[Any], Any, list[tuple[int, str]]]:
+    """What the model saw under the proxy's `placement`: the items and the head (system or
+    instructions) with this turn's text placed and earlier turns' texts (`placed`: item
+    index, text) re-applied where they were (`history: keep`); and the placements to carry
+    to the next turn."""
+    if placement == "system":  # not replayed: each turn's text alone, on the system prompt
+        if route == CHAT:
+            return disclosure.apply(list(items), "system", text), head, []
+        return list(items), _with_head(route, head, text), []
+    if placement == "new_message":
+        return _new_message(route, items, text, placed), head, [
+            *[(i, t) for i, t in placed if i < len(items)], (len(items), text)]
+    if route == CHAT:
+        seen = disclosure.apply(list(items), "last_message", text, placed)
+        return seen, head, [*[p for p in placed if p[0] < len(items) - 1],
+                            (len(items) - 1, text)]
+    seen, carried = _last_message(route, items, text, placed)
+    return seen, head, carried
+
+
+def _with_head(route: str, head: Any, text: str) -> Any:
+    if route == MESSAGES and isinstance(head, list):
+        return [*head, {"type": "text", "text": text}]
+    return head + "\n\n" + text if isinstance(head, str) and head else text
+
+
+def _new_message(
+    route: str, items: Sequence[Any], text: str, placed: Sequence[tuple[int, str]]
+) -> list[Any]:
+    """New-message placement: each text a user item where it was put (on Messages, joining
+    a user message next to it: two user messages in a row are refused; on chat and
+    Responses, after any tool outputs there)."""
+    if route == CHAT:
+        return disclosure.apply(list(items), "new_message", text, placed)
+    n = len(items)
+    appends: dict[int, list[str]] = {}
+    inserts: dict[int, list[str]] = {}
+
+    def put(at: int, t: str) -> None:
+        if route == MESSAGES and at - 1 >= 0 and _role(items[at - 1]) == "user":
+            appends.setdefault(at - 1, []).append(t)
+        elif route == MESSAGES and at < n and _role(items[at]) == "user":
+            appends.setdefault(at, []).append(t)
+        else:
+            while route == RESPONSES and at < n and isinstance(items[at], dict) and (
+                    items[at].get("type") in _TOOL_OUTPUTS):
+                at += 1
+            inserts.setdefault(at, []).append(t)
+
+    for idx, old in sorted(placed):
+        if 0 <= idx < n:
+            put(idx, old)
+    put(n, text)
+    out: list[Any] = []
+    for i in range(n + 1):
+        out += [_new(route, t) for t in inserts.get(i, ())]
+        if i < n:
+            item = items[i]
+            for t in appends.get(i, ()):
+                item = _append(route, item, t)
+            out.append(item)
+    return out
+
+
+def _last_message(
     route: str, items: Sequence[Any], text: str, placed: Sequence[tuple[int, str]]
 ) -> tuple[list[Any], list[tuple[int, str]]]:
-    """What the model saw: `items` with this turn's text placed and earlier turns' texts
-    (`placed`: item index, text) re-applied where they were; and the placements to carry to
-    the next turn."""
     out = list(items)
     target = _target(route, out)
     for idx, old in placed:

@@ -59,6 +59,7 @@ class ProbeOptions:
     tools: list[Any] | None = None
     concurrency: int = 16
     models: dict[str, str] = field(default_factory=dict)  # side → model, over the logs' own
+    placement: str = "last_message"  # the proxy's disclosure.placement when the logs were made
 
 
 @dataclass
@@ -156,7 +157,7 @@ async def run_probe(
     started = time.monotonic()
     sel_a, sel_b = parse_selector(opts.a), parse_selector(opts.b)
     selection = select(read_episodes(opts.paths) if episodes is None else episodes, sel_a,
-                       sel_b)
+                       sel_b, opts.placement)
     models = {**selection.models, **opts.models}
     for side, sel in (("a", opts.a), ("b", opts.b)):
         if side not in models:
@@ -201,6 +202,7 @@ async def run_probe(
         "settings": {
             "a": opts.a, "b": opts.b, "model_a": models["a"], "model_b": models["b"],
             "scorer": opts.scorer.name, "states": opts.states, "samples": opts.samples,
+            "placement": opts.placement,
             "inject": opts.inject, "error_pattern": pattern_text, "continue": opts.continue_,
             "rollouts": opts.rollouts if opts.continue_ else None, "seed": opts.seed,
             "resamples": opts.resamples, "proxy": opts.proxy, "probe_id": probe_id,

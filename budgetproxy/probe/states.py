@@ -46,7 +46,7 @@ class State:
     meta: Mapping[str, Any] = field(default_factory=dict)
     # the API it was served on (probe/replay.py): it is replayed there, in that shape
     route: str = "/v1/chat/completions"
-    head: Any = None  # Messages' system, or Responses' instructions, as last logged
+    head: Any = None  # Messages' system or Responses' instructions, as the model saw them
 
     @property
     def key(self) -> str:
@@ -146,13 +146,14 @@ def _stripped(messages: Sequence[Any]) -> bool:
     return any(isinstance(m, dict) and isinstance(m.get("content"), dict) for m in messages)
 
 
-def episode_states(ep: Episode, source: str) -> list[State]:
-    """A state per answered turn of one episode, in turn order."""
+def episode_states(ep: Episode, source: str, placement: str = "last_message") -> list[State]:
+    """A state per answered turn of one episode, in turn order; the disclosure texts placed
+    as the proxy's `placement` placed them (probe/replay.py)."""
     rec = ep.record
     task_id, budget = rec.get("task_id"), rec.get("budget")
     used = max([int(rec.get("turns_used") or 0), *(int(t.get("turn", 0)) for t in ep.turns)])
     conv: list[Any] = []
-    placed: list[tuple[int, str]] = []  # earlier turns' disclosure texts (last_message)
+    placed: list[tuple[int, str]] = []  # earlier turns' disclosure texts: (index, text)
     by_turn: dict[int, State] = {}
     head: Any = None
     for t in ep.turns:
@@ -170,15 +171,9 @@ def episode_states(ep: Episode, source: str) -> list[State]:
         if not conv:
             continue
         text = (t.get("disclosure") or {}).get("text")
-        if route == replay.CHAT:
-            seen = disclosure.apply(conv, "last_message", text, placed) \
-                if isinstance(text, str) else [*conv]
-            if isinstance(text, str):
-                placed = [p for p in placed if p[0] < len(conv) - 1] + [(len(conv) - 1, text)]
-        elif isinstance(text, str):
-            seen, placed = replay.place(route, conv, text, placed)
-        else:
-            seen = [*conv]
+        seen, seen_head = [*conv], head
+        if isinstance(text, str):
+            seen, seen_head, placed = replay.place(route, conv, head, text, placed, placement)
         if t.get("status") != "ok" or not isinstance(t.get("response"), dict):
             continue
         turn = int(t.get("turn", 0))
@@ -189,7 +184,7 @@ def episode_states(ep: Episode, source: str) -> list[State]:
             budget=budget if isinstance(budget, int) else None,
             max_turns=rec.get("max_turns") if isinstance(rec.get("max_turns"), int) else None,
             remaining=budget - turn + 1 if isinstance(budget, int) else None,
-            action=t["response"], route=route, head=head,
+            action=t["response"], route=route, head=seen_head,
         )
     return [by_turn[k] for k in sorted(by_turn)]
 
@@ -230,6 +225,7 @@ class Selection:
 
 def select(
     episodes: Mapping[str, Episode], a: tuple[str, str], b: tuple[str, str],
+    placement: str = "last_message",
 ) -> Selection:
     """The states of A's and B's own finished episodes (with a task id), by task."""
     states: dict[str, dict[str, list[State]]] = {s: defaultdict(list) for s in SIDES}
@@ -244,7 +240,7 @@ def select(
             if not matches(rec, selector):
                 continue
             counts[side] += 1
-            for st in episode_states(ep, side):
+            for st in episode_states(ep, side, placement):
                 states[side][st.task_id].append(st)
             for t in ep.turns:
                 if isinstance(t.get("model"), str):

@@ -47,13 +47,26 @@ def _wait(logs: Path, n: int) -> None:
 
 @pytest.fixture(scope="module")
 def setup(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[ProxyServer, Path]]:
+    yield from _served(tmp_path_factory, "last_message")
+
+
+@pytest.fixture(scope="module", params=["system", "new_message"])
+def placed(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory
+           ) -> Iterator[tuple[ProxyServer, Path, str]]:
+    for server, logs in _served(tmp_path_factory, request.param):
+        yield server, logs, request.param
+
+
+def _served(tmp_path_factory: pytest.TempPathFactory, placement: str
+            ) -> Iterator[tuple[ProxyServer, Path]]:
     """Per task, A (disclosed, so each turn's budget line is placed) and B (hidden) play three
     turns over Messages with the official anthropic client, and over Responses with the
-    official openai client."""
+    official openai client, through a proxy placing the texts by `placement`."""
     logs = tmp_path_factory.mktemp("dialect-logs")
     up = EchoUpstream(models=["m-a", "m-b"]).start()
     config = load_config(None, {"upstreams": [{"name": "echo", "base_url": up.base_url}],
                                 "trajectories": {"dir": str(logs)},
+                                "disclosure": {"placement": placement},
                                 "metrics": {"enabled": False}})
     server = ProxyServer(config).start()
     with BudgetClient(server.url) as api:
@@ -120,10 +133,10 @@ def test_a_messages_state_is_rebuilt_in_messages_shape() -> None:
     items = [{"role": "user", "content": "a"}, {"role": "assistant", "content": "b"},
              {"role": "user", "content": [{"type": "tool_result", "tool_use_id": "x",
                                            "content": "ok"}]}]
-    seen, placed = replay.place(replay.MESSAGES, items[:1], "one", [])
+    seen, _, placed = replay.place(replay.MESSAGES, items[:1], None, "one", [])
     assert seen == [{"role": "user", "content": [{"type": "text", "text": "a"},
                                                  {"type": "text", "text": "one"}]}]
-    seen, placed = replay.place(replay.MESSAGES, items, "two", placed)
+    seen, _, placed = replay.place(replay.MESSAGES, items, None, "two", placed)
     assert seen[0]["content"][-1] == {"type": "text", "text": "one"}
     assert seen[2]["content"][-1] == {"type": "text", "text": "two"}
     assert seen[2]["content"][0]["type"] == "tool_result"  # the text goes after it
@@ -141,14 +154,14 @@ def test_a_responses_state_is_rebuilt_in_responses_shape() -> None:
                         {"type": "function_call", "call_id": "c1", "name": "move",
                          "arguments": "{}"},
                         {"type": "function_call_output", "call_id": "c1", "output": "ok"}]
-    seen, placed = replay.place(replay.RESPONSES, items[:1], "one", [])
+    seen, _, placed = replay.place(replay.RESPONSES, items[:1], None, "one", [])
     assert seen == [{"role": "user", "content": "a\n\none"}]
     # a tool's output is read by the model: the text joins it
-    seen, placed = replay.place(replay.RESPONSES, items, "two", placed)
+    seen, _, placed = replay.place(replay.RESPONSES, items, None, "two", placed)
     assert seen[0]["content"] == "a\n\none" and seen[2]["output"] == "ok\n\ntwo"
     # an assistant message last: the text is a new user item
     after = [*items, {"role": "assistant", "content": "done"}]
-    seen, placed = replay.place(replay.RESPONSES, after, "three", placed)
+    seen, _, placed = replay.place(replay.RESPONSES, after, None, "three", placed)
     assert seen[-1] == {"role": "user", "content": "three"} and len(seen) == len(after) + 1
     assert replay.action_of(replay.RESPONSES, {"output": [
         {"type": "message", "content": [{"type": "output_text", "text": "hi"}]},
@@ -160,3 +173,19 @@ def test_a_responses_state_is_rebuilt_in_responses_shape() -> None:
     assert replay.route_of({"turn": 1}) == replay.CHAT  # records from before routes were logged
     body = replay.body(replay.RESPONSES, seen, "Play.", "m", 7, None)
     assert body == {"model": "m", "input": seen, "store": False, "instructions": "Play."}
+
+
+def test_every_placement_replays_as_the_model_saw_it(
+    placed: tuple[ProxyServer, Path, str], capsys: pytest.CaptureFixture[str],
+) -> None:
+    server, logs, placement = placed
+    argv = ["probe", str(logs), "--proxy", server.url, "--a", "policy=A", "--b", "policy=B",
+            "--scorer", "probe_scorers:as_logged", "--states", "12", "--samples", "1", "--json"]
+    assert main([*argv, "--placement", placement]) == 0
+    result = json.loads(capsys.readouterr().out)
+    assert result["settings"]["placement"] == placement
+    assert all(s["a_mean"] == s["b_mean"] == 1.0 for s in result["states"])
+    # told the wrong placement, disclosed states are rebuilt otherwise than the model saw them
+    assert main(argv) == 0
+    wrong = json.loads(capsys.readouterr().out)["states"]
+    assert any(s["a_mean"] == 0.0 for s in wrong)
