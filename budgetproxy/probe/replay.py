@@ -3,11 +3,15 @@ the request body of each dialect, and the reply read back as one action shape.
 
 Chat completions, Anthropic Messages and OpenAI Responses are replayed on their own routes,
 so states from Claude Code (Messages), Codex and the Agents SDK (Responses) are probed as
-they were served. The disclosure text goes where the proxy's `last_message` placement put it
-(`history: keep`: earlier turns' texts stay on the items they joined): on chat, the last
-message; on Messages, a text block on the last user message; on Responses, the last item the
-model reads that the client wrote (a user, system or developer message, or a tool's output),
-or a new user item when an assistant output follows it.
+they were served. The disclosure text goes where the proxy's placement put it (`history:
+keep`: earlier turns' texts stay where they were). `last_message`: on chat, the last message;
+on Messages, a text block on the last user message; on Responses, the last item the model
+reads that the client wrote (a user, system or developer message, or a tool's output), or a
+new user item when an assistant output follows it. `system`: the system prompt or the
+instructions. `new_message`: a user item of its own (on Messages, joined to an adjacent user
+message). The rules mirror the proxy's dialects, which the probe does not import (it talks
+to a proxy over HTTP only); tests/probe/test_probe_dialects.py holds them to what the
+upstream saw.
 """
 
 from __future__ import annotations
