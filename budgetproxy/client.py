@@ -301,6 +301,7 @@ class BudgetClient:
         experiment: str | None = None,
         cost_budget: float | None = None,
         time_budget_s: float | None = None,
+        min_turns: int | None = None,
     ) -> Episode:
         """``POST /v1/episodes``. Unset fields are left to the proxy (its defaults, BudgetMix)."""
         body = _create_body(
@@ -308,6 +309,7 @@ class BudgetClient:
             group=group, disclosure=disclosure, announced_budget=announced_budget, tags=tags,
             token_budget=token_budget, experiment=experiment,
             cost_budget=cost_budget, time_budget_s=time_budget_s,
+            min_turns=min_turns,
         )
         data = _check(self._call("POST", "/v1/episodes", body))
         episode: Episode = Episode._from(data, self.proxy_url, self.api_key)
@@ -401,6 +403,7 @@ class AsyncBudgetClient:
         experiment: str | None = None,
         cost_budget: float | None = None,
         time_budget_s: float | None = None,
+        min_turns: int | None = None,
     ) -> AsyncEpisode:
         """``POST /v1/episodes``. Unset fields are left to the proxy (its defaults, BudgetMix)."""
         body = _create_body(
@@ -408,6 +411,7 @@ class AsyncBudgetClient:
             group=group, disclosure=disclosure, announced_budget=announced_budget, tags=tags,
             token_budget=token_budget, experiment=experiment,
             cost_budget=cost_budget, time_budget_s=time_budget_s,
+            min_turns=min_turns,
         )
         data = _check(await self._call("POST", "/v1/episodes", body))
         episode: AsyncEpisode = AsyncEpisode._from(data, self.proxy_url, self.api_key)

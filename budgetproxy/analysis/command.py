@@ -162,6 +162,27 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
         help="a live experiment's arms, always-valid difference and decision from the logs "
         "(docs/experiments.md)",
     )
+    p.add_argument(
+        "--over",
+        metavar="FIELD",
+        type=str.strip,
+        help="training dynamics: Pass@(K,T) per checkpoint, a value of this episode field or "
+        "tag (step, model, ...), ordered numerically when every value is a number, else by "
+        "first appearance",
+    )
+    p.add_argument(
+        "--ceiling",
+        action="store_true",
+        help="add to each cell the share of its tasks solvable within T at all (from each "
+        "task's min_turns, else the shortest success observed) and the headroom",
+    )
+    p.add_argument(
+        "--tasks",
+        type=Path,
+        metavar="FILE",
+        help="with --ceiling: per-task min_turns (JSONL objects, or CSV with a header, naming "
+        "task_id and min_turns), over the episodes' own",
+    )
     p.add_argument("--json", action="store_true", help="print JSON instead of tables")
     p.add_argument("--report", type=Path, metavar="FILE.html", help="write an HTML report")
     p.add_argument(
@@ -302,6 +323,9 @@ def _run(args: argparse.Namespace) -> int:
 
         return run_experiment(discover(args.paths).jsonl, args.experiment, args.json)
     if args.budgets or args.axis is not None or args.hold:
+        for flag, given in (("--over", args.over), ("--ceiling", args.ceiling)):
+            if given:
+                _usage_error(f"{flag} reads turns: it does not combine with --axis or --budgets")
         from budgetproxy.analysis.axis_command import run_axis
 
         return run_axis(args)
@@ -315,6 +339,13 @@ def _run(args: argparse.Namespace) -> int:
                               "too (budgetproxy view writes the pages alone)", 2)
     if args.price:
         raise load.InputError("--price prices spend along --axis (e.g. --axis cost)", exit_code=2)
+    if args.tasks is not None and not args.ceiling:
+        raise load.InputError("--tasks gives the ceiling's per-task minima: add --ceiling", 2)
+    stated = None
+    if args.tasks is not None:
+        from budgetproxy.analysis.ceiling import read_tasks_file
+
+        stated = read_tasks_file(args.tasks)
     inputs = load.discover(args.paths)
     if not inputs.files:
         raise load.InputError(
@@ -333,6 +364,8 @@ def _run(args: argparse.Namespace) -> int:
         if args.audit_groups is not None:
             _check_pattern(con, args.audit_groups, "--audit-groups")
         fields = load.EPISODE_FIELDS if args.to_parquet is not None else load.TABLE_FIELDS
+        if args.over is not None:  # first appearance is the earliest start
+            fields = (*fields, "started_at")
         summary = load.load_episodes(con, inputs, progress, fields)
         _print_skipped(summary)
         if summary.episodes == 0:
@@ -347,6 +380,27 @@ def _run(args: argparse.Namespace) -> int:
                 print(f"budgetproxy analyze: --by {name}: no episode has this field or tag",
                       file=sys.stderr)  # fmt: skip
         out["pass_at"] = [c.as_json() for c in cells]
+        minima = ceilings = None
+        if args.ceiling:
+            from budgetproxy.analysis.ceiling import (
+                compute_ceilings,
+                contradicted,
+                format_ceilings,
+                task_minima,
+            )
+
+            minima = task_minima(con, stated)
+            for task, said, seen in contradicted(con, minima)[:5]:
+                print(f"budgetproxy analyze: task {task}: min_turns {said}, but an episode "
+                      f"succeeded at turn {seen}", file=sys.stderr)  # fmt: skip
+            ceilings = compute_ceilings(con, cells, budgets, args.by, minima, args.resamples,
+                                        args.seed)
+            out["pass_at"] = [{**c.as_json(), **x.as_json()}
+                              for c, x in zip(cells, ceilings, strict=True)]
+        over = None
+        if args.over is not None:
+            over, missing = _over(con, args, budgets, minima)
+            out["over"] = [p.as_json() for p in over]
         out["inputs"] = _inputs_json(summary)
         out["episodes"] = counts
         out["settings"] = {
@@ -359,8 +413,22 @@ def _run(args: argparse.Namespace) -> int:
             "resamples": args.resamples,
             "seed": args.seed,
             "confidence": 0.95,
+            "over": args.over,
+            "ceiling": args.ceiling,
         }
         text += [_summary_text(summary, counts), format_cells(cells, args.resamples, args.seed)]
+        sections: list[str] = []
+        if ceilings is not None:
+            from budgetproxy.analysis.ceiling import ceiling_charts
+
+            text.append(format_ceilings(cells, ceilings))
+            sections.append(ceiling_charts(cells, ceilings))
+        if over is not None:
+            from budgetproxy.analysis.dynamics import format_over, over_charts
+
+            out["settings"]["over_missing_episodes"] = missing
+            text.append(format_over(over, args.over, missing))
+            sections.append(over_charts(over, args.over))
         differences = _compare(con, args, budgets)
         if args.compare:
             out["compare"] = [d.as_json() for _, ds in differences for d in ds]
@@ -392,7 +460,7 @@ def _run(args: argparse.Namespace) -> int:
             extra.append(("BudgetMix audit", text[-1]))
             code = 0 if audit.ok else 1
         if args.report is not None:
-            _write_report(con, args, cells, budgets, summary, counts, extra)
+            _write_report(con, args, cells, budgets, summary, counts, extra, sections)
             out["report"] = str(args.report)
         if args.to_parquet is not None:
             from budgetproxy.analysis.export import export_parquet
@@ -442,6 +510,37 @@ def _compare(
         )
         out.append((comparison, adjusted(cells, args.adjust)))
     return out
+
+
+def _usage_error(message: str) -> NoReturn:
+    from budgetproxy.analysis.load import InputError
+
+    raise InputError(message, exit_code=2)
+
+
+def _over(
+    con: Any, args: argparse.Namespace, budgets: Sequence[Any], minima: Any
+) -> tuple[list[Any], int]:
+    """--over: the checkpoints in order with their cells (and ceilings with --ceiling), and
+    how many usable episodes name no checkpoint."""
+    from budgetproxy.analysis.dynamics import checkpoints, split_over
+    from budgetproxy.analysis.table import compute_cells
+
+    if args.over in args.by:
+        _usage_error(f"--over {args.over}: the field is already in --by")
+    order, missing = checkpoints(con, args.over)
+    if not order:
+        print(f"budgetproxy analyze: --over {args.over}: no episode has this field or tag",
+              file=sys.stderr)  # fmt: skip
+    by = [args.over, *args.by]
+    cells = compute_cells(con, args.k, budgets, by, args.resamples, args.seed)
+    extra = None
+    if minima is not None:
+        from budgetproxy.analysis.ceiling import compute_ceilings
+
+        extra = [x.as_json() for x in compute_ceilings(con, cells, budgets, by, minima,
+                                                       args.resamples, args.seed)]
+    return split_over(cells, order, extra), missing
 
 
 def _check_pattern(con: Any, pattern: str, flag: str) -> None:
@@ -525,6 +624,7 @@ def _write_report(
     summary: Any,
     counts: dict[str, int],
     extra: Sequence[tuple[str, str]],
+    sections: Sequence[str] = (),
 ) -> None:
     from budgetproxy.analysis.report import render_report
     from budgetproxy.analysis.table import compute_cells
@@ -559,7 +659,7 @@ def _write_report(
         print(f"wrote {count:,} episode page(s) in {args.view}", file=sys.stderr)
         view = Path(os.path.relpath(args.view.resolve(), args.report.parent.resolve())).as_posix()
     html = render_report(con, cells, by, facts, extra, differences, args.resamples, args.seed,
-                         view)
+                         view, sections)
     args.report.parent.mkdir(parents=True, exist_ok=True)
     args.report.write_text(html, encoding="utf-8")
     print(f"wrote {args.report}", file=sys.stderr)

@@ -18,7 +18,7 @@ from budgetproxy.trajectories.records import SCHEMA_VERSION
 
 EPISODES_SQL = f"""
 SELECT {SCHEMA_VERSION} AS schema, 'episode' AS type, episode_id, task_id, "group", tags,
-    model, budget, max_turns, tier, disclosure, announced_budget, turns_used, outcome,
+    model, budget, max_turns, tier, disclosure, announced_budget, min_turns, turns_used, outcome,
     recorded_success_turn AS success_turn, reward, exhausted, end_reason, started_at, ended_at,
     {", ".join(f'"{name}"' for name in AXIS_FIELDS)}
 FROM episodes ORDER BY episode_id

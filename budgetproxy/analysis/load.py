@@ -48,7 +48,7 @@ AXIS_FIELDS = {
 EPISODE_FIELDS = (
     "episode_id", "task_id", "group", "tags", "model", "budget", "max_turns", "tier",
     "disclosure", "announced_budget", "turns_used", "outcome", "success_turn", "reward",
-    "exhausted", "end_reason", "started_at", "ended_at", *AXIS_FIELDS,
+    "exhausted", "end_reason", "started_at", "ended_at", "min_turns", *AXIS_FIELDS,
 )  # fmt: skip
 # What the tables, the report, the audit and the recovery view read; the rest (timestamps,
 # reward, the exhausted flag, the other axes) only the exports need, so they alone read them.
@@ -261,6 +261,9 @@ WITH typed AS (
         CASE WHEN json_valid(tags) AND json_type(tags) = 'OBJECT' THEN tags::JSON END AS tags,
         model, bp_int(budget) AS budget, bp_int(max_turns) AS max_turns, tier, disclosure,
         bp_int(announced_budget) AS announced_budget, bp_int(turns_used) AS turns_used,
+        -- the task's fewest turns as the harness stated it (--ceiling); not a positive whole
+        -- number: unstated, and the episode still counts
+        CASE WHEN bp_int(min_turns) >= 1 THEN bp_int(min_turns) END AS min_turns,
         outcome, bp_int(success_turn) AS recorded_success_turn,
         TRY_CAST(reward AS DOUBLE) AS reward, TRY_CAST(exhausted AS BOOLEAN) AS exhausted,
         end_reason, TRY_CAST(started_at AS TIMESTAMPTZ) AS started_at,

@@ -402,10 +402,12 @@ def render_report(
     resamples: int = 1000,
     seed: int = 0,
     episode_view: str | None = None,
+    sections_after: Sequence[str] = (),
 ) -> str:
     """The whole page. `extra_sections` are (title, preformatted text) pairs; `differences`
     the --compare results, one list per comparison; `episode_view` the folder of the episode
-    pages, relative to the report, which the task rows link to."""
+    pages, relative to the report, which the task rows link to; `sections_after` HTML
+    sections placed after the Pass@(K,T) table (the ceiling, training dynamics)."""
     facts = "".join(
         f"<tr><td>{escape(str(k))}</td><td>{escape(str(v))}</td></tr>" for k, v in summary.items()
     )
@@ -420,6 +422,7 @@ def render_report(
         "disclosed ones only at their own budget.</p>",
         f"<div class=charts>{''.join(pass_curves(cells, colors, max_turns))}</div>",
         pass_table(cells),
+        *sections_after,
     ]
     if differences:
         sections += [

@@ -31,7 +31,8 @@ MESSAGE = ("STRUCT(role VARCHAR, content VARCHAR, tool_calls VARCHAR, tool_call_
 RECORD_COLUMNS = {
     "episode_id": "VARCHAR", "task_id": "VARCHAR", "group": "VARCHAR", "model": "VARCHAR",
     "tags": "VARCHAR", "budget": "BIGINT", "max_turns": "BIGINT", "tier": "VARCHAR",
-    "disclosure": "VARCHAR", "announced_budget": "BIGINT", "turns_used": "BIGINT",
+    "disclosure": "VARCHAR", "announced_budget": "BIGINT", "min_turns": "BIGINT",
+    "turns_used": "BIGINT",
     "outcome": "VARCHAR", "success_turn": "BIGINT", "exhausted": "BOOLEAN",
     "end_reason": "VARCHAR", "started_at": "TIMESTAMPTZ", "ended_at": "TIMESTAMPTZ",
     "duration_s": "DOUBLE",

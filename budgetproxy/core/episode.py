@@ -73,6 +73,9 @@ class EpisodeState:
     # The live experiment this episode is in and its arm there (core.experiment).
     experiment: str | None = None
     arm: str | None = None
+    # The fewest turns the task can be solved in, as the harness stated it on the first call:
+    # recorded for the analysis (the ceiling per budget), never enforced.
+    min_turns: int | None = None
 
     @property
     def remaining(self) -> int:

@@ -76,6 +76,8 @@ class EpisodeSpec:
     announced_tokens: int | None = None
     announced_cost: float | None = None
     announced_time_s: float | None = None
+    # the fewest turns the task can be solved in (analyze --ceiling); never enforced
+    min_turns: int | None = None
 
 
 def new_episode(
@@ -111,6 +113,8 @@ def new_episode(
         raise SpecError("budget", f"budget must be a positive number of turns, got {budget}")
     if max_turns is not None and budget > max_turns:
         raise SpecError("budget", f"budget {budget} is outside 1..max_turns ({max_turns})")
+    if spec.min_turns is not None and spec.min_turns < 1:
+        raise SpecError("min_turns", "min_turns must be a positive number of turns")
     if spec.announced_budget is not None and spec.announced_budget < 1:
         raise SpecError("announced_budget", "announced_budget must be a positive number of turns")
     arm: Arm
@@ -152,6 +156,7 @@ def new_episode(
         group=spec.group,
         announced_budget=spec.announced_budget,
         tags=dict(spec.tags),
+        min_turns=spec.min_turns,
         created_at=now,
         last_activity=now,
     )

@@ -16,10 +16,12 @@ from typing import TYPE_CHECKING, Any, Literal
 from budgetproxy.demo.frozenlake import (
     DIRECTIONS,
     MOVE_TOOL,
+    MOVES_PER_TURN,
     SYSTEM_PROMPT,
     Game,
     MoveResult,
     Task,
+    min_turns,
     observation,
 )
 
@@ -45,6 +47,7 @@ class EpisodePlan:
     tier: int | None = None  # percent of max_turns, for tier runs
     token_budget: int | None = None  # input + output tokens, for the token runs
     experiment: str | None = None  # a live experiment to join: the proxy picks the arm
+    step: int | None = None  # the training checkpoint, for the dynamics run (tag "step")
 
     @property
     def model(self) -> str:
@@ -87,7 +90,8 @@ def _direction(arguments: str) -> str | None:
 
 
 def run_moves(game: Game, calls: list[Any]) -> tuple[list[dict[str, Any]], list[MoveResult]]:
-    """Run one reply's moves in order; a slide stops the rest of the plan.
+    """Run one reply's moves in order, at most MOVES_PER_TURN; a slide stops the rest of the
+    plan.
 
     Returns the tool messages (one per call, as the API requires) and the moves made.
     """
@@ -98,6 +102,8 @@ def run_moves(game: Game, calls: list[Any]) -> tuple[list[dict[str, Any]], list[
         direction = _direction(call.function.arguments)
         if stopped is not None:
             text = f"not made: {stopped}"
+        elif len(made) == MOVES_PER_TURN:
+            text = f"not made: at most {MOVES_PER_TURN} moves a turn"
         elif call.function.name != "move" or direction is None:
             text = "not made: call move with direction left, down, right or up"
         else:
@@ -126,9 +132,11 @@ async def play(
         task_id=task.task_id,
         group=plan.group,
         disclosure=plan.disclosure,
-        tags={"policy": plan.policy, "run": plan.run},
+        tags={"policy": plan.policy, "run": plan.run,
+              **({} if plan.step is None else {"step": plan.step})},
         token_budget=plan.token_budget,
         experiment=plan.experiment,
+        min_turns=min_turns(task),  # the same field X-Episode-Min-Turns sets
     )
     client = episode.async_openai(like=llm)
     game = Game(task, plan.seed)

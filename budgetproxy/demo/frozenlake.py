@@ -7,6 +7,8 @@ plain text. The simulated policies parse exactly this text and nothing else.
 
 from __future__ import annotations
 
+import math
+from collections import deque
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -15,6 +17,11 @@ DIRECTIONS = ("left", "down", "right", "up")  # gymnasium's action order: 0..3
 _DELTA = {"left": (0, -1), "down": (1, 0), "right": (0, 1), "up": (-1, 0)}
 
 Pos = tuple[int, int]
+
+# The most moves the agent runs from one reply; later ones are not made. No simulated policy
+# plans more (budget-aware's fastest pace is 4), and it makes a task's fewest turns a
+# property of its map (`min_turns`), not 1 for every map.
+MOVES_PER_TURN = 4
 
 
 @dataclass(frozen=True)
@@ -79,6 +86,32 @@ def find(rows: Sequence[str], letter: str) -> Pos:
         if c >= 0:
             return (r, c)
     raise ValueError(f"map has no {letter!r}")
+
+
+def shortest_safe_path(rows: Sequence[str]) -> int | None:
+    """The fewest moves from S to G that never enter a hole (breadth-first search over the
+    map; a move into the edge stays put), or None when holes cut G off. On slippery ice
+    this is still the fewest: every move can go as intended."""
+    start, goal = find(rows, "S"), find(rows, "G")
+    seen = {start: 0}
+    queue = deque([start])
+    while queue:
+        cell = queue.popleft()
+        if cell == goal:
+            return seen[cell]
+        for direction in DIRECTIONS:
+            nxt = step_target(rows, cell, direction)
+            if nxt not in seen and rows[nxt[0]][nxt[1]] != "H":
+                seen[nxt] = seen[cell] + 1
+                queue.append(nxt)
+    return None
+
+
+def min_turns(task: Task) -> int | None:
+    """The fewest turns the task can be solved in: its shortest safe path, MOVES_PER_TURN
+    moves a turn (sent as X-Episode-Min-Turns, for `analyze --ceiling`)."""
+    path = shortest_safe_path(task.rows)
+    return None if path is None else max(1, math.ceil(path / MOVES_PER_TURN))
 
 
 def step_target(rows: Sequence[str], pos: Pos, direction: str) -> Pos:

@@ -82,11 +82,32 @@ MODEL_PREFIX = "sim-"
 DISCOUNT = 0.99
 
 
+# Simulated training checkpoints (the demo's dynamics run): step 0 is careful, the last step
+# recovering, and the steps between interpolate both knobs linearly, as RL that trades
+# single-step precision for recovery would (the study: trajectory reward up, single-step
+# reward down over training).
+CHECKPOINT_STEPS = (0, 100, 200, 300)
+_STEP = re.compile(r"step-(\d{1,9})")
+
+
+def checkpoint_policy(step: int, last: int = CHECKPOINT_STEPS[-1]) -> PolicyParams:
+    """The policy at training `step` of `last`: careful's knobs moved towards recovering's."""
+    f = min(1.0, step / last)
+    a, b = POLICIES["careful"], POLICIES["recovering"]
+    return PolicyParams(
+        f"step-{step}", step_accuracy=a.step_accuracy + f * (b.step_accuracy - a.step_accuracy),
+        recovery=a.recovery + f * (b.recovery - a.recovery), pace=a.pace,
+    )
+
+
 def policy_for_model(model: str) -> PolicyParams | None:
-    """``sim-careful`` → the careful policy; None for a name that is not a simulated policy."""
+    """``sim-careful`` → the careful policy, ``sim-step-100`` → that checkpoint; None for a name
+    that is not a simulated policy."""
     if not model.startswith(MODEL_PREFIX):
         return None
-    return POLICIES.get(model[len(MODEL_PREFIX) :])
+    name = model[len(MODEL_PREFIX) :]
+    step = _STEP.fullmatch(name)
+    return checkpoint_policy(int(step.group(1))) if step else POLICIES.get(name)
 
 
 @dataclass(frozen=True)

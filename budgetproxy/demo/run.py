@@ -55,6 +55,10 @@ class DemoSettings:
     # the token arm (demo/token_arm.py): episodes per task and arm, and the budget's size
     token_k: int = 8
     token_calls_per_cell: float = 1.5
+    # the dynamics run (demo/dynamics.py): episodes per map and checkpoint, and its probe
+    dynamics_k: int = 4
+    dynamics_states: int = 20  # 10 per side: one a map on 10 maps, the few_tasks floor
+    dynamics_samples: int = 3
     figure: Path | None = None  # also draw the README's figure here (demo/figure.py)
     # the live experiment (demo/live_experiment.py): episodes whose arm the proxy draws
     experiment_episodes: int = 120
@@ -63,7 +67,7 @@ class DemoSettings:
     def quick(cls, out: Path, seed: int = 0) -> DemoSettings:
         return cls(out=out, seed=seed, k=8, tasks=QUICK_TASKS, budgetmix_groups=2,
                    probe_states=32, probe_samples=4, probe_rollouts=1, experiment_episodes=90,
-                   likelihood_trajectories=2)
+                   likelihood_trajectories=2, dynamics_states=8, dynamics_samples=2)
 
     @property
     def budgetmix_tasks(self) -> tuple[Task, ...]:
@@ -80,6 +84,8 @@ class DemoOutcome:
     summary: list[str] = field(default_factory=list)
     probe: dict[str, Any] = field(default_factory=dict)
     likelihood: dict[str, Any] = field(default_factory=dict)
+    dynamics: list[EpisodeResult] = field(default_factory=list)  # the checkpoints' episodes
+    dynamics_probe: dict[str, Any] = field(default_factory=dict)
     seconds: float = 0.0
 
 
@@ -240,10 +246,11 @@ def _likelihood(s: DemoSettings, traj: Path, upstream: str, err: TextIO) -> dict
 def run_demo(s: DemoSettings, out: TextIO = sys.stdout, err: TextIO = sys.stderr) -> DemoOutcome:
     """The whole demo; raises on failure. Writes OUT/{trajectories/,metrics.txt,report.html,
     trajectories-tokens/,trajectories-experiment/,experiment.json,pass_at.json,summary.txt,
-    probe.json,probe/,likelihood.json,likelihood/}."""
+    probe.json,probe/,likelihood.json,likelihood/,dynamics.json,trajectories-dynamics/,
+    probe-dynamics/}."""
     from budgetproxy.client import BudgetClient
+    from budgetproxy.demo import dynamics, live_experiment, token_arm
     from budgetproxy.demo import likelihood as demo_likelihood
-    from budgetproxy.demo import live_experiment, token_arm
     from budgetproxy.demo.model_server import ModelServer
     from budgetproxy.demo.probe import add_to_report, claims, run_demo_probe
     from budgetproxy.demo.summary import (
@@ -268,13 +275,17 @@ def run_demo(s: DemoSettings, out: TextIO = sys.stdout, err: TextIO = sys.stderr
         s.experiment_episodes, tier_turns(live_experiment.TIER, live_experiment.TASK.max_turns),
         lambda *p: episode_seed(s.seed, *p))
     _clear_old_logs(s.out / live_experiment.LOGS)
+    dynamics_plans = dynamics.plan_checkpoint_episodes(
+        s.tasks, s.dynamics_k, lambda *p: episode_seed(s.seed, *p))
+    _clear_old_logs(s.out / dynamics.LOGS)
     outcome = DemoOutcome()
     with ModelServer(seed=s.seed) as model:
         with ProxyServer(proxy_config(s, model.base_url)) as proxy:
+            total = (len(plans) + len(token_plans) + len(experiment_plans)
+                     + len(dynamics_plans))
             print(f"proxy on {proxy.url}, simulated model on {model.base_url}; "
-                  f"{len(plans) + len(token_plans) + len(experiment_plans)} episodes on "
-                  f"{len(s.tasks)} FrozenLake maps", file=err)
-            bar = ProgressBar(len(plans) + len(token_plans) + len(experiment_plans), err)
+                  f"{total} episodes on {len(s.tasks)} FrozenLake maps", file=err)
+            bar = ProgressBar(total, err)
             try:
                 outcome.results = asyncio.run(play_all(proxy.url, plans, s.concurrency, bar))
                 # The token arm tells the agent its tokens: a proxy of its own, its template.
@@ -287,6 +298,11 @@ def run_demo(s: DemoSettings, out: TextIO = sys.stdout, err: TextIO = sys.stderr
                                               **live_experiment.proxy_overrides(s.out))) as lx:
                     outcome.results += asyncio.run(
                         play_all(lx.url, experiment_plans, s.concurrency, bar))
+                # The checkpoints log apart too: they are not the tiers' policies.
+                with ProxyServer(proxy_config(s, model.base_url,
+                                              **dynamics.proxy_overrides(s.out))) as steps:
+                    outcome.dynamics = asyncio.run(
+                        play_all(steps.url, dynamics_plans, s.concurrency, bar))
             finally:
                 bar.close()
             with BudgetClient(proxy.url) as api:
@@ -301,6 +317,14 @@ def run_demo(s: DemoSettings, out: TextIO = sys.stdout, err: TextIO = sys.stderr
             samples=s.probe_samples, rollouts=s.probe_rollouts, seed=s.seed)
         print(f"probe: {time.monotonic() - probe_started:.1f}s", file=err)
         outcome.likelihood = _likelihood(s, traj, model.base_url, err)
+        dynamics_out = replace(s, out=s.out / "probe-dynamics")
+        _clear_old_logs(dynamics_out.out / "trajectories")
+        probe_started = time.monotonic()
+        with ProxyServer(proxy_config(dynamics_out, model.base_url)) as probing:
+            outcome.dynamics_probe = dynamics.run_probe_over(
+                s.out / dynamics.LOGS, probing.url, states=s.dynamics_states,
+                samples=s.dynamics_samples, seed=s.seed)
+        print(f"probe per checkpoint: {time.monotonic() - probe_started:.1f}s", file=err)
     (s.out / "metrics.txt").write_text(metrics, encoding="utf-8")
     ks = ",".join(map(str, s.analysis_k))
     report = s.out / "report.html"
@@ -327,9 +351,15 @@ def run_demo(s: DemoSettings, out: TextIO = sys.stdout, err: TextIO = sys.stderr
                                            encoding="utf-8")
     outcome.summary += ["", *experiment_lines]
     as_json = json.dumps(analysis, indent=2, ensure_ascii=False)
+    code, dynamics_json = _analyze([*dynamics.analyze_args(s.out, s.seed), "--json"])
+    if code not in (0, 1):
+        raise RuntimeError(f"budgetproxy analyze of the checkpoints failed (exit {code})")
+    dynamics_analysis = json.loads(dynamics_json)
+    dynamics.write(s.out, dynamics_analysis, outcome.dynamics_probe)
     add_summary_to_report(report, outcome.summary)
     add_to_report(report, outcome.probe)
     demo_likelihood.add_to_report(report, outcome.likelihood)
+    dynamics.add_to_report(report, outcome.dynamics_probe)
     (s.out / "pass_at.json").write_text(as_json, encoding="utf-8")
     (s.out / "summary.txt").write_text("\n".join(outcome.summary) + "\n", encoding="utf-8")
     if s.figure is not None:
@@ -342,10 +372,14 @@ def run_demo(s: DemoSettings, out: TextIO = sys.stdout, err: TextIO = sys.stderr
     print("\n".join(outcome.summary), file=out)
     print("\n" + "\n".join(claims(outcome.probe)), file=out)
     print("\n" + "\n".join(demo_likelihood.claims(outcome.likelihood)), file=out)
+    print("\n" + "\n".join(dynamics.claims(dynamics_analysis, outcome.dynamics_probe)),
+          file=out)
     turns = sum(r.turns for r in outcome.results)
     # Every run's refusals, where "Enforcement" above counts the tier runs' alone.
     print(f"\n{len(outcome.results)} episodes, {turns:,} turns answered and "
-          f"{refusal_breakdown(outcome.results)} refused for a spent budget in "
+          f"{refusal_breakdown(outcome.results)} refused for a spent budget, and "
+          f"{len(outcome.dynamics)} checkpoint episodes "
+          f"({sum(r.turns for r in outcome.dynamics):,} turns), in "
           f"{outcome.seconds:.0f}s. Left in {s.out}:", file=out)
     for name, what in (("report.html", "the HTML report"),
                        ("episodes/", "a page per episode, linked from the report's tasks "
@@ -363,7 +397,10 @@ def run_demo(s: DemoSettings, out: TextIO = sys.stdout, err: TextIO = sys.stderr
                        ("probe/", "the probe's calls and continuation episodes (JSONL)"),
                        ("likelihood.json", "budgetproxy likelihood: both policies' actions "
                                            "scored under careful"),
-                       ("likelihood/", "the likelihood view's scoring calls (JSONL)")):
+                       ("likelihood/", "the likelihood view's scoring calls (JSONL)"),
+                       ("dynamics.json", "the checkpoints: analyze --over step --ceiling and "
+                                         "probe --over step"),
+                       ("trajectories-dynamics/", "the checkpoints' trajectories")):
         print(f"  {s.out / name}  {what}", file=out)
     print(f"Re-run the analysis: budgetproxy analyze {traj} --by {','.join(BY)} "
           + " ".join(f"--compare {c}" for c in COMPARE), file=out)
@@ -371,5 +408,7 @@ def run_demo(s: DemoSettings, out: TextIO = sys.stdout, err: TextIO = sys.stderr
           + " ".join(token_arm.analyze_args(s.out, ks, s.seed)), file=out)
     print(f"  and of the live experiment: budgetproxy analyze {s.out / live_experiment.LOGS} "
           f"--experiment {live_experiment.NAME}", file=out)
+    print("  and of the checkpoints: budgetproxy analyze "
+          + " ".join(dynamics.analyze_args(s.out, s.seed)), file=out)
     print(f"Look at one episode, turn by turn: budgetproxy view {traj} --serve", file=out)
     return outcome

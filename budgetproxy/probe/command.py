@@ -33,9 +33,14 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
                               "logged states", description=DESCRIPTION,
                               formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("paths", nargs="+", metavar="PATH", help="trajectory JSONL files or folders")
-    p.add_argument("--a", required=True, metavar="FIELD=VALUE",
-                   help="policy A's episodes: an episode field or tag (model=X, policy=Y)")
-    p.add_argument("--b", required=True, metavar="FIELD=VALUE", help="policy B's episodes")
+    p.add_argument("--a", metavar="FIELD=VALUE",
+                   help="policy A's episodes: an episode field or tag (model=X, policy=Y); "
+                   "with --over, optional: narrows the checkpoints' episodes")
+    p.add_argument("--b", required=True, metavar="FIELD=VALUE",
+                   help="policy B's episodes; with --over, the fixed reference")
+    p.add_argument("--over", metavar="FIELD",
+                   help="training dynamics: split A by this field or tag (step, model) and "
+                   "compare each checkpoint with the reference --b, in checkpoint order")
     p.add_argument("--scorer", required=True, metavar="frozenlake|command|MODULE:FUNC",
                    help="values an action: MODULE:FUNC(state, action) -> float")
     p.add_argument("--command", metavar="CMD", help="for --scorer command: run once per action "
@@ -61,6 +66,10 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
     p.add_argument("--api-key", default="probe", help="API key for the proxy")
     p.add_argument("--tools", type=Path, metavar="FILE.json",
                    help="tool definitions to send with each state (the logs do not hold them)")
+    p.add_argument("--placement", choices=("last_message", "system", "new_message"),
+                   default="last_message", help="the disclosure.placement of the proxy that "
+                   "wrote the logs: disclosed states are rebuilt with the texts where it put "
+                   "them (default last_message)")
     p.add_argument("--model-a", help="model to sample for A (default: the one in A's logs)")
     p.add_argument("--model-b", help="model to sample for B")
     p.add_argument("--concurrency", type=_positive, default=16, help="calls at once (16)")
@@ -87,12 +96,12 @@ def options_from(args: argparse.Namespace) -> Any:
             raise ProbeInputError("--tools: expected a JSON list of tool definitions")
     models = {s: m for s, m in (("a", args.model_a), ("b", args.model_b)) if m}
     return ProbeOptions(
-        paths=args.paths, a=args.a, b=args.b,
+        paths=args.paths, a=args.a or "", b=args.b,
         scorer=load_scorer(args.scorer, args.command, args.scorer_timeout), proxy=args.proxy,
         states=args.states, samples=args.samples, inject=args.inject,
         error_pattern=args.error_pattern, tool_error=args.tool_error, continue_=args.continue_,
         rollouts=args.rollouts, seed=args.seed, resamples=args.resamples, api_key=args.api_key,
-        tools=tools, concurrency=args.concurrency, models=models)
+        tools=tools, concurrency=args.concurrency, models=models, placement=args.placement)
 
 
 def run(args: argparse.Namespace) -> int:
@@ -111,11 +120,28 @@ def run(args: argparse.Namespace) -> int:
     from budgetproxy.probe.scorers import ScorerError
     from budgetproxy.probe.states import ProbeInputError
 
+    if args.over is None and args.a is None:
+        print("budgetproxy probe: --a is required (or --over FIELD)", file=sys.stderr)
+        return 2
+    if args.over is not None and args.model_a is not None:
+        print("budgetproxy probe: --over samples each checkpoint's own model: drop --model-a",
+              file=sys.stderr)
+        return 2
     try:
-        result = asyncio.run(run_probe(options_from(args)))
+        if args.over is not None:
+            from budgetproxy.probe.over import format_over, html_over, run_probe_over
+
+            result = asyncio.run(run_probe_over(options_from(args), args.over.strip(), args.a))
+        else:
+            result = asyncio.run(run_probe(options_from(args)))
     except (ProbeInputError, ScorerError, re.error) as e:
         print(f"budgetproxy probe: {e}", file=sys.stderr)
         return 2
+    if args.over is not None:
+        if args.report is not None:
+            args.report.write_text(html_page(result, html_over(result)), encoding="utf-8")
+        print(json.dumps(result, indent=2) if args.json else format_over(result))
+        return 0
     if args.report is not None:
         args.report.write_text(html_page(result), encoding="utf-8")
     print(json.dumps(result, indent=2) if args.json else format_text(result))

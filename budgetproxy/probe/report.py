@@ -130,12 +130,12 @@ def html_section(result: Mapping[str, Any]) -> str:
     )
 
 
-def html_page(result: Mapping[str, Any]) -> str:
-    """A self-contained page holding the section."""
+def html_page(result: Mapping[str, Any], section: str | None = None) -> str:
+    """A self-contained page holding the section (the probe's, unless given)."""
     style = ("body{font:14px/1.45 system-ui,sans-serif;margin:24px auto;max-width:1100px;"
              "padding:0 20px}table{border-collapse:collapse}th,td{padding:3px 10px;"
              "border-bottom:1px solid #eee;text-align:right}th:first-child,td:first-child"
              "{text-align:left}")
     return ("<!doctype html><html><head><meta charset='utf-8'><title>budgetproxy probe"
             f"</title><style>{style}</style></head><body><h1>budgetproxy probe</h1>"
-            f"{html_section(result)}</body></html>\n")
+            f"{html_section(result) if section is None else section}</body></html>\n")

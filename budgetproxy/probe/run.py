@@ -23,6 +23,7 @@ from budgetproxy.probe.inject import (
 from budgetproxy.probe.sampling import Sampled, sample_actions
 from budgetproxy.probe.scorers import Scorer
 from budgetproxy.probe.states import (
+    Episode,
     ProbeInputError,
     State,
     matched_sample,
@@ -58,6 +59,7 @@ class ProbeOptions:
     tools: list[Any] | None = None
     concurrency: int = 16
     models: dict[str, str] = field(default_factory=dict)  # side → model, over the logs' own
+    placement: str = "last_message"  # the proxy's disclosure.placement when the logs were made
 
 
 @dataclass
@@ -147,11 +149,15 @@ def _check_proxy(url: str) -> None:
         raise ProbeInputError(f"--proxy: no proxy answers at {url} ({e})") from None
 
 
-async def run_probe(opts: ProbeOptions) -> dict[str, Any]:
-    """The whole probe; the result has the `--json` shape of docs/probe.md (and more)."""
+async def run_probe(
+    opts: ProbeOptions, episodes: Mapping[str, Episode] | None = None
+) -> dict[str, Any]:
+    """The whole probe; the result has the `--json` shape of docs/probe.md (and more).
+    `episodes`: the logs already read (else read from `opts.paths`)."""
     started = time.monotonic()
     sel_a, sel_b = parse_selector(opts.a), parse_selector(opts.b)
-    selection = select(read_episodes(opts.paths), sel_a, sel_b)
+    selection = select(read_episodes(opts.paths) if episodes is None else episodes, sel_a,
+                       sel_b, opts.placement)
     models = {**selection.models, **opts.models}
     for side, sel in (("a", opts.a), ("b", opts.b)):
         if side not in models:
@@ -196,6 +202,7 @@ async def run_probe(opts: ProbeOptions) -> dict[str, Any]:
         "settings": {
             "a": opts.a, "b": opts.b, "model_a": models["a"], "model_b": models["b"],
             "scorer": opts.scorer.name, "states": opts.states, "samples": opts.samples,
+            "placement": opts.placement,
             "inject": opts.inject, "error_pattern": pattern_text, "continue": opts.continue_,
             "rollouts": opts.rollouts if opts.continue_ else None, "seed": opts.seed,
             "resamples": opts.resamples, "proxy": opts.proxy, "probe_id": probe_id,

@@ -8,6 +8,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from budgetproxy.probe import replay
 from budgetproxy.probe.states import State
 
 PROBE_HEADER = "X-Budgetproxy-Probe"  # the proxy forwards these calls and counts none of them
@@ -61,17 +62,20 @@ async def sample_actions(
     ) as client:
 
         async def one(state: State, side: str, g: int) -> None:
-            body: dict[str, Any] = {
-                "model": models[side], "messages": list(state.messages),
-                "seed": sample_seed(seed, state.digest, side, g),
-            }
-            if tools:
-                body["tools"] = tools
+            body = replay.body(state.route, state.messages, state.head, models[side],
+                               sample_seed(seed, state.digest, side, g), tools)
             async with gate:
                 try:
                     # The documented low-level post: the typed create() re-walks every message.
-                    reply = await client.post("/chat/completions", body=body,
-                                              cast_to=ChatCompletion)
+                    # Each state goes back to the route it came from, in that API's shape.
+                    path = state.route.removeprefix("/v1")
+                    if state.route != replay.CHAT:
+                        raw = await client.post(path, body=body, cast_to=object)
+                        action = replay.action_of(state.route, raw)
+                        if action is not None:
+                            got[(state.key, side, g)] = action
+                        return
+                    reply = await client.post(path, body=body, cast_to=ChatCompletion)
                 except openai.APIError as e:
                     code = f" {e.code}" if getattr(e, "code", None) else ""
                     out.failures.append(f"{models[side]} on {state.key}: "

@@ -16,6 +16,7 @@ from typing import Any
 import orjson
 
 from budgetproxy.core import disclosure
+from budgetproxy.probe import replay
 
 SIDES = ("a", "b")
 
@@ -43,6 +44,9 @@ class State:
     injected: str | None = None  # "tool-error" | "action" when an error was put in
     failed_call: str | None = None  # name(arguments) of the call an injected error failed
     meta: Mapping[str, Any] = field(default_factory=dict)
+    # the API it was served on (probe/replay.py): it is replayed there, in that shape
+    route: str = "/v1/chat/completions"
+    head: Any = None  # Messages' system or Responses' instructions, as the model saw them
 
     @property
     def key(self) -> str:
@@ -142,15 +146,20 @@ def _stripped(messages: Sequence[Any]) -> bool:
     return any(isinstance(m, dict) and isinstance(m.get("content"), dict) for m in messages)
 
 
-def episode_states(ep: Episode, source: str) -> list[State]:
-    """A state per answered turn of one episode, in turn order."""
+def episode_states(ep: Episode, source: str, placement: str = "last_message") -> list[State]:
+    """A state per answered turn of one episode, in turn order; the disclosure texts placed
+    as the proxy's `placement` placed them (probe/replay.py)."""
     rec = ep.record
     task_id, budget = rec.get("task_id"), rec.get("budget")
     used = max([int(rec.get("turns_used") or 0), *(int(t.get("turn", 0)) for t in ep.turns)])
     conv: list[Any] = []
-    placed: list[tuple[int, str]] = []  # earlier turns' disclosure texts (last_message)
+    placed: list[tuple[int, str]] = []  # earlier turns' disclosure texts: (index, text)
     by_turn: dict[int, State] = {}
+    head: Any = None
     for t in ep.turns:
+        route = replay.route_of(t)
+        if replay.HEADS.get(route) in t:  # logged with the whole conversation
+            head = t[replay.HEADS[route]]
         offset, new = t.get("messages_offset"), t.get("request_messages")
         if not isinstance(offset, int) or not isinstance(new, list):
             continue
@@ -162,10 +171,9 @@ def episode_states(ep: Episode, source: str) -> list[State]:
         if not conv:
             continue
         text = (t.get("disclosure") or {}).get("text")
-        seen = disclosure.apply(conv, "last_message", text, placed) if isinstance(text, str) \
-            else [*conv]
+        seen, seen_head = [*conv], head
         if isinstance(text, str):
-            placed = [p for p in placed if p[0] < len(conv) - 1] + [(len(conv) - 1, text)]
+            seen, seen_head, placed = replay.place(route, conv, head, text, placed, placement)
         if t.get("status") != "ok" or not isinstance(t.get("response"), dict):
             continue
         turn = int(t.get("turn", 0))
@@ -176,7 +184,7 @@ def episode_states(ep: Episode, source: str) -> list[State]:
             budget=budget if isinstance(budget, int) else None,
             max_turns=rec.get("max_turns") if isinstance(rec.get("max_turns"), int) else None,
             remaining=budget - turn + 1 if isinstance(budget, int) else None,
-            action=t["response"],
+            action=t["response"], route=route, head=seen_head,
         )
     return [by_turn[k] for k in sorted(by_turn)]
 
@@ -217,6 +225,7 @@ class Selection:
 
 def select(
     episodes: Mapping[str, Episode], a: tuple[str, str], b: tuple[str, str],
+    placement: str = "last_message",
 ) -> Selection:
     """The states of A's and B's own finished episodes (with a task id), by task."""
     states: dict[str, dict[str, list[State]]] = {s: defaultdict(list) for s in SIDES}
@@ -231,7 +240,7 @@ def select(
             if not matches(rec, selector):
                 continue
             counts[side] += 1
-            for st in episode_states(ep, side):
+            for st in episode_states(ep, side, placement):
                 states[side][st.task_id].append(st)
             for t in ep.turns:
                 if isinstance(t.get("model"), str):

@@ -28,6 +28,7 @@ _SPEC_HEADERS = {
     "budget": b"x-episode-budget",
     "max_turns": b"x-episode-max-turns",
     "announced_budget": b"x-episode-announced-budget",
+    "min_turns": b"x-episode-min-turns",
 }
 
 
@@ -111,6 +112,7 @@ def spec_from_headers(episode_id: str, headers: dict[bytes, bytes]) -> EpisodeSp
         announced_budget=_int_header(
             headers, _SPEC_HEADERS["announced_budget"], "announced_budget"
         ),
+        min_turns=_int_header(headers, _SPEC_HEADERS["min_turns"], "min_turns"),
         task_id=task,
         group=group,
         disclosure=arm,  # type: ignore[arg-type]
@@ -125,11 +127,12 @@ _FIRST_CALL_FIELDS = (
     (b"x-episode-budget", "budget"),
     (b"x-episode-max-turns", "max_turns"),
     (b"x-episode-announced-budget", "announced_budget"),
+    (b"x-episode-min-turns", "min_turns"),
     (b"x-episode-task", "task_id"),
     (b"x-episode-group", "group"),
     (b"x-episode-disclosure", "disclosure"),
 )
-_COUNT_FIELDS = frozenset({"budget", "max_turns", "announced_budget"})
+_COUNT_FIELDS = frozenset({"budget", "max_turns", "announced_budget", "min_turns"})
 
 
 def ignored_spec_headers(headers: dict[bytes, bytes], st: EpisodeState) -> bytes | None:

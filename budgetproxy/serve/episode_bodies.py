@@ -111,6 +111,7 @@ class EpisodeCreate(BaseModel):
     group: str | None = Field(None, max_length=GROUP_MAX_CHARS, pattern=PRINTABLE_PATTERN)
     disclosure: Literal["hidden", "disclosed"] | None = None
     announced_budget: Turns | None = None
+    min_turns: Turns | None = None  # the task's fewest turns (analyze --ceiling)
     tags: _json_object(TAGS_MAX_BYTES, _TAGS) = Field(  # type: ignore[valid-type]
         default_factory=dict)
     # budgets beside turns (core.axes, docs/budgets.md)

@@ -23,7 +23,7 @@ _CODEC: dict[str, str] = {
     "token_budget": _INT, "cost_budget": _FLOAT, "time_budget_s": _FLOAT,
     "announced_tokens": _INT, "announced_cost": _FLOAT, "announced_time_s": _FLOAT,
     "tokens_used": _INT, "cost_used": _FLOAT, "tokens_reserved": _INT, "cost_reserved": _FLOAT,
-    "first_call_at": _FLOAT, "exhausted_by": _STR, "told": _JSON,
+    "first_call_at": _FLOAT, "exhausted_by": _STR, "told": _JSON, "min_turns": _INT,
     "experiment": _STR, "arm": _STR,
 }
 
@@ -97,6 +97,7 @@ def decode_state(pairs: list[str]) -> EpisodeState:
         task_id=g("task_id"),
         group=g("group"),
         announced_budget=_opt_int(g("announced_budget")),
+        min_turns=_opt_int(g("min_turns")),
         tags=orjson.loads(d["tags"]),
         created_at=float(d["created_at"]),
         last_activity=float(d["last_activity"]),

@@ -96,6 +96,7 @@ class Recorder:
                 "tier": tier,
                 "disclosure": arm,
                 "announced_budget": st.announced_budget,
+                "min_turns": st.min_turns,
                 "turns_used": st.turns_used,
                 "outcome": st.outcome,
                 "success_turn": st.settled_success_turn,

@@ -62,6 +62,7 @@ class EpisodeRecord(TypedDict, total=False):
     tier: str
     disclosure: str
     announced_budget: int | None
+    min_turns: int | None  # the task's fewest turns, as stated (analyze --ceiling)
     turns_used: int
     outcome: Literal["success", "failure"] | None
     success_turn: int | None

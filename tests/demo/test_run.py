@@ -157,3 +157,29 @@ def test_the_live_experiment_assigns_arms_and_says_when_it_could_stop(
     told = [r for r in episodes if r["arm"] == "told-full"]
     assert all(r["announced_budget"] == 48 and r["budget"] == 12 for r in told)
     assert sum(a["episodes"] for a in view["arms"]) == len(episodes)
+
+
+def test_the_demo_leaves_the_dynamics_and_the_ceiling(
+    demo: tuple[subprocess.CompletedProcess[str], Path],
+) -> None:
+    done, out = demo
+    assert done.returncode == 0, done.stderr[-3000:]
+    dynamics = json.loads((out / "dynamics.json").read_text(encoding="utf-8"))
+    points = dynamics["analyze"]["over"]
+    assert [p["value"] for p in points] == ["0", "100", "200", "300"]
+    for p in points:
+        cell = next(c for c in p["pass_at"] if c["tier"] == "25%")
+        # the maps' shortest safe paths were sent as min_turns: both fit in 25% of the budget
+        assert (cell["ceiling"], cell["ceiling_source"]) == (1.0, "min_turns")
+        assert cell["headroom"] == pytest.approx(1.0 - cell["value"])
+    probe = dynamics["probe"]
+    assert [p["value"] for p in probe["over"]] == ["100", "200", "300"]
+    assert probe["settings"]["reference"] == "step=0"
+    assert all(p["single_step"]["few_tasks"] for p in probe["over"])  # two maps
+    assert "Training dynamics (simulated checkpoints step 0, 100, 200, 300" in done.stdout
+    assert "too few maps to read a trend" in done.stdout
+    assert "The ceiling at 25% of the budget: 100% of the maps" in done.stdout
+    records = read_jsonl(out / "trajectories")
+    assert {r["min_turns"] for r in records if r["type"] == "episode"} == {2}
+    assert "State diagnostics per checkpoint (step)" in (out / "report.html").read_text(
+        encoding="utf-8")

@@ -43,7 +43,7 @@ def test_the_demo_leaves_probe_json_and_prints_both_claims(
     assert single["few_tasks"] and errors["few_tasks"] and cont["few_tasks"]
     stdout = done.stdout
     assert "Single steps (32 states" in stdout and "After an injected error" in stdout
-    assert "wins" not in stdout.split("State diagnostics")[1]
+    assert "wins" not in stdout.split("State diagnostics")[1].split("Training dynamics")[0]
     assert stdout.count("2 maps: fewer than 10, too few to name a winner") == 3
     assert stdout.count("95% CI") >= 3
     assert str(out / "probe.json") in stdout

@@ -101,6 +101,7 @@ def _states() -> st.SearchStrategy[EpisodeState]:
         task_id=opt_text,
         group=opt_text,
         announced_budget=st.none() | ints,
+        min_turns=st.none() | ints,
         tags=st.dictionaries(st.text(max_size=4), json_value, max_size=3),
         created_at=floats,
         last_activity=floats,

@@ -2,10 +2,11 @@
 
 A state is the demo's FrozenLake conversation: its last observation gives the map, the position
 and the slide chance. An action is the model's reply; its ``move`` calls run in order as the
-demo's agent runs them (an invalid call is skipped, a slide ends the plan, a hole or the goal
-ends the game), and then the agent is taken to act optimally. The score is the discounted
-chance of reaching the goal: reward 1 on entering G, discount 0.95 per move, horizon
-gymnasium's episode limit for the map (100 moves on 4x4 and smaller, 200 on larger maps). For
+demo's agent runs them (an invalid call is skipped, at most four moves are made, a slide ends
+the plan, a hole or the goal ends the game), and then the agent is taken to act optimally. The
+score is the discounted chance of reaching the goal: reward 1 on entering G, discount 0.95 per
+move, horizon gymnasium's episode limit for the map (100 moves on 4x4 and smaller, 200 on
+larger maps). For
 a single move it is exactly Q*(s, a). A reply without a valid move scores as a wasted move.
 
 ``inject_action`` is the error ``--inject action`` puts in: the state's last move is rewritten
@@ -23,7 +24,13 @@ import re
 from collections.abc import Sequence
 from typing import Any
 
-from budgetproxy.demo.frozenlake import DIRECTIONS, MoveResult, Pos, step_target
+from budgetproxy.demo.frozenlake import (
+    DIRECTIONS,
+    MOVES_PER_TURN,
+    MoveResult,
+    Pos,
+    step_target,
+)
 from budgetproxy.demo.policies import Observation, parse_observation
 from budgetproxy.probe.scorers.frozenlake_play import continue_episode
 from budgetproxy.probe.states import State, message_text, with_messages
@@ -109,7 +116,7 @@ def plan_value(rows: tuple[str, ...], slide: float, cell: Pos, moves: Sequence[s
 
 
 def moves_of(action: Any) -> list[str]:
-    """The valid move directions of a reply, in order."""
+    """The valid move directions of a reply, in order, as many as the agent runs."""
     out = []
     for call in (action or {}).get("tool_calls") or []:
         fn = call.get("function") or {} if isinstance(call, dict) else {}
@@ -121,7 +128,7 @@ def moves_of(action: Any) -> list[str]:
             continue
         if direction in DIRECTIONS:
             out.append(direction)
-    return out
+    return out[:MOVES_PER_TURN]
 
 
 def last_observation(state: State) -> tuple[int, Observation]:
