@@ -209,7 +209,8 @@ def test_an_agents_sdk_harness_that_keeps_asking_ends_within_the_bound(
 
 
 def test_a_langchain_loop_that_keeps_asking_ends_within_the_bound(proxy: ProxyFactory) -> None:
-    lc = pytest.importorskip("langchain_openai")
+    import langchain_openai as lc
+
     p = proxy({"budget": {**FINISH, "finish_replies": 2}})
     eid = new_id()
     llm = lc.ChatOpenAI(model="m1", base_url=p.base_url, api_key="k", max_retries=2,
@@ -223,3 +224,70 @@ def test_a_langchain_loop_that_keeps_asking_ends_within_the_bound(proxy: ProxyFa
             history += [answer, ("user", f"keep going {i}")]
     assert answers[2:] == [FinishTexts().turns] * 2 and len(answers) == 4
     assert p.episode(eid)["turns_used"] == 2
+
+
+def test_a_langgraph_react_agent_ends_on_the_final_reply(proxy: ProxyFactory) -> None:
+    """A LangGraph ReAct loop (ToolNode, tools_condition) calls its tool while the model asks
+    for it; the final reply has no tool call, so the graph ends there, normally."""
+    from langchain_core.tools import tool
+    from langchain_openai import ChatOpenAI
+    from langgraph.graph import START, MessagesState, StateGraph
+    from langgraph.prebuilt import ToolNode, tools_condition
+
+    @tool
+    def look(where: str) -> str:
+        """Look somewhere."""
+        return f"nothing at {where}"
+
+    p = proxy({"budget": {**FINISH, "finish_replies": 1}})
+    eid = new_id()
+    llm = ChatOpenAI(model="m1", base_url=p.base_url, api_key="k", max_retries=2,
+                     default_headers={"X-Episode-Id": eid, "X-Episode-Budget": "1"})
+    bound = llm.bind_tools([look])
+
+    def model(state: MessagesState) -> dict[str, Any]:
+        return {"messages": [bound.invoke(state["messages"])]}
+
+    graph = StateGraph(MessagesState)
+    graph.add_node("model", model)
+    graph.add_node("tools", ToolNode([look]))
+    graph.add_edge(START, "model")
+    graph.add_conditional_edges("model", tools_condition)
+    graph.add_edge("tools", "model")
+    result = graph.compile().invoke({"messages": [("user", "find the key")]}, {"recursion_limit": 20})
+    last = result["messages"][-1]
+    assert last.content == FinishTexts().turns and not last.tool_calls
+    assert [m.type for m in result["messages"]] == ["human", "ai", "tool", "ai"]
+    assert p.episode(eid)["turns_used"] == 1
+    recs = p.wait_records(2, type="turn", episode_id=eid)
+    assert [r["status"] for r in recs] == ["ok", "synthetic"]
+
+
+def test_a_langgraph_loop_that_keeps_asking_ends_within_the_bound(proxy: ProxyFactory) -> None:
+    """A graph that sends the model back to work after every answer: it gets its final reply
+    once, then episode_finished (403, not retried), which ends the run."""
+    from langchain_openai import ChatOpenAI
+    from langgraph.graph import END, START, MessagesState, StateGraph
+
+    p = proxy({"budget": {**FINISH, "finish_replies": 1}})
+    eid = new_id()
+    llm = ChatOpenAI(model="m1", base_url=p.base_url, api_key="k", max_retries=2,
+                     default_headers={"X-Episode-Id": eid, "X-Episode-Budget": "2"})
+
+    def model(state: MessagesState) -> dict[str, Any]:
+        return {"messages": [llm.invoke(state["messages"])]}
+
+    def nudge(state: MessagesState) -> dict[str, Any]:
+        return {"messages": [("user", "keep going")]}
+
+    graph = StateGraph(MessagesState)
+    graph.add_node("model", model)
+    graph.add_node("nudge", nudge)
+    graph.add_edge(START, "model")
+    graph.add_edge("model", "nudge")
+    graph.add_conditional_edges("nudge", lambda _: "model", ["model", END])
+    with pytest.raises(openai.PermissionDeniedError) as err:
+        graph.compile().invoke({"messages": [("user", "start")]}, {"recursion_limit": 50})
+    assert err.value.code == "episode_finished"
+    recs = p.wait_records(4, type="turn", episode_id=eid)
+    assert [r["status"] for r in recs] == ["ok", "ok", "synthetic", "rejected"]  # no retry
