@@ -254,7 +254,8 @@ def test_a_langgraph_react_agent_ends_on_the_final_reply(proxy: ProxyFactory) ->
     graph.add_edge(START, "model")
     graph.add_conditional_edges("model", tools_condition)
     graph.add_edge("tools", "model")
-    result = graph.compile().invoke({"messages": [("user", "find the key")]}, {"recursion_limit": 20})
+    result = graph.compile().invoke({"messages": [("user", "find the key")]},
+                                    {"recursion_limit": 20})
     last = result["messages"][-1]
     assert last.content == FinishTexts().turns and not last.tool_calls
     assert [m.type for m in result["messages"]] == ["human", "ai", "tool", "ai"]
