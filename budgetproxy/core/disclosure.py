@@ -8,7 +8,7 @@ from collections.abc import Callable, Iterable, Mapping
 from typing import Any, Literal
 
 from budgetproxy.core.episode import Placed
-from budgetproxy.core.fingerprint import Fingerprint
+from budgetproxy.core.fingerprint import Fingerprint, lone_text
 
 Placement = Literal["last_message", "system", "new_message"]
 
@@ -124,10 +124,24 @@ def _after_tool_replies(messages: list[Any], index: int) -> int:
     return index
 
 
+def joined(content: list[Any], text: str) -> list[Any] | None:
+    """Content that is one text block with `text` appended to its text as to a string's
+    ("\n\n" + text), the block's other keys kept; None for other content. A client that
+    flips a message between a string and one text block then sends the same text either way,
+    and the upstream's prompt stays append-only across the flip."""
+    lone = lone_text(content)
+    if lone is None:
+        return None
+    return [{**content[0], "text": lone + "\n\n" + text if lone else text}]
+
+
 def _append_text(message: dict[str, Any], text: str) -> dict[str, Any]:
     out = dict(message)
     content = message.get("content")
-    if isinstance(content, list):
+    one = joined(content, text) if isinstance(content, list) else None
+    if one is not None:
+        out["content"] = one
+    elif isinstance(content, list):
         out["content"] = [*content, {"type": "text", "text": text}]
     elif isinstance(content, str) and content:
         out["content"] = content + "\n\n" + text
