@@ -174,8 +174,10 @@ WITH head AS (
              WHEN h IS NULL THEN (CASE WHEN trim(line) = '' THEN 'blank' ELSE 'bad' END)
              WHEN h[2] = 'episode' THEN 'episode'
              WHEN h[1] = '{schema}' AND h[2] = 'turn' AND h[3] IS NOT NULL THEN 'turn'
-             -- a probe's calls (budgetproxy probe) belong to no episode: not read, not bad
+             -- a probe's calls (budgetproxy probe) belong to no episode, and a CLI's free
+             -- compaction calls spend no turn of one: not read, not bad
              WHEN h[1] = '{schema}' AND h[2] = 'probe' THEN 'probe'
+             WHEN h[1] = '{schema}' AND h[2] = 'compaction' THEN 'compaction'
              ELSE 'bad' END AS kind
     FROM head
 )
