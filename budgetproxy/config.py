@@ -197,6 +197,9 @@ class EpisodesConfig(_Strict):
     require_id: bool = False
     idle_timeout_s: float = Field(3600.0, gt=0)
     retention_s: float = Field(86400.0, ge=0)
+    # At most this many finished episodes kept by the memory store (oldest evicted first; an
+    # evicted id still refuses calls); None: as many as retention_s keeps.
+    max_retained: int | None = Field(None, ge=0)
     uncounted_models: list[str] = Field(default_factory=list)
     # Exact texts of a call whose only message is that text (inspect-ai's capability probe,
     # "Please say 'hello, world'"): forwarded without spending a turn.

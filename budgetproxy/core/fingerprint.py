@@ -82,13 +82,18 @@ def canonical(messages: list[Any]) -> list[Any]:
     """The conversation with every message's content in its canonical shape (see above);
     messages already in it are the client's own objects."""
     out: list[Any] | None = None
-    for i, m in enumerate(messages):
-        if type(m) is dict:
-            c = _canonical_item(m)
-            if c is not m:
-                if out is None:
-                    out = list(messages)
-                out[i] = c
+    i = -1
+    for m in messages:
+        i += 1
+        # (most messages of most turns: string content and nothing else to look at)
+        if type(m) is not dict or (type(m.get("content")) is not list and "type" not in m
+                                   and "output" not in m and "system" not in m):
+            continue
+        c = _canonical_item(m)
+        if c is not m:
+            if out is None:
+                out = list(messages)
+            out[i] = c
     return messages if out is None else out
 
 
