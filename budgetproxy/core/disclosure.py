@@ -81,19 +81,24 @@ def texts(
     template: str, turn: int, budget: int, announced_budget: int | None,
     earlier: Iterable[Placed] = (), conversation: Fingerprint | None = None,
     fields: Mapping[str, Any] | None = None, told: Mapping[str, str] | None = None,
+    chosen: list[tuple[int, int]] | None = None,
 ) -> tuple[str, list[tuple[int, str]]]:
     """This turn's text, and (index, text) of the `earlier` placements to re-apply where
     `conversation` (history: keep; None: drop) still extends the turn they were made in.
 
     `fields` are the axis fields (core.axes) as this turn starts; `told` the texts earlier
-    turns were given with theirs (by turn), re-applied as they were."""
+    turns were given with theirs (by turn), re-applied as they were. `chosen`: the (index,
+    turn) to re-apply, already chosen (core.replays), instead of `earlier` and
+    `conversation`."""
     text = render(template, turn, budget, announced_budget, fields)
-    if conversation is None:
-        return text, []
+    if chosen is None:
+        if conversation is None:
+            return text, []
+        chosen = replayable(earlier, conversation)
     told = told or {}
     return text, [(idx, told.get(str(t)) or render(template, t, budget, announced_budget,
                                                    fields))
-                  for idx, t in replayable(earlier, conversation)]
+                  for idx, t in chosen]
 
 
 def placement_index(placement: Placement, message_count: int) -> int | None:

@@ -85,9 +85,9 @@ def canonical(messages: list[Any]) -> list[Any]:
     i = -1
     for m in messages:
         i += 1
-        # (most messages of most turns: string content and nothing else to look at)
-        if type(m) is not dict or (type(m.get("content")) is not list and "type" not in m
-                                   and "output" not in m and "system" not in m):
+        # Most messages of most turns are {role, content: str}: nothing to look at. Any other
+        # key set (a Responses item's type, a tool output, the system head) is looked at.
+        if type(m) is not dict or (len(m) == 2 and type(m.get("content")) is not list):
             continue
         c = _canonical_item(m)
         if c is not m:

@@ -22,6 +22,7 @@ from budgetproxy.core.forwarded_headers import HeaderPolicy
 from budgetproxy.core.keys import KeyRing, Principal
 from budgetproxy.core.paths import wire_query
 from budgetproxy.core.prices import PriceTable
+from budgetproxy.core.replays import Replays
 from budgetproxy.core.spec import SpecError, new_episode
 from budgetproxy.core.tenants import TENANT_HEADER, local_id, qualified, tenant_for, tenant_of
 from budgetproxy.core.usage import token_counts
@@ -114,6 +115,8 @@ class ModelCalls:
         self.compaction_marks = {kind: compaction.recognisers(presets, kind)
                                  for kind in ("chat", "completions", "responses", "messages")}
         self.compaction_free = config.episodes.compaction == "free"
+        # The last choice of earlier texts to re-apply, per recent episode (core/replays.py).
+        self.replays = Replays()
         self.budget_cfg = config.budget
         self.disc_cfg = config.disclosure
         self.finish_texts = config.budget.finish_texts.model_dump()
@@ -309,9 +312,11 @@ class ModelCalls:
             # (a template without axis fields renders as on a turn-only episode: cached)
             fields = axis_calls.template_fields(st, time.time()) if (
                 grant.hold is not None and self.tells_axes) else None
+            chosen = (self.replays.replayable(eid, grant.disclosed_at, call.prints)
+                      if keep and call.prints is not None else None)
             text, again = disclosure.texts(
-                cfg.template, grant.turn, st.budget, st.announced_budget, grant.disclosed_at,
-                call.prints if keep else None, fields=fields, told=st.told)
+                cfg.template, grant.turn, st.budget, st.announced_budget, chosen=chosen,
+                fields=fields, told=st.told)
             if fields is not None and keep:
                 await axis_calls.keep_told(self.store, eid, grant.turn, text)
             call.disclosure_text = text
