@@ -14,14 +14,12 @@ that text's) out for good: putting it back would break the append-only prompt.
 
 from __future__ import annotations
 
-from collections import OrderedDict
-
 from budgetproxy.core.episode import Placed
 from budgetproxy.core.fingerprint import Fingerprint
 
 # (the digest of the conversation it was given for, how many earlier texts there were then,
-#  the turns of those left out)
-_Answer = tuple[str, int, frozenset[int]]
+#  the (index, turn) it chose)
+_Answer = tuple[str, int, tuple[tuple[int, int], ...]]
 
 
 class Replays:
@@ -29,26 +27,23 @@ class Replays:
 
     def __init__(self, size: int = 4096) -> None:
         self.size = size
-        self._last: OrderedDict[str, _Answer] = OrderedDict()
+        self._last: dict[str, _Answer] = {}  # in order of use (re-inserted on each)
 
     def replayable(self, episode_id: str, placed: tuple[Placed, ...],
                    conversation: Fingerprint) -> list[tuple[int, int]]:
         """(index, turn) of the earlier placements to re-apply, as
         core.disclosure.replayable, remembered for the episode's next turn."""
-        last = self._last.get(episode_id)
+        cache = self._last
+        last = cache.pop(episode_id, None)
         n = len(placed)
         if (last is not None and n == last[1] + 1 and placed[-1][3] == last[0]
                 and conversation.extends(last[0])):
-            out = last[2]
-            keep = [(idx, turn) for idx, turn, _, _ in placed if turn not in out]
-            left_out = out
+            prev = placed[-1]
+            keep = (*last[2], (prev[0], prev[1]))
         else:
-            ok = conversation.extends_each([digest for _, _, _, digest in placed])
-            keep = [(p[0], p[1]) for p, yes in zip(placed, ok, strict=True) if yes]
-            left_out = frozenset([p[1] for p, yes in zip(placed, ok, strict=True) if not yes])
-        cache = self._last
-        cache[episode_id] = (conversation.digest(), n, left_out)
-        cache.move_to_end(episode_id)
+            ok = conversation.extends_each([p[3] for p in placed]) if placed else []
+            keep = tuple([(p[0], p[1]) for p, yes in zip(placed, ok, strict=True) if yes])
+        cache[episode_id] = (conversation.digest(), n, keep)
         if len(cache) > self.size:
-            cache.popitem(last=False)
-        return keep
+            del cache[next(iter(cache))]
+        return list(keep)

@@ -37,19 +37,23 @@ def play(replays: Replays, convos: list[list[Any]], eid: str = "e"
 
 def test_a_growing_conversation_checks_one_digest_a_turn() -> None:
     replays = Replays()
-    calls: list[int] = []
+    checked: list[int] = []
     real = Fingerprint.extends_each
+    placed: list[Placed] = []
+    for turn, msgs in enumerate(grow(30), 1):
+        f = Fingerprint(msgs)
 
-    def counted(self: Fingerprint, digests: list[str | None]) -> list[bool]:
-        calls.append(len(digests))
-        return real(self, digests)
+        def counted(self: Fingerprint, digests: list[str | None]) -> list[bool]:
+            checked.append(len(digests))
+            return real(self, digests)
 
-    with mock.patch.object(Fingerprint, "extends_each", counted):
-        answers = play(replays, grow(30))
-    assert answers[-1] == [(2 * t - 1, t) for t in range(1, 30)]
-    # (the full comparisons in play() count too: every other call is ours)
-    ours = calls[0::2]
-    assert ours[0] == 0 and all(n == 1 for n in ours[1:]), ours
+        with mock.patch.object(Fingerprint, "extends_each", counted):
+            got = replays.replayable("e", tuple(placed), f)
+        assert got == disclosure.replayable(placed, Fingerprint(msgs)), turn
+        placed.append((len(msgs) - 1, turn, len(msgs), f.digest()))
+    assert got == [(2 * t - 1, t) for t in range(1, 30)]
+    # the first turn has nothing to check, the second compares its one, then one a turn
+    assert checked == [1] * 29, checked
 
 
 def test_texts_left_out_after_a_rewrite_stay_out() -> None:
