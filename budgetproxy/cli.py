@@ -64,6 +64,27 @@ def _missing_package(config: Config) -> str | None:
     return None
 
 
+def _retention_line(config: Config, rate: float) -> str:
+    """What the configured retention implies at `rate` finished episodes a second."""
+    from budgetproxy.core.retained import RETAINED_BYTES, retention_estimate
+    from budgetproxy.store.memory import MAX_REMEMBERED
+
+    ep = config.episodes
+    if config.store.kind == "redis":
+        return (f"retention: finished episodes are kept in Redis for {ep.retention_s:g} s "
+                f"(episodes.retention_s); episodes.max_retained applies to the memory store only")
+    kept, total = retention_estimate(rate, ep.retention_s, ep.max_retained, MAX_REMEMBERED)
+    cap = (f", capped by episodes.max_retained ({ep.max_retained:,})"
+           if ep.max_retained is not None else "")
+    mib = 2**20
+    ids = total - kept * RETAINED_BYTES
+    return (f"retention: at {rate:g} finished episodes/s the memory store keeps {kept:,} finished "
+            f"episodes (episodes.retention_s {ep.retention_s:g} s{cap}), at most "
+            f"{kept * RETAINED_BYTES / mib:,.1f} MiB at {RETAINED_BYTES} bytes each, plus at "
+            f"most {MAX_REMEMBERED:,} ids of forgotten ones ({ids / mib:,.1f} MiB): "
+            f"{total / mib:,.1f} MiB in all")
+
+
 def _serve(args: argparse.Namespace) -> int:
     path = args.config or os.environ.get(ENV_CONFIG_FILE)
     try:
@@ -86,6 +107,7 @@ def _serve(args: argparse.Namespace) -> int:
         return 2
     if args.check:
         print(effective_config(config), end="")
+        print(f"budgetproxy: {_retention_line(config, args.episode_rate)}", file=sys.stderr)
         print(f"budgetproxy: config OK ({path or 'embedded defaults and flags'})", file=sys.stderr)
         return 0
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: "
@@ -146,6 +168,9 @@ def build_parser() -> argparse.ArgumentParser:
     serve.add_argument("--check", action="store_true",
                        help="validate the config, print the effective config (secrets masked) and "
                        "exit: 0 when valid, 2 with a line naming each bad key when not")
+    serve.add_argument("--episode-rate", type=float, default=20.0, metavar="N",
+                       help="with --check: the finished episodes a second the retention memory "
+                       "estimate assumes (default 20)")
     serve.set_defaults(func=_serve)
     for module in ("budgetproxy.analysis.command", "budgetproxy.analysis.export_command",
                    "budgetproxy.probe.command", "budgetproxy.likelihood.command",

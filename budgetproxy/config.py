@@ -203,12 +203,25 @@ class EpisodesConfig(_Strict):
     require_id: bool = False
     idle_timeout_s: float = Field(3600.0, gt=0)
     retention_s: float = Field(86400.0, ge=0)
+    # At most this many finished episodes kept by the memory store (oldest evicted first; an
+    # evicted id still refuses calls); None: as many as retention_s keeps.
+    max_retained: int | None = Field(None, ge=0)
     uncounted_models: list[str] = Field(default_factory=list)
     # Exact texts of a call whose only message is that text (inspect-ai's capability probe,
     # "Please say 'hello, world'"): forwarded without spending a turn.
     uncounted_prompts: list[str] = Field(default_factory=list)
     budget_headers: Literal["always", "disclosed_only", "never"] = "always"
     sweep_interval_s: float = Field(5.0, gt=0)
+    # What a compaction call (a CLI's summary request, core/compaction.py) of an episode is:
+    # free (forwarded, not charged, no budget text, logged as a "compaction" record) or counted
+    # (a turn like any other). Recognised for the presets in id_header_presets and here.
+    compaction: Literal["free", "counted"] = "free"
+    compaction_presets: list[Literal["claude_code", "codex"]] = Field(default_factory=list)
+
+    def compaction_marks(self) -> list[str]:
+        """The presets whose compaction calls are recognised."""
+        named = [p for p in self.id_header_presets if p in ("claude_code", "codex")]
+        return list(dict.fromkeys([*named, *self.compaction_presets]))
 
     def all_id_headers(self) -> list[str]:
         """The id headers in the order they are read: id_headers, then the presets'."""

@@ -70,6 +70,7 @@ METRICS: dict[str, set[str]] = {
     "budgetproxy_requests_total": {"route", "code"},
     "budgetproxy_active_episodes": set(),
     "budgetproxy_calls_without_episode_total": {"route"},
+    "budgetproxy_retained_evictions_total": set(),
     "budgetproxy_trajectory_queue_depth": set(),
     "budgetproxy_store_unavailable_total": {"policy"},
     "budgetproxy_store_degraded": set(),

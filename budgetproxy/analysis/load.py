@@ -175,9 +175,11 @@ WITH head AS (
              WHEN h IS NULL THEN (CASE WHEN trim(line) = '' THEN 'blank' ELSE 'bad' END)
              WHEN h[2] = 'episode' THEN 'episode'
              WHEN h[1] = '{schema}' AND h[2] = 'turn' AND h[3] IS NOT NULL THEN 'turn'
-             -- a probe's calls (budgetproxy probe) belong to no episode: not read, not bad
+             -- a probe's calls (budgetproxy probe) belong to no episode, nor do an experiment's
+             -- records, and a CLI's free compaction calls spend no turn of one: not read, not bad
              WHEN h[1] = '{schema}' AND h[2] IN ('probe', 'experiment', 'experiment_decision')
                 THEN 'probe'
+             WHEN h[1] = '{schema}' AND h[2] = 'compaction' THEN 'compaction'
              ELSE 'bad' END AS kind
     FROM head
 )

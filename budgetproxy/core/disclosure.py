@@ -8,7 +8,7 @@ from collections.abc import Callable, Iterable, Mapping
 from typing import Any, Literal
 
 from budgetproxy.core.episode import Placed
-from budgetproxy.core.fingerprint import Fingerprint
+from budgetproxy.core.fingerprint import Fingerprint, lone_text
 
 Placement = Literal["last_message", "system", "new_message"]
 
@@ -81,19 +81,24 @@ def texts(
     template: str, turn: int, budget: int, announced_budget: int | None,
     earlier: Iterable[Placed] = (), conversation: Fingerprint | None = None,
     fields: Mapping[str, Any] | None = None, told: Mapping[str, str] | None = None,
+    chosen: list[tuple[int, int]] | None = None,
 ) -> tuple[str, list[tuple[int, str]]]:
     """This turn's text, and (index, text) of the `earlier` placements to re-apply where
     `conversation` (history: keep; None: drop) still extends the turn they were made in.
 
     `fields` are the axis fields (core.axes) as this turn starts; `told` the texts earlier
-    turns were given with theirs (by turn), re-applied as they were."""
+    turns were given with theirs (by turn), re-applied as they were. `chosen`: the (index,
+    turn) to re-apply, already chosen (core.replays), instead of `earlier` and
+    `conversation`."""
     text = render(template, turn, budget, announced_budget, fields)
-    if conversation is None:
-        return text, []
+    if chosen is None:
+        if conversation is None:
+            return text, []
+        chosen = replayable(earlier, conversation)
     told = told or {}
     return text, [(idx, told.get(str(t)) or render(template, t, budget, announced_budget,
                                                    fields))
-                  for idx, t in replayable(earlier, conversation)]
+                  for idx, t in chosen]
 
 
 def placement_index(placement: Placement, message_count: int) -> int | None:
@@ -124,10 +129,24 @@ def _after_tool_replies(messages: list[Any], index: int) -> int:
     return index
 
 
+def joined(content: list[Any], text: str) -> list[Any] | None:
+    """Content that is one text block with `text` appended to its text as to a string's
+    ("\n\n" + text), the block's other keys kept; None for other content. A client that
+    flips a message between a string and one text block then sends the same text either way,
+    and the upstream's prompt stays append-only across the flip."""
+    lone = lone_text(content)
+    if lone is None:
+        return None
+    return [{**content[0], "text": lone + "\n\n" + text if lone else text}]
+
+
 def _append_text(message: dict[str, Any], text: str) -> dict[str, Any]:
     out = dict(message)
     content = message.get("content")
-    if isinstance(content, list):
+    one = joined(content, text) if isinstance(content, list) else None
+    if one is not None:
+        out["content"] = one
+    elif isinstance(content, list):
         out["content"] = [*content, {"type": "text", "text": text}]
     elif isinstance(content, str) and content:
         out["content"] = content + "\n\n" + text

@@ -12,6 +12,11 @@ which delimit themselves, so a conversation starts with an earlier one's message
 its bytes start with that one's bytes (up to the earlier closing bracket) and a message
 boundary follows.
 Hash states kept every few kilobytes make the digest of any such prefix cheap.
+
+A message is written in its canonical shape first: content that is a list holding one text
+block (whatever annotations the block carries, `cache_control` among them) is written as that
+block's text, the string it means. Clients flip a message between the two shapes from turn to
+turn (Claude Code does after its first prompt), which changes nothing the model reads.
 """
 
 from __future__ import annotations
@@ -26,8 +31,76 @@ import orjson
 _STRIDE = 1 << 13  # bytes between kept hash states: ~25 copies per 200 KB conversation
 
 
+_TEXT_BLOCKS = frozenset({"text", "input_text"})
+_SHAPED_KEYS = ("content", "output", "system")  # where a message or head keeps its content
+
+
+def lone_text(content: Any) -> str | None:
+    """The text of content that is a list holding one text block; None for anything else."""
+    if type(content) is not list or len(content) != 1:
+        return None
+    block = content[0]
+    if type(block) is not dict or block.get("type") not in _TEXT_BLOCKS:
+        return None
+    text = block.get("text")
+    return text if type(text) is str else None
+
+
+def _canonical_blocks(content: list[Any]) -> list[Any]:
+    """Content blocks with each tool result's content in its canonical shape."""
+    out: list[Any] | None = None
+    for i, block in enumerate(content):
+        if type(block) is dict and type(block.get("content")) is list:
+            inner = _canonical_item(block)
+            if inner is not block:
+                if out is None:
+                    out = list(content)
+                out[i] = inner
+    return content if out is None else out
+
+
+def _canonical_item(item: dict[str, Any]) -> dict[str, Any]:
+    changed: dict[str, Any] | None = None
+    for key in _SHAPED_KEYS:
+        value = item.get(key)
+        if type(value) is not list:
+            continue
+        text = lone_text(value)
+        new: Any = text if text is not None else _canonical_blocks(value)
+        if new is not value:
+            if changed is None:
+                changed = dict(item)
+            changed[key] = new
+    if item.get("type") == "message":  # a Responses item says so; a bare message does not
+        if changed is None:
+            changed = dict(item)
+        del changed["type"]
+    return item if changed is None else changed
+
+
+def canonical(messages: list[Any]) -> list[Any]:
+    """The conversation with every message's content in its canonical shape (see above);
+    messages already in it are the client's own objects."""
+    out: list[Any] | None = None
+    i = -1
+    for m in messages:
+        i += 1
+        # Most messages of most turns are {role, content: str}: nothing to look at. Any other
+        # key set (a Responses item's type, a tool output, the system head) is looked at.
+        if type(m) is not dict or (len(m) == 2 and type(m.get("content")) is not list):
+            continue
+        c = _canonical_item(m)
+        if c is not m:
+            if out is None:
+                out = list(messages)
+            out[i] = c
+    return messages if out is None else out
+
+
 def _conversation_bytes(messages: list[Any]) -> bytes:
-    """The conversation as the proxy parsed it, written back (the same bytes every turn)."""
+    """The conversation as the proxy parsed it, in its canonical shape, written back (the
+    same bytes every turn)."""
+    messages = canonical(messages)
     try:
         return orjson.dumps(messages)
     except TypeError:  # an integer over 64 bits, or nesting past orjson's 254 levels

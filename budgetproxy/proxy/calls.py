@@ -47,7 +47,7 @@ class ModelCall:
         "result", "http_status", "ttft", "error_class", "conversation", "data", "events",
         "settled", "span", "prints", "previous_response", "exact", "ended", "probe", "query",
         "payload", "timed_out", "cumulative", "capture", "tokens", "sent", "upstream_body",
-        "counts", "answer", "warning",
+        "counts", "answer", "warning", "compaction",
     )
 
     def __init__(self, route: str, dialect: Dialect) -> None:
@@ -96,6 +96,7 @@ class ModelCall:
         self.upstream_body: bytes | None = None
         # X-Episode-Warning: first-call headers this later call sent that its episode ignored
         self.warning: bytes | None = None
+        self.compaction = False  # a CLI's compaction call (core/compaction.py)
 
     def refuse(self, http_status: int) -> None:
         """The proxy answers this forwarded call itself, with `http_status`: its turn is
@@ -177,9 +178,33 @@ def turn_record(
         record["previous_response_id"] = call.previous_response
     if st.experiment is not None:
         record["experiment"], record["arm"] = st.experiment, st.arm
+    if call.compaction:  # a counted compaction call (episodes.compaction: counted)
+        record["compaction"] = True
     if call.tokens is not None:
         record.update(call.tokens.fields())
     return record
+
+
+def compaction_record(call: ModelCall, reply: dict[str, Any]) -> dict[str, Any]:
+    """A free compaction call's record: the episode it summarised for, the whole conversation
+    it sent and the summary (no turn spent)."""
+    return {
+        "schema": SCHEMA_VERSION,
+        "type": "compaction",
+        "episode_id": call.episode_id,
+        "ts": rfc3339(time.time()),
+        "latency_s": micros(time.perf_counter() - call.t0),
+        "model": call.model,
+        "route": call.route,
+        "stream": call.stream,
+        "status": call.status,
+        "http_status": call.http_status,
+        **call.dialect.log_fields(call.conversation or [], 0),
+        "response": reply.get("message"),
+        "finish_reason": reply.get("finish_reason"),
+        "usage": reply.get("usage"),
+        "charged": False,
+    }
 
 
 def probe_record(call: ModelCall, reply: dict[str, Any]) -> dict[str, Any]:

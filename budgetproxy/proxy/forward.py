@@ -13,7 +13,7 @@ from typing import Any
 import orjson
 
 from budgetproxy.config import Config, UpstreamConfig
-from budgetproxy.core import axes, disclosure
+from budgetproxy.core import axes, compaction, disclosure
 from budgetproxy.core.budget import tier_label
 from budgetproxy.core.episode import EpisodeState, Grant, GrantKind, SettleResult
 from budgetproxy.core.fingerprint import Fingerprint
@@ -22,6 +22,7 @@ from budgetproxy.core.forwarded_headers import HeaderPolicy
 from budgetproxy.core.keys import KeyRing, Principal
 from budgetproxy.core.paths import wire_query
 from budgetproxy.core.prices import PriceTable
+from budgetproxy.core.replays import Replays
 from budgetproxy.core.spec import EpisodeSpec, SpecError, new_episode
 from budgetproxy.core.tenants import TENANT_HEADER, local_id, qualified, tenant_for, tenant_of
 from budgetproxy.core.usage import token_counts
@@ -47,6 +48,7 @@ from budgetproxy.proxy.asgi import (
 from budgetproxy.proxy.calls import (
     PROBE_HEADER,
     ModelCall,
+    compaction_record,
     probe_record,
     turn_hash,
     turn_record,
@@ -112,6 +114,12 @@ class ModelCalls:
         self.keys = KeyRing.of(config.auth)
         self.uncounted = tuple(config.episodes.uncounted_models)
         self.uncounted_prompts = frozenset(p.strip() for p in config.episodes.uncounted_prompts)
+        presets = config.episodes.compaction_marks()
+        self.compaction_marks = {kind: compaction.recognisers(presets, kind)
+                                 for kind in ("chat", "completions", "responses", "messages")}
+        self.compaction_free = config.episodes.compaction == "free"
+        # The last choice of earlier texts to re-apply, per recent episode (core/replays.py).
+        self.replays = Replays()
         self.budget_cfg = config.budget
         self.disc_cfg = config.disclosure
         self.finish_texts = config.budget.finish_texts.model_dump()
@@ -261,16 +269,20 @@ class ModelCalls:
         if counted and self.uncounted_prompts and (
                 lone_text(conversation, dialect.heads) in self.uncounted_prompts):
             counted = False  # a capability probe, not a turn of the task
+        marks = self.compaction_marks.get(dialect.kind)
+        if counted and marks and compaction.is_compaction(conversation, marks):
+            call.compaction = True  # a CLI shortening its history: no step of the task
+            counted = not self.compaction_free
         call.episode_id = eid
         if not counted:
-            if self.metrics is not None:
+            if self.metrics is not None and not call.compaction:
                 m = self.metrics
                 m.child(m.calls_without_episode, call.route).inc()
             if probe is not None:
                 call.probe = probe.decode("latin-1")
             await self._forward(call, upstream, headers, body, payload, receive, send,
-                                conversation=None if probe is None else dialect.conversation(
-                                    payload))
+                                conversation=conversation if call.compaction
+                                else None if probe is None else dialect.conversation(payload))
             return
         assert eid is not None
         call.previous_response = dialect.continues(payload)
@@ -317,9 +329,11 @@ class ModelCalls:
             template = cfg.template
             if st.arm is not None and self.experiments is not None:
                 template = self.experiments.template_of(st) or template
+            chosen = (self.replays.replayable(eid, grant.disclosed_at, call.prints)
+                      if keep and call.prints is not None else None)
             text, again = disclosure.texts(
-                template, grant.turn, st.budget, st.announced_budget, grant.disclosed_at,
-                call.prints if keep else None, fields=fields, told=st.told)
+                template, grant.turn, st.budget, st.announced_budget, chosen=chosen,
+                fields=fields, told=st.told)
             if fields is not None and keep:
                 await axis_calls.keep_told(self.store, eid, grant.turn, text)
             call.disclosure_text = text
@@ -607,6 +621,8 @@ class ModelCalls:
                     await self._closed(call, closing)
             if call.probe is not None and self.recorder.keeps_turns:
                 await self.recorder.probe(probe_record(call, reply))
+            elif call.compaction and call.grant is None and self.recorder.writes_turns:
+                await self.recorder.probe(compaction_record(call, reply))
             if call.ended is not None:  # after its last turn's record
                 await self.recorder.episode_ended(call.ended)
             if call.span is not None and call.span.sampled:

@@ -68,7 +68,7 @@ def _make_store(config: Config) -> EpisodeStore:
         return store
     from budgetproxy.store.memory import MemoryStore
 
-    return MemoryStore()
+    return MemoryStore(max_retained=config.episodes.max_retained)
 
 
 def _make_groups(config: Config) -> GroupStore:
@@ -137,6 +137,7 @@ class BudgetProxy:
     ) -> None:
         self.config = config
         self.store = store if store is not None else _make_store(config)
+        self._evicted_seen = 0  # evictions already counted in the metric (the sweep adds more)
         if sink is None:
             t = config.trajectories
             sink = (
@@ -355,6 +356,10 @@ class BudgetProxy:
                 if self.metrics is not None:
                     self.metrics.queue_depth.set(self.sink.depth())
                     self.metrics.store_degraded.set(0)
+                    evicted = getattr(self.store, "evicted", None)  # the memory store's count
+                    if isinstance(evicted, int) and evicted > self._evicted_seen:
+                        self.metrics.retained_evictions.inc(evicted - self._evicted_seen)
+                        self._evicted_seen = evicted
             except StoreUnavailable:
                 if self.metrics is not None and self.config.store.on_unavailable == "fail_open":
                     self.metrics.store_degraded.set(1)

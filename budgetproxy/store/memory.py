@@ -1,10 +1,11 @@
 """In-memory episode store for one process: each operation runs without awaiting, so atomically.
 
-Memory stays bounded by the episode rate, not by uptime: a finished episode is compacted (the
-accounting fields only live turns need are dropped) and kept in end order for `retention_s`;
-after that only a hash of its id is remembered, for `remember_s` and at most `MAX_REMEMBERED`
-ids (`ForgottenIds`). The sweep pops expired entries from the front instead of
-scanning every episode it ever saw.
+Memory stays bounded by the episode rate, not by uptime: a finished episode is packed into
+one tuple of what reads and late calls need (core/retained.py, under 1 KiB) and kept in end
+order for `retention_s`, and at most `max_retained` of them (oldest evicted first); after that
+only a hash of its id is remembered, for `remember_s` and at most `MAX_REMEMBERED` ids
+(`ForgottenIds`), so a call naming it is still refused. The sweep pops expired entries from the
+front instead of scanning every episode it ever saw.
 """
 
 from __future__ import annotations
@@ -24,25 +25,19 @@ from budgetproxy.core.episode import (
     reserve,
     settle,
 )
+from budgetproxy.core.retained import KEPT, Retained, pack, unpack
 from budgetproxy.store.base import FinishOutcome, TurnClose, TurnOpen
 
 REMEMBER_S = 30 * 86400  # how long a forgotten episode's id still refuses calls (as Redis)
 MAX_REMEMBERED = 500_000  # and at most this many of them (oldest forgotten first)
 
 
+_ENDED_AT = KEPT.index("ended_at")
+
+
 def _forgotten_state(episode_id: str) -> EpisodeState:
     return EpisodeState(episode_id=episode_id, budget=0, max_turns=None, disclosure="hidden",
                         status="finished")
-
-
-def _compact(st: EpisodeState) -> None:
-    """Drop what only a live episode needs; the view and outcome checks keep working."""
-    st.disclosed_at = []
-    st.last_hash = None
-    st.messages_seen = 0
-    st.messages_digest = None
-    st.metadata = {}
-    st.told = None
 
 
 class ForgottenIds:
@@ -117,20 +112,33 @@ class MemoryStore:
     record) until the last of them settles.
     """
 
-    def __init__(self, remember_s: float = REMEMBER_S) -> None:
+    def __init__(self, remember_s: float = REMEMBER_S, max_retained: int | None = None) -> None:
         self._active: dict[str, EpisodeState] = {}
-        self._finished: OrderedDict[str, EpisodeState] = OrderedDict()
+        self._finished: OrderedDict[str, Retained] = OrderedDict()
         self._forgotten = ForgottenIds(remember_s)
         self._finish_replies: dict[str, int] = {}  # final replies given, by active episode
+        self.max_retained = max_retained
+        self.evicted = 0  # finished episodes forgotten early for max_retained (a metric reads it)
 
     def _lookup(self, episode_id: str) -> EpisodeState | None:
-        return self._active.get(episode_id) or self._finished.get(episode_id)
+        st = self._active.get(episode_id)
+        if st is not None:
+            return st
+        packed = self._finished.get(episode_id)
+        return unpack(packed) if packed is not None else None
 
     def _ended(self, st: EpisodeState) -> None:
-        del self._active[st.episode_id]
-        self._finish_replies.pop(st.episode_id, None)
-        _compact(st)
-        self._finished[st.episode_id] = st
+        eid = st.episode_id
+        del self._active[eid]
+        self._finish_replies.pop(eid, None)
+        finished = self._finished
+        finished[eid] = pack(st)
+        cap = self.max_retained
+        if cap is not None:
+            while len(finished) > cap:  # the oldest first; its id keeps refusing calls
+                old, _ = finished.popitem(last=False)
+                self._forgotten.add(old, st.ended_at or 0.0)
+                self.evicted += 1
 
     async def open_turn(
         self,
@@ -178,6 +186,11 @@ class MemoryStore:
         st = self._lookup(episode_id)
         if st is None:
             return TurnClose(False, None)
+        if episode_id in self._finished:  # a turn in flight when the process stopped
+            refunded = settle(st, grant, result, now, count_failed=count_failed, spend=spend,
+                              timed_out=timed_out)
+            self._finished[episode_id] = pack(st)
+            return TurnClose(refunded, None, False, None)
         pending = st.end_pending
         refunded = settle(st, grant, result, now, count_failed=count_failed, spend=spend,
                           timed_out=timed_out)
@@ -236,9 +249,11 @@ class MemoryStore:
                 ended.append(st.snapshot())
                 self._ended(st)
         finished, forgotten = self._finished, self._forgotten
+        ended_at = _ENDED_AT
         while finished:
-            eid, st = next(iter(finished.items()))
-            if st.ended_at is not None and now - st.ended_at < retention_s:
+            eid, packed = next(iter(finished.items()))
+            at = packed[ended_at]
+            if at is not None and now - at < retention_s:
                 break
             finished.popitem(last=False)
             forgotten.add(eid, now)

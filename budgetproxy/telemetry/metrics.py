@@ -213,6 +213,12 @@ class Metrics:
             registry=registry,
             multiprocess_mode="livesum",
         )
+        self.retained_evictions = Counter(
+            "budgetproxy_retained_evictions",
+            "Finished episodes the memory store forgot early for episodes.max_retained "
+            "(their ids still refuse calls).",
+            registry=registry,
+        )
         self.calls_without_episode = Counter(
             "budgetproxy_calls_without_episode",
             "Model calls forwarded with no episode id (or to an uncounted model).",

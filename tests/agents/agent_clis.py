@@ -165,12 +165,13 @@ def codex_exec(base_url: str, home: Path, prompt: str, *, model: str = "m1",
 
 def claude_print(base_url: str, home: Path, prompt: str, *, session_id: str,
                  model: str = "claude-sonnet-4-5", timeout: float = 60.0,
-                 trace: Path | None = None) -> Run:
+                 trace: Path | None = None, tools: str = "Read", resume: bool = False) -> Run:
     """`claude -p PROMPT` with ANTHROPIC_BASE_URL=`base_url`, Read as its only tool (the fake
-    upstream calls the first tool it is offered), and `session_id` as its session id (what it
-    sends as X-Claude-Code-Session-Id); under strace, as for `codex_exec`."""
+    upstream calls the first tool it is offered; `tools=""`: none), and `session_id` as its
+    session id (what it sends as X-Claude-Code-Session-Id), a new session or (`resume`) the
+    one saved under `home`; under strace, as for `codex_exec`."""
     env = {**CLAUDE_ENV, "ANTHROPIC_BASE_URL": base_url,
            "CLAUDE_CONFIG_DIR": str(home / ".claude")}
-    argv = [str(cli("claude")), "-p", "--model", model, "--tools=Read",
-            "--session-id", session_id, prompt]
+    argv = [str(cli("claude")), "-p", "--model", model, f"--tools={tools}",
+            "--resume" if resume else "--session-id", session_id, prompt]
     return _run(argv, home, env, timeout, trace)

@@ -14,6 +14,7 @@ from agent_clis import claude_print, connections, ensure_clis, proxy_address
 from conftest import Proxy, ProxyFactory, new_id
 
 from budgetproxy.config import FinishTexts
+from budgetproxy.core.fingerprint import canonical
 from budgetproxy.testing import FakeUpstream
 
 EXHAUSTED_TEXT = FinishTexts().turns
@@ -102,3 +103,42 @@ def test_reject_mode_stops_at_once_saying_the_budget_is_spent(
     assert rejected == rejecting.records(type="turn", episode_id=sid, status="rejected")
     assert [r["http_status"] for r in rejected] == [400]
     assert len(sent_upstream(upstream, sid)) == 1
+
+
+def test_a_resumed_and_compacted_session_keeps_its_texts_and_an_append_only_prompt(
+    rejecting: Proxy, upstream: FakeUpstream, tmp_path: Path
+) -> None:
+    """Several prompts in one session (each `claude -p --resume`), then /compact, then more:
+    every upstream prompt extends the one before it (cache markers and content shapes aside)
+    until the compaction rewrites the history, no earlier turn's text is dropped, and the
+    compaction call is free (claude_code preset, episodes.compaction: free) and untold."""
+    sid = str(uuid.uuid4())
+    open_episode(rejecting, 10, sid)
+    prompts = ["first prompt", "second prompt", "third prompt", "/compact", "after compact"]
+    for i, prompt in enumerate(prompts):
+        run = claude_print(rejecting.url, tmp_path, prompt, session_id=sid, tools="",
+                           resume=i > 0, timeout=120)
+        assert run.returncode == 0, run.output
+    mine = sent_upstream(upstream, sid)  # (its metadata names the session)
+    assert len(mine) == 5, len(mine)
+    flat = [canonical(unmarked(r["messages"])) for r in mine]
+    told = [f"Turn {t} of 10." for t in range(1, 5)]
+    breaks = [t for t in (1, 2) if flat[t][: len(flat[t - 1])] != flat[t - 1]]
+    assert breaks == [], f"append-only broken before turns {[t + 1 for t in breaks]}"
+    # (the fake upstream echoes the prompt: its replies hold the texts too)
+    asked = str([m for m in flat[2] if m["role"] == "user"])
+    dropped = [t + 1 for t in range(3) if asked.count(told[t]) != 1]
+    assert dropped == [], f"texts of turns {dropped} dropped from the third prompt"
+    assert "[Turn budget]" not in str(mine[3]["messages"][-1])  # the compaction: untold
+    assert told[3] in str(mine[4]["messages"][-1])  # after it: turn 4, on the summary
+    assert rejecting.episode(sid)["turns_used"] == 4
+    (rec,) = rejecting.wait_records(1, type="compaction", episode_id=sid)
+    assert rec["charged"] is False and rec["http_status"] == 200
+
+
+def unmarked(value: Any) -> Any:
+    if isinstance(value, list):
+        return [unmarked(v) for v in value]
+    if isinstance(value, dict):
+        return {k: unmarked(v) for k, v in value.items() if k != "cache_control"}
+    return value

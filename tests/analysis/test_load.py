@@ -272,3 +272,14 @@ def test_last_record_wins_across_parquet_and_jsonl_in_the_order_given(tmp_path: 
 
     assert successes(tmp_path / "lost.jsonl", episodes_file) == 2  # the Parquet file is later
     assert successes(episodes_file, tmp_path / "lost.jsonl") == 0
+
+
+def test_compaction_and_probe_records_are_passed_over_not_bad(tmp_path: Path, con: Any) -> None:
+    compaction = {"schema": 1, "type": "compaction", "episode_id": "a", "charged": False,
+                  "request_messages": [], "response": None}
+    probe = {"schema": 1, "type": "probe", "probe_id": "p", "request_messages": []}
+    path = tmp_path / "log.jsonl"
+    path.write_text(lines([turn("a", 1), episode("a")]) + json.dumps(compaction) + "\n"
+                    + json.dumps(probe) + "\n")
+    summary = read(con, path)
+    assert (summary.turn_records, summary.episode_records, summary.skipped) == (1, 1, 0)

@@ -34,10 +34,14 @@ texts = st.text(min_size=1, max_size=30)
 
 
 def appended(message: dict[str, Any], text: str) -> dict[str, Any]:
-    """docs/disclosure.md: append "\\n\\n" + text; a new text part when content is a list
-    of parts."""
+    """docs/disclosure.md: append "\\n\\n" + text (to the text of a list holding one text
+    part too); a new text part when content is a list of other parts."""
     out = dict(message)
-    if isinstance(message["content"], list):
+    content = message["content"]
+    if isinstance(content, list) and len(content) == 1:
+        lone = content[0]["text"]
+        out["content"] = [{**content[0], "text": lone + "\n\n" + text if lone else text}]
+    elif isinstance(content, list):
         out["content"] = [*message["content"], {"type": "text", "text": text}]
     else:
         out["content"] = message["content"] + "\n\n" + text
@@ -203,12 +207,16 @@ def test_earlier_texts_go_back_where_they_were() -> None:
     msgs = [
         {"role": "user", "content": "a"},
         {"role": "assistant", "content": "b"},
-        {"role": "user", "content": [{"type": "text", "text": "c"}]},
+        {"role": "user", "content": [{"type": "text", "text": "c"}, {"type": "text", "text": "d"}]},
     ]
     out = disclosure.apply(msgs, "last_message", "T2", [(0, "T1")])
     assert out[0] == {"role": "user", "content": "a\n\nT1"}
     assert out[1] is msgs[1]
-    assert out[2]["content"] == [{"type": "text", "text": "c"}, {"type": "text", "text": "T2"}]
+    assert out[2]["content"] == [*msgs[2]["content"], {"type": "text", "text": "T2"}]
+    # One text part takes the text as a string would: the same text in either shape.
+    one = [{"role": "user", "content": [{"type": "text", "text": "a", "cache_control": {}}]}]
+    assert disclosure.apply(one, "last_message", "T1")[0]["content"] == [
+        {"type": "text", "text": "a\n\nT1", "cache_control": {}}]
     # An index that no longer fits (the client rewrote its history) is skipped.
     assert disclosure.apply(msgs[:1], "last_message", "T2", [(5, "T1")]) == [
         {"role": "user", "content": "a\n\nT2"}

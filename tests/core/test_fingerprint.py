@@ -77,3 +77,22 @@ def test_extends_each_agrees_with_extends_one_by_one(sizes: list[int], data: Any
     order = data.draw(st.permutations(digests))
     checked = [Fingerprint(msgs).extends(d) for d in order]
     assert Fingerprint(msgs).extends_each(order) == checked
+
+
+@given(before=conversations, after=st.lists(message, max_size=3), data=st.data())
+def test_string_content_and_one_text_block_are_the_same_message(
+    before: list[Any], after: list[Any], data: st.DataObject
+) -> None:
+    """Flipping any earlier message between a string and one text block (annotations and
+    all) keeps the conversation an extension of the earlier one."""
+    flipped = []
+    for m in before:
+        if isinstance(m["content"], str) and data.draw(st.booleans()):
+            block = {"type": data.draw(st.sampled_from(["text", "input_text"])),
+                     "text": m["content"]}
+            if data.draw(st.booleans()):
+                block["cache_control"] = {"type": "ephemeral"}
+            m = {**m, "content": [block]}
+        flipped.append(m)
+    assert Fingerprint([*flipped, *after]).extends(Fingerprint(before).digest())
+    assert Fingerprint([*before, *after]).extends(Fingerprint(flipped).digest())

@@ -33,11 +33,15 @@ def test_responses_string_input_gets_the_text_appended() -> None:
 
 
 def test_responses_last_message_joins_the_last_message_item_as_an_input_text_part() -> None:
-    items = [{"role": "user", "content": [{"type": "input_text", "text": "a"}]}]
+    parts = [{"type": "input_text", "text": "a"}, {"type": "input_image", "image_url": "u"}]
+    items = [{"role": "user", "content": parts}]
     out = place(RESPONSES, {"model": "m", "input": items}, "last_message")
-    assert out["input"][0]["content"] == [{"type": "input_text", "text": "a"},
-                                          {"type": "input_text", "text": T}]
-    assert items[0]["content"] == [{"type": "input_text", "text": "a"}]  # the client's intact
+    assert out["input"][0]["content"] == [*parts, {"type": "input_text", "text": T}]
+    assert items[0]["content"] == parts  # the client's intact
+    # One text part takes the text into its own, as a string content would.
+    one = [{"role": "user", "content": [{"type": "input_text", "text": "a"}]}]
+    out = place(RESPONSES, {"model": "m", "input": one}, "last_message")
+    assert out["input"][0]["content"] == [{"type": "input_text", "text": "a\n\n" + T}]
 
 
 def test_responses_after_a_function_call_output_the_text_joins_the_output() -> None:

@@ -128,3 +128,17 @@ async def test_shutdown_records_an_ending_still_waiting_for_its_turns() -> None:
         assert not closed.ended and closed.state is None  # a turn-only call's: no snapshot
         after = await store.get(eid)
         assert after is not None and after.turns_used == 1
+
+
+async def test_max_retained_evicts_the_oldest_whose_ids_keep_refusing_calls() -> None:
+    store = MemoryStore(remember_s=1000, max_retained=2)
+    for i, eid in enumerate(["a", "b", "c"]):
+        await _turn(store, eid, float(i))
+        await store.finish(eid, None, float(i) + 0.5)
+    assert store.evicted == 1
+    assert await store.get("a") is None and await store.is_known("a")
+    assert (await store.get("b")) is not None and (await store.get("c")) is not None
+    refused = await store.open_turn("a", lambda: _fresh("a"), "new body", 9.0, free_retries=2,
+                                    message_count=1, disclosure_index=None)
+    assert refused.grant.kind is GrantKind.FINISHED  # eviction never reopens a budget
+    assert not await store.create(_fresh("a"))

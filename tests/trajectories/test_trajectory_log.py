@@ -263,10 +263,13 @@ def test_content_none_leaves_texts_out_and_keeps_lengths(
     assert first["request_messages"][0]["content"] == {"length": len(secret_text)}
     part = first["request_messages"][1]["content"][0]
     assert part["type"] == "text" and part["text"] == {"length": len("part text")}
+    # (a lone text part takes the disclosure text into its own text, as a string would)
     upstream_text = upstream.requests[-2].json["messages"][-1]["content"][-1]["text"]
-    assert first["disclosure"]["text"] == {"length": len(upstream_text)}
+    assert upstream_text.startswith("part text\n\n")
+    told = upstream_text.removeprefix("part text\n\n")
+    assert first["disclosure"]["text"] == {"length": len(told)}
     # (the fake answers "echo: " + the text parts of the last message, joined)
-    assert first["response"]["content"] == {"length": len("echo: part text" + upstream_text)}
+    assert first["response"]["content"] == {"length": len("echo: " + upstream_text)}
     call = second["response"]["tool_calls"][0]
     assert call["function"]["name"] == "move"
     assert call["function"]["arguments"] == {"length": len('{"where":"fake"}')}

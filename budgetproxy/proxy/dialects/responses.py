@@ -49,7 +49,10 @@ def _append(item: Any, text: str) -> Any:
     out = dict(item)
     key = "output" if item.get("type") in _TOOL_OUTPUTS else "content"
     value = item.get(key)
-    if isinstance(value, list):
+    one = disclosure.joined(value, text) if isinstance(value, list) else None
+    if one is not None:
+        out[key] = one
+    elif isinstance(value, list):
         out[key] = [*value, {"type": "input_text", "text": text}]
     elif isinstance(value, str) and value:
         out[key] = value + "\n\n" + text

@@ -1,0 +1,204 @@
+"""Long episodes: the proxy's CPU per call with an episode against forwarding the same bodies
+without one, as the history grows.
+
+An episode's conversation grows by one user and one assistant message a turn (400-character
+messages by default; the disclosed arm, last_message placement, `history: keep`, trajectories
+and metrics on). For each history length, the episode is played up to that many turns; over
+its last `--measured` turns each body is sent twice, with the episode's id and without any
+(forwarded untouched), in alternating order, and the proxy process's own CPU time (utime +
+stime of every thread, from /proc/PID/task/*/schedstat, nanoseconds) is read around each
+call after the proxy has gone quiet. The ratio is the episode calls' CPU over the same
+bodies' forwarding CPU. One run, one proxy per store (memory, and Redis when redis-server is
+installed: a private instance on a free port).
+
+    python bench/long_episodes.py                       # 10, 50, 200, 400 turns, plus ~400 KB
+    python bench/long_episodes.py --turns 10,50 --stores memory
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+import httpx
+import orjson
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+import targets as tg  # noqa: E402
+
+CONFIG = """\
+budget: {{default_turns: 1000000}}
+disclosure: {{mode: disclosed, placement: last_message, history: keep}}
+server: {{forward_headers: [x-fake-*], max_body_bytes: 67108864}}
+{store}
+"""
+WORDS = ("the test fails because the parser reads one byte past the end of the buffer when "
+         "a chunk ends inside a multi-byte character so we keep the tail and retry ").split()
+
+
+def text(i: int, size: int) -> str:
+    """A message of `size` characters, different for every i."""
+    out, k = [f"[{i}]"], i
+    while sum(len(w) + 1 for w in out) < size:
+        out.append(WORDS[k % len(WORDS)])
+        k = k * 7 + 3
+    return " ".join(out)[:size]
+
+
+def bodies(turns: int, size: int) -> list[bytes]:
+    """The chat body of each turn: a system prompt, then turn-many user messages with the
+    assistant's replies between them."""
+    messages: list[dict[str, str]] = [{"role": "system", "content": text(0, size)}]
+    out = []
+    for t in range(1, turns + 1):
+        messages.append({"role": "user", "content": text(2 * t, size)})
+        out.append(orjson.dumps({"model": "m1", "max_tokens": 16, "messages": messages}))
+        messages.append({"role": "assistant", "content": text(2 * t + 1, size)})
+    return out
+
+
+def cpu_ns(pid: int) -> int:
+    """CPU time of every thread of `pid`, in nanoseconds."""
+    total = 0
+    for task in Path(f"/proc/{pid}/task").iterdir():
+        try:
+            total += int((task / "schedstat").read_text().split()[0])
+        except (OSError, ValueError, IndexError):
+            continue
+    return total
+
+
+def measured_call(client: httpx.Client, pid: int, body: bytes, headers: dict[str, str],
+                  settle_s: float) -> int:
+    """The proxy's CPU for one call: read before, and once its work after the answer (the
+    record, the settle) has had time to run."""
+    before = cpu_ns(pid)
+    r = client.post("/v1/chat/completions", content=body, headers=headers)
+    if r.status_code != 200:
+        raise SystemExit(f"HTTP {r.status_code}: {r.text[:300]}")
+    time.sleep(settle_s)
+    return cpu_ns(pid) - before
+
+
+def run_store(store: str, url: str, pid: int, rows: list[tuple[int, int]], measured: int,
+              settle_s: float) -> list[dict[str, Any]]:
+    out = []
+    with httpx.Client(base_url=url, timeout=60.0) as client:
+        plain = {"content-type": "application/json"}
+        for n, (turns, size) in enumerate(rows):
+            eid = f"long-{store}-{n}-{time.time_ns()}"
+            episode = {**plain, "X-Episode-Id": eid}
+            seq = bodies(turns, size)
+            ep_ns = fwd_ns = 0
+            for t, body in enumerate(seq, 1):
+                if t <= turns - measured:  # growing the episode to its length
+                    r = client.post("/v1/chat/completions", content=body, headers=episode)
+                    if r.status_code != 200:
+                        raise SystemExit(f"HTTP {r.status_code}: {r.text[:300]}")
+                    continue
+                pair = [(episode, True), (plain, False)]
+                if t % 2:
+                    pair.reverse()
+                for headers, is_episode in pair:
+                    ns = measured_call(client, pid, body, headers, settle_s)
+                    if is_episode:
+                        ep_ns += ns
+                    else:
+                        fwd_ns += ns
+            calls = min(measured, turns)
+            row = {"store": store, "turns": turns, "message_chars": size,
+                   "last_body_bytes": len(seq[-1]), "calls": calls,
+                   "episode_us_per_call": round(ep_ns / calls / 1000, 1),
+                   "forward_us_per_call": round(fwd_ns / calls / 1000, 1),
+                   "ratio": round(ep_ns / fwd_ns, 3) if fwd_ns else None}
+            print(f"{store:7} {turns:4} turns  {len(seq[-1]) / 1000:7.0f} KB  episode "
+                  f"{row['episode_us_per_call']:8.1f} us  forwarding "
+                  f"{row['forward_us_per_call']:8.1f} us  {row['ratio']}x", flush=True)
+            out.append(row)
+    return out
+
+
+def start_redis(workdir: Path) -> tuple[subprocess.Popen[bytes], str]:
+    port = tg.free_port()
+    proc = tg.spawn(["redis-server", "--port", str(port), "--save", "", "--appendonly", "no",
+                     "--bind", "127.0.0.1"], workdir / "redis.log", core=tg.CLIENT_CORE)
+    for _ in range(100):
+        done = subprocess.run(["redis-cli", "-p", str(port), "ping"], capture_output=True,
+                              text=True, check=False)
+        if done.stdout.strip() == "PONG":
+            return proc, f"redis://127.0.0.1:{port}/0"
+        time.sleep(0.1)
+    raise SystemExit("redis-server did not start")
+
+
+def start_proxy(workdir: Path, upstream: str, store: str) -> tuple[subprocess.Popen[bytes], str]:
+    port = tg.free_port()
+    config = workdir / f"proxy-{port}.yaml"
+    config.write_text(CONFIG.format(store=f"store: {{kind: redis, url: '{store}'}}"
+                                    if store.startswith("redis") else ""))
+    argv = [sys.executable, "-m", "budgetproxy", "serve", "--port", str(port), "--config",
+            str(config), "--upstream", upstream, "--log-dir", str(workdir / f"traj-{port}")]
+    proc = tg.spawn(argv, workdir / f"proxy-{port}.log", {"PYTHONPATH": str(tg.REPO_DIR)},
+                    cwd=workdir)
+    target = tg.Target("budgetproxy", "", f"http://127.0.0.1:{port}/v1", proc=proc)
+    if not tg.wait_ready(target, 60):
+        raise SystemExit(f"proxy did not start: {target.skip}")
+    return proc, f"http://127.0.0.1:{port}"
+
+
+def main() -> int:
+    p = argparse.ArgumentParser(description=__doc__,
+                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--turns", default="10,50,200,400", help="history lengths (turns)")
+    p.add_argument("--message-chars", type=int, default=400)
+    p.add_argument("--large", default="50:4000",
+                   help="one more row TURNS:CHARS with large contexts (~400 KB); '' for none")
+    p.add_argument("--measured", type=int, default=20, help="calls measured per length")
+    p.add_argument("--settle-ms", type=float, default=15.0,
+                   help="wait after each measured call before reading the proxy's CPU")
+    p.add_argument("--stores", default="memory,redis")
+    args = p.parse_args()
+    rows = [(int(t), args.message_chars) for t in args.turns.split(",") if t]
+    if args.large:
+        t, _, c = args.large.partition(":")
+        rows.append((int(t), int(c)))
+    results: list[dict[str, Any]] = []
+    with tempfile.TemporaryDirectory(prefix="bp-long-") as tmp:
+        workdir = Path(tmp)
+        upstream = tg.start_upstream(workdir, 4, 0.0)
+        procs: list[subprocess.Popen[bytes] | None] = [upstream.proc]
+        try:
+            for store in args.stores.split(","):
+                url = "memory"
+                if store == "redis":
+                    if shutil.which("redis-server") is None:
+                        print("redis: skipped (redis-server not installed)")
+                        continue
+                    redis, url = start_redis(workdir)
+                    procs.append(redis)
+                proxy, base = start_proxy(workdir, upstream.base_url, url)
+                procs.append(proxy)
+                results += run_store(store, base, proxy.pid, rows, args.measured,
+                                     args.settle_ms / 1000)
+                tg.stop(proxy)
+        finally:
+            for proc in procs:
+                tg.stop(proc)
+    out = tg.REPO_DIR / "bench" / "results"
+    out.mkdir(parents=True, exist_ok=True)
+    path = out / f"long-episodes-{time.strftime('%Y%m%dT%H%M%SZ', time.gmtime())}.json"
+    path.write_text(json.dumps({"args": vars(args), "rows": results}, indent=1))
+    print(f"results: {path}")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
