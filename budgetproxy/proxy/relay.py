@@ -48,45 +48,25 @@ async def relay_stream(
     `ends` tells the event that ends the stream in its API (chat's `[DONE]`, Messages'
     `message_stop`).
 
-    The relay and a watcher for the client's disconnect run as one task group (Starlette's
-    StreamingResponse shape): whichever ends first cancels the other, and nothing cancels the
-    calling task. A client disconnect cancels the upstream read at once. On a break before
-    any event was sent, nothing has been sent at all, so the caller can still answer with an
-    error. A cancellation of the calling task (the server's shutdown deadline, a time budget)
-    cancels both and propagates.
+    A client disconnect cancels the upstream read at once. On a break before any event was
+    sent, nothing has been sent at all, so the caller can still answer with an error.
     """
     out = Relayed()
-    try:
-        async with asyncio.TaskGroup() as group:
-            relay = group.create_task(
-                _relay(resp, send, head, out, drop_usage, ends, transform))
-            watcher = group.create_task(_watch(receive, relay))
-            relay.add_done_callback(lambda _: watcher.cancel())
-    except BaseExceptionGroup as failed:  # (a fault in the relay: raised as itself)
-        raise failed.exceptions[0] from None
-    if relay.cancelled():  # by the watcher: the client hung up
-        # A client that hangs up once it has the last event got the whole answer.
-        out.end = StreamEnd.COMPLETE if out.done_sent else StreamEnd.CLIENT_GONE
-    return out
-
-
-async def _watch(receive: Receive, relay: asyncio.Task[None]) -> None:
-    """Wait for the client's disconnect and cancel the relay then; cancelled when it ends."""
-    while True:
-        msg = await receive()
-        if msg["type"] == "http.disconnect":
-            relay.cancel()
-            return
-
-
-async def _relay(
-    resp: UpstreamResponse, send: Send, head: list[tuple[bytes, bytes]], out: Relayed,
-    drop_usage: bool, ends: Callable[[bytes], bool],
-    transform: Callable[[bytes], bytes | None] | None,
-) -> None:
-    """Pass the events on, noting on `out` what reached the client; an upstream failure ends
-    the response where it stands (`StreamEnd.BROKEN`)."""
     splitter = EventSplitter()
+    task = asyncio.current_task()
+    gone = False
+
+    async def watch() -> None:
+        nonlocal gone
+        while True:
+            msg = await receive()
+            if msg["type"] == "http.disconnect":
+                gone = True
+                if task is not None:
+                    task.cancel()
+                return
+
+    watcher = asyncio.create_task(watch())
     try:
         async for data in resp.iter_any():
             chunk = []
@@ -118,8 +98,18 @@ async def _relay(
             out.started = True
             await send({"type": "http.response.start", "status": 200, "headers": head})
         await send({"type": "http.response.body", "body": rest, "more_body": False})
+    except asyncio.CancelledError:
+        if not gone:
+            raise
+        # A client that hangs up once it has the last event got the whole answer.
+        out.end = StreamEnd.COMPLETE if out.done_sent else StreamEnd.CLIENT_GONE
     except (TimeoutError, aiohttp.ClientError, OSError):
         out.end = StreamEnd.BROKEN
         if out.started:
             with contextlib.suppress(Exception):
                 await send({"type": "http.response.body", "body": b"", "more_body": False})
+    finally:
+        watcher.cancel()
+        if gone and task is not None:
+            task.uncancel()
+    return out
