@@ -399,7 +399,12 @@ def strip_event(event: bytes, cap: Capture) -> bytes | None:
     """A stream event as the client would get it without capture; None: the server would not
     have sent it (vLLM sends a chunk with no text only to carry token ids or logprobs)."""
     out = strip(event, cap)
-    if _EMPTY_DELTA.search(out) is not None and _NULL_FINISH.search(out) is not None:
+    # Compact JSON is told by its bytes (a delta's first member begins with a quote); spaced
+    # JSON by the patterns.
+    at = out.find(b'"delta":{')
+    after = out[at + 9:at + 10] if at >= 0 else b""
+    if (after == b"}" or (after != b'"' and _EMPTY_DELTA.search(out) is not None)) and (
+            out.find(b'"finish_reason":null') >= 0 or _NULL_FINISH.search(out) is not None):
         data = event_data(out)
         try:
             obj = orjson.loads(data) if data is not None else None
