@@ -304,6 +304,11 @@ BUDGETPROXY_VARIANTS: dict[str, tuple[str, bool, str | None]] = {
         True,
         "disclosure: {mode: disclosed, placement: last_message, history: keep}\n",
     ),
+    "bp+episodes-stream": (
+        "episodes, disclosed, every call streamed (the upstream answers 4 content chunks)",
+        True,
+        "disclosure: {mode: disclosed, placement: last_message, history: keep}\n",
+    ),
     "bp+episodes-aiohttp": (
         "ablation: episodes, disclosed, model calls sent upstream with aiohttp "
         "(upstreams[].http_client: aiohttp)",
@@ -435,6 +440,8 @@ def start_budgetproxy(
         target.headers = "X-Fake-Token-Server: vllm"  # what vLLM answers when asked for them
     if variant == "bp+episodes-tokenfields":
         target.body_fields = '"return_token_ids":true,"logprobs":true'
+    if variant == "bp+episodes-stream":
+        target.body_fields = '"stream":true'
     # The row's own source first on the path, and the server started from the run's temp dir:
     # `python -m` puts the working directory before PYTHONPATH, so a row at another revision
     # started from the repository would import the working tree's package instead.

@@ -129,3 +129,37 @@ def test_the_readme_sends_each_client_to_the_page_that_covers_it() -> None:
         assert not missing, f"{part.strip()[:120]!r}: {missing} not on {[p.name for p in pages]}"
         checked += 1
     assert checked >= 2
+
+
+def test_the_architecture_map_names_files_and_functions_that_exist() -> None:
+    """docs/architecture.md names the package's files, functions and classes: each file it
+    names exists, each name given right after a file is defined in that file, each
+    `Class.member` is defined in the file of that class, and each private `_function` is
+    defined in the package. A rename the map does not follow fails here, naming it."""
+    text = (REPO / "docs" / "architecture.md").read_text(encoding="utf-8")
+    pkg = REPO / "budgetproxy"
+    sources = {p.relative_to(pkg).as_posix(): p.read_text(encoding="utf-8")
+               for p in pkg.rglob("*.py")}
+
+    def defines(src: str, name: str) -> bool:
+        return re.search(rf"^\s*(?:async def|def|class) {name}\b|^\s*{name}\s*[:=]"
+                         rf"|self\.{name}\s*[:=]", src, re.M) is not None
+
+    wrong = []
+    for path in re.findall(r"`((?:\w+/)+[\w.]+\.(?:py|lua))`", text):
+        if not ((REPO if path.startswith(("tests/", "bench/")) else pkg) / path).exists():
+            wrong.append(f"no file {path}")
+    for path, names in re.findall(r"`((?:\w+/)+\w+\.py)`((?: `[\w.]+`)+)", text):
+        src = sources.get(path)
+        for name in re.findall(r"`([\w.]+)`", names):
+            if src is not None and not defines(src, name.split(".")[-1]):
+                wrong.append(f"{path} defines no {name}")
+    for cls, member in set(re.findall(r"`([A-Z]\w*)\.(\w+)`", text)):
+        homes = [src for src in sources.values() if re.search(rf"^class {cls}\b", src, re.M)]
+        if not any(defines(src, member) for src in homes):
+            wrong.append(f"no {cls}.{member}")
+    for name in set(re.findall(r"`(_[a-z]\w*)`", text)):
+        if not any(re.search(rf"^\s*(?:async )?def {name}\b", src, re.M)
+                   for src in sources.values()):
+            wrong.append(f"no function {name}")
+    assert not wrong, "docs/architecture.md is out of date: " + "; ".join(sorted(wrong))

@@ -22,7 +22,11 @@ _TOKEN = re.compile(rb'"(?:[^"\\]|\\.)*"|[\[\]{}]')
 _SCALAR_END = re.compile(rb"[,}\]]")
 _WHITESPACE = b" \t\r\n"
 _DECODER = json.JSONDecoder()
-_FIELD = re.compile(rb'"(prompt_token_ids|token_ids|logprobs)":')
+# A member's key and its colon; JSON allows whitespace between them (`"logprobs" :`).
+_FIELD = re.compile(rb'"(prompt_token_ids|token_ids|logprobs)"[ \t\r\n]*:')
+# What vLLM's chunk that carries only token ids or logprobs holds once they are stripped.
+_EMPTY_DELTA = re.compile(rb'"delta"[ \t\r\n]*:[ \t\r\n]*\{[ \t\r\n]*\}')
+_NULL_FINISH = re.compile(rb'"finish_reason"[ \t\r\n]*:[ \t\r\n]*null')
 
 
 @dataclass(slots=True)
@@ -202,16 +206,16 @@ def _object_end(buf: bytes, start: int) -> int | None:
 def _members(buf: bytes, key: bytes) -> list[tuple[int, int, int]]:
     """(member start, value start, value end) of every `"key": value` member, in order. A key
     can only be matched outside strings: inside one its quotes would be escaped."""
-    needle = b'"' + key + b'":'
+    needle = re.compile(rb'"%b"[ \t\r\n]*:' % re.escape(key))
     out = []
-    pos = buf.find(needle)
-    while pos >= 0:
-        vstart = pos + len(needle)
+    found = needle.search(buf)
+    while found is not None:
+        vstart = found.end()
         while buf[vstart:vstart + 1] in (b" ", b"\t", b"\r", b"\n") and vstart < len(buf):
             vstart += 1
         vend = _value_end(buf, vstart)
-        out.append((pos, vstart, vend))
-        pos = buf.find(needle, vend)
+        out.append((found.start(), vstart, vend))
+        found = needle.search(buf, vend)
     return out
 
 
@@ -261,7 +265,7 @@ def strip(data: bytes, cap: Capture) -> bytes:
     vLLM writes `null` for token ids and logprobs it was not asked for; SGLang leaves token
     ids out and writes `null` logprobs. (SGLang's chat API asks for prompt ids apart, with
     `return_prompt_token_ids`, its text completions with `return_token_ids`.)"""
-    if cap.server == "sglang" and data.find(b'token_ids":') >= 0:
+    if cap.server == "sglang" and data.find(b'token_ids"') >= 0:
         if cap.strip_prompt_ids:
             data = _drop_member(data, b"prompt_token_ids")
         if cap.strip_ids:
@@ -395,7 +399,12 @@ def strip_event(event: bytes, cap: Capture) -> bytes | None:
     """A stream event as the client would get it without capture; None: the server would not
     have sent it (vLLM sends a chunk with no text only to carry token ids or logprobs)."""
     out = strip(event, cap)
-    if out.find(b'"delta":{}') >= 0 and out.find(b'"finish_reason":null') >= 0:
+    # Compact JSON is told by its bytes (a delta's first member begins with a quote); spaced
+    # JSON by the patterns.
+    at = out.find(b'"delta":{')
+    after = out[at + 9:at + 10] if at >= 0 else b""
+    if (after == b"}" or (after != b'"' and _EMPTY_DELTA.search(out) is not None)) and (
+            out.find(b'"finish_reason":null') >= 0 or _NULL_FINISH.search(out) is not None):
         data = event_data(out)
         try:
             obj = orjson.loads(data) if data is not None else None

@@ -3,8 +3,9 @@ responses parsed by httptools (the parser uvicorn serves with).
 
 Model calls go upstream through this client, not aiohttp's: aiohttp's request path (request
 and response objects, multidicts, URL handling, stream readers, connector bookkeeping) costs
-about 75 µs of CPU a call at concurrency 32, this one about 8 (`python bench/h1_client.py`),
-and that difference was most of what an episode's call cost over the bare forwarder. It does
+about 75 µs of CPU a call at concurrency 32 and this one about 24, 3.1x less
+(`python bench/h1_client.py --rounds 3 --calls 10000` on a quiet machine; bench/README.md's
+history has each run): most of what an episode's call costs over the bare forwarder. It does
 only what a model call needs: POST one body with a content length, read a response with a
 content length, chunked or ended by the connection's close, as a whole or as it arrives.
 HTTPS upstreams and the passthrough routes keep aiohttp.

@@ -14,6 +14,21 @@ from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
 
 from budgetproxy.errors import ProxyError
 
+# uvicorn's internals BoundedProtocol builds on: the names it uses of its parent protocol and
+# of the protocol's request cycle, none of them uvicorn's public API. pyproject bounds uvicorn
+# to the releases tested with them; tests/serve/test_http_limits.py checks that each exists
+# and that this module uses no other.
+UVICORN_PROTOCOL_NAMES = (
+    "connection_made", "connection_lost", "data_received", "on_headers_complete",
+    "on_message_complete", "_unset_keepalive_if_required", "_should_upgrade",
+    "handle_websocket_upgrade", "_unsupported_upgrade_warning",
+    "loop", "parser", "transport", "connections", "client", "cycle", "headers", "url",
+)
+UVICORN_CYCLE_NAMES = (
+    "transport", "more_body", "response_started", "response_complete", "disconnected",
+    "message_event",
+)
+
 
 @dataclass(frozen=True, slots=True)
 class HttpLimits:
@@ -65,7 +80,10 @@ class HeadWithBody:
     """What a request's cycle writes through: a response head waits for the write that
     follows it (the body, or a stream's first event, sent at once after it) and both leave in
     one send, one system call and one packet instead of two; a head nothing follows within the
-    event loop's iteration goes out alone at its end."""
+    event loop's iteration goes out alone at its end.
+
+    Measured alone, a server's CPU per whole answer falls to about 0.72x of two writes' (11.4
+    against 15.8 us, `python bench/head_coalescing.py`, bench/README.md's history)."""
 
     __slots__ = ("transport", "loop", "_head")
 

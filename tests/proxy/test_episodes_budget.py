@@ -493,8 +493,8 @@ def test_ending_with_a_turn_in_flight_settles_that_turn_first(
 def test_an_ending_that_waits_for_a_turn_outlives_a_zero_retention(
     proxy: ProxyFactory, upstream: FakeUpstream, kind: str
 ) -> None:
-    """With retention_s 0, Redis expired an episode ended mid-call before its turn settled, and
-    its record was never written."""
+    """An episode ended while one of its calls is in flight stays until that turn settles,
+    even with retention_s 0: the turn is counted and the episode's record is written."""
     store: dict[str, Any] = {"kind": kind}
     if kind == "redis":
         require_redis()

@@ -59,7 +59,8 @@ def ask(p: Proxy, api: str, eid: str, stream: bool = False, **headers: str) -> A
 @pytest.mark.parametrize("api", ["chat", "responses", "messages"])
 def test_the_final_reply_names_the_axis_that_ran_out(
         proxy: ProxyFactory, api: str, header: dict[str, str], axis: str) -> None:
-    """A token-spent episode was told it had no turns left while X-Episode-Remaining said 48."""
+    """The final reply's text is the one for the axis that ran out (a token-spent episode is
+    told its tokens are spent, not its turns), and exhausted_by names that axis."""
     p = proxy({"budget": FINISH})
     eid = new_id()
     ask(p, api, eid, **header)  # spends the whole budget on that axis
@@ -91,7 +92,8 @@ def test_a_template_that_does_not_render_is_a_config_error() -> None:
 @pytest.mark.parametrize("api", ["chat", "responses", "messages"])
 def test_the_final_reply_is_logged_as_the_answer_it_was(
         proxy: ProxyFactory, api: str, stream: bool) -> None:
-    """Finish-mode calls were logged status rejected, response null, finish_reason null."""
+    """A finish-mode reply is logged as what the client got: status synthetic, HTTP 200, the
+    reply as its response with its API's finish reason, the turn not charged."""
     p = proxy({"budget": FINISH})
     eid = new_id()
     ask(p, api, eid, **{"X-Episode-Budget": "1"})
@@ -106,7 +108,8 @@ def test_the_final_reply_is_logged_as_the_answer_it_was(
 
 def test_after_its_final_reply_an_episode_answers_episode_finished(
         proxy: ProxyFactory) -> None:
-    """inspect's agent got 21 final replies in a row until its own message limit stopped it."""
+    """Past `budget.finish_replies` final replies, a further call is episode_finished: an agent
+    that keeps asking ends."""
     p = proxy({"budget": FINISH})
     eid = new_id()
     ask(p, "chat", eid, **{"X-Episode-Budget": "1"})

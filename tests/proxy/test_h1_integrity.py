@@ -186,8 +186,8 @@ async def sequential(moves: list[Move], n: int, gap: float = 0.0, pace: float = 
 
 
 async def test_a_late_second_answer_reaches_no_later_call() -> None:
-    """The audit's case: each answer followed 150 ms later by a second copy of it, calls one
-    after another. Every call gets its own answer; the first stray stops reuse."""
+    """Each answer followed 150 ms later by a second copy of it, calls one after another:
+    every call gets its own answer, and the first stray stops reuse."""
     got, origin, up = await sequential([Move("stray", 0.15)] * 12, 12, gap=0.03,
                                        quiet_s=0.25)
     assert all(own_or_failed(n, g) for n, g in got), got

@@ -1,6 +1,6 @@
-"""Input found by throwing odd requests at a running proxy: each got a 500, a hang, a charged
-turn that was never forwarded, or stopped the trajectory log. Each must be a clear 400 (or
-a normal answer), the turn accounted for, and the log still written afterwards."""
+"""Odd requests at a running proxy: each gets a clear 400 (or a normal answer), never a 500 or
+a hang; its turn is charged only if it was forwarded, and the trajectory log is still written
+afterwards."""
 
 from __future__ import annotations
 
@@ -50,8 +50,8 @@ def test_budget_headers_take_plain_turn_counts(default_proxy: Proxy, value: str)
 
 
 def test_a_body_too_deep_to_rewrite_is_a_400_and_gives_its_turn_back(disclosed: Proxy) -> None:
-    """The disclosed arm re-encodes the body, which orjson cannot past 254 levels: the call
-    was a 500 whose turn stayed charged, with no record."""
+    """The disclosed arm re-encodes the body, which orjson cannot past 254 levels: such a call
+    is a 400, its turn given back, its record written."""
     eid = new_id("deep")
     body = chat_body("deep") | {"x": nested(300)}
     r = _post(disclosed, "/v1/chat/completions", body, {"X-Episode-Id": eid,
@@ -69,7 +69,7 @@ def test_a_body_too_deep_to_rewrite_is_a_400_and_gives_its_turn_back(disclosed: 
 def test_a_forwarded_body_orjson_cannot_log_still_gets_its_record(default_proxy: Proxy
                                                                    ) -> None:
     """The hidden arm forwards the body untouched; its record carries the agent's messages,
-    300 levels deep: that record used to end the trajectory writer."""
+    300 levels deep, and the trajectory writer goes on writing after it."""
     eid = new_id("deeplog")
     message = {"role": "user", "content": "hi", "x": nested(300)}
     r = _post(default_proxy, "/v1/chat/completions",
@@ -88,7 +88,8 @@ def test_a_forwarded_body_orjson_cannot_log_still_gets_its_record(default_proxy:
 ])
 def test_episode_fields_the_log_cannot_hold_are_a_400(default_proxy: Proxy, path: str,
                                                       body: dict[str, Any]) -> None:
-    """These were created, then answered 500 (plain text) on every GET."""
+    """Episode fields the log cannot hold (integers past 64 bits or 2**31 turns, nesting past
+    orjson's depth) are a 400 at creation, and no episode is created."""
     eid = new_id("big")
     r = _post(default_proxy, path, {"episode_id": eid, **body})
     assert_openai_error(r, 400, "invalid_request")
@@ -160,8 +161,8 @@ def test_a_bad_id_in_the_path_prefix_is_a_400_on_every_route(default_proxy: Prox
 
 
 def test_an_encoded_slash_in_a_path_prefix_id_is_a_400_not_a_404(default_proxy: Proxy) -> None:
-    """The server decodes `a%2Fb` to `a/b` before routing, so the id's end was lost and the
-    call fell through to a 404, as if the route did not exist."""
+    """The server decodes `a%2Fb` to `a/b` before routing: an encoded slash in a path-prefix
+    id is a bad id (400), never a route that does not exist (404)."""
     r = default_proxy.http().get("/episodes/a%2Fb/v1/models")
     assert_openai_error(r, 400, "invalid_episode_id")
     r = _post(default_proxy, "/episodes/a%2Fb/v1/chat/completions", chat_body())
@@ -254,8 +255,8 @@ class _OddStreams:
 
 def test_an_upstream_stream_of_odd_types_still_gets_its_turn_record(
         tmp_path: Any) -> None:
-    """A stream whose deltas had fields of the wrong type was relayed and charged, but reading
-    it back raised: the turn had no record (and a traceback in the log)."""
+    """A stream whose deltas have fields of the wrong type is relayed, charged and read back
+    for its turn record, which holds what could be read."""
     from conftest import read_jsonl
 
     from budgetproxy.config import load_config
@@ -277,7 +278,8 @@ def test_an_upstream_stream_of_odd_types_still_gets_its_turn_record(
 
 
 def test_an_id_header_sent_twice_must_name_one_episode(default_proxy: Proxy) -> None:
-    """Two X-Episode-Id lines with different ids used to go to the last one, silently."""
+    """Two X-Episode-Id lines with different ids are a 400 naming both; the same id twice is
+    that episode."""
     a, b = new_id("twice"), new_id("twice")
     body = json.dumps(chat_body()).encode()
     r = default_proxy.http().post("/v1/chat/completions", content=body, headers=[
@@ -298,14 +300,15 @@ def test_the_episode_api_asks_for_the_key_before_reading_the_body(proxy: ProxyFa
 
 @pytest.mark.parametrize("path", ["/episodes/slash-1/v1", "/v1"])
 def test_no_route_is_a_404_naming_it_never_a_redirect(default_proxy: Proxy, path: str) -> None:
-    """A POST to /episodes/{id}/v1 was redirected (307) to /v1/, losing the episode id."""
+    """A POST to a path that is no route (/episodes/{id}/v1, /v1) is a 404 naming it, never a
+    redirect, which would lose the episode id."""
     r = default_proxy.http().post(path, content=b"{}")
     assert_openai_error(r, 404, "not_found")
     assert "POST /v1" in r.json()["error"]["message"]
 
 
 def test_an_empty_id_in_the_episode_api_is_a_400(default_proxy: Proxy) -> None:
-    """`{"episode_id": ""}` created an episode under a generated id, as if none was given."""
+    """`{"episode_id": ""}` is a bad id (400), not an episode under a generated id."""
     r = _post(default_proxy, "/v1/episodes", {"episode_id": ""})
     assert_openai_error(r, 400, "invalid_episode_id")
 

@@ -236,7 +236,8 @@ def test_the_usual_spelling_still_works_through_the_sdk(default_proxy: Proxy) ->
 
 def test_an_answer_that_stalls_mid_body_is_a_504_and_its_record_says_so(
         proxy: ProxyFactory, recorder: RecordingUpstream) -> None:
-    """It was answered 502 while its turn record said 504."""
+    """An upstream that stalls mid-body is a 504 to the client and in its turn record, and
+    its turn is given back."""
     p = proxy({"upstreams": [{"name": "rec", "base_url": recorder.base_url,
                               "timeout_s": 0.5}]})
     eid = new_id("stall")

@@ -102,7 +102,8 @@ def test_a_data_line_loses_one_leading_space_as_the_spec_and_the_sdks_read_it() 
     b"data: a\n\ndata: b\r\n\r\n",
 ])
 def test_each_event_is_out_once_its_blank_line_is_fed(stream: bytes) -> None:
-    """An LF event after a CRLF one was held until the stream ended; lone CRs never split."""
+    """Each event goes out as soon as its blank line is fed, whatever line endings the events
+    before it used (an LF event after a CRLF one too); a lone CR never splits."""
     splitter = EventSplitter()
     got: list[bytes] = []
     for i in range(len(stream)):

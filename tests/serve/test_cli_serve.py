@@ -90,8 +90,9 @@ def test_no_upstream_is_a_config_error(tmp_path: Path) -> None:
 def test_config_errors_name_what_the_user_typed(
     tmp_path: Path, args: list[str], expected: str
 ) -> None:
-    """A check across sections printed "config: server.workers: ..."; a bad --upstream was
-    only named as upstreams.0.base_url, a key the user never wrote."""
+    """A config error is one line, exit 2, naming the key as the user wrote it: a check
+    across sections names its own key (`server.workers`), and a bad `--upstream` says it
+    was given as --upstream."""
     proc = serve("--port", "0", *args, cwd=tmp_path)
     try:
         _, err = proc.communicate(timeout=30)
@@ -222,8 +223,8 @@ def test_calls_unanswered_at_the_shutdown_deadline_get_a_json_503(
     upstream: FakeUpstream, tmp_path: Path
 ) -> None:
     """A client that stalls mid-upload, or a call slower than server.shutdown_timeout_s, holds
-    shutdown until the deadline; then the server cancels it. It used to get a plain-text 500
-    (and a traceback in the log), and the slow call's turn was logged as a charged 200."""
+    shutdown until the deadline; then the server cancels it, and it is answered an
+    OpenAI-shaped JSON 503 `shutting_down`, and the server exits 0."""
     import socket
 
     config = tmp_path / "config.yaml"

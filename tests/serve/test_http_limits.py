@@ -278,3 +278,129 @@ def test_a_reset_connection_leaves_no_keep_alive_timer() -> None:
         await serving
 
     asyncio.run(go())
+
+
+class _Socketless:
+    """A transport that records what is written to it, with a client address."""
+
+    def __init__(self) -> None:
+        self.writes: list[bytes] = []
+        self.closed = False
+
+    def get_extra_info(self, name: str, default: Any = None) -> Any:
+        return {"peername": ("127.0.0.1", 40000), "sockname": ("127.0.0.1", 8080)}.get(
+            name, default)
+
+    def write(self, data: bytes) -> None:
+        self.writes.append(data)
+
+    def close(self) -> None:
+        self.closed = True
+
+    def is_closing(self) -> bool:
+        return self.closed
+
+    def pause_reading(self) -> None:
+        pass
+
+    def resume_reading(self) -> None:
+        pass
+
+
+async def _served(request: bytes) -> tuple[Any, _Socketless]:
+    """A BoundedProtocol (uvicorn's, extended) that has read `request` and run the app on it,
+    which answers a head and a body."""
+    import asyncio
+
+    from uvicorn.server import ServerState
+
+    from budgetproxy.serve.http_limits import BoundedConfig, BoundedProtocol, HttpLimits
+
+    async def app(scope: dict[str, Any], receive: Any, send: Any) -> None:
+        await send({"type": "http.response.start", "status": 200,
+                    "headers": [(b"content-length", b"2")]})
+        await send({"type": "http.response.body", "body": b"ok"})
+
+    limits = HttpLimits(max_header_bytes=8192, max_headers=50, header_timeout_s=5,
+                        body_timeout_s=5, max_connections=100, max_connections_per_client=4)
+    config = BoundedConfig(app, limits=limits, lifespan="off", log_level="warning")
+    state = ServerState()
+    protocol = BoundedProtocol(config, state, {}, asyncio.get_running_loop())
+    transport = _Socketless()
+    protocol.connection_made(transport)  # type: ignore[arg-type]
+    protocol.data_received(request)
+    await asyncio.gather(*state.tasks)
+    return protocol, transport
+
+
+def test_every_private_uvicorn_name_http_limits_uses_exists() -> None:
+    """serve/http_limits.py builds on uvicorn's internals (UVICORN_PROTOCOL_NAMES and
+    UVICORN_CYCLE_NAMES): each exists on a live protocol and its request cycle, with the
+    installed uvicorn. A release that renames one fails here, naming it."""
+    import asyncio
+
+    from budgetproxy.serve.http_limits import UVICORN_CYCLE_NAMES, UVICORN_PROTOCOL_NAMES
+
+    async def go() -> None:
+        protocol, _ = await _served(b"POST / HTTP/1.1\r\nhost: x\r\ncontent-length: 4\r\n\r\nab")
+        missing = [f"HttpToolsProtocol.{n}" for n in UVICORN_PROTOCOL_NAMES
+                   if not hasattr(protocol, n)]
+        cycle = protocol.cycle
+        assert cycle is not None, "uvicorn's protocol keeps no request cycle in .cycle"
+        missing += [f"RequestResponseCycle.{n}" for n in UVICORN_CYCLE_NAMES
+                    if not hasattr(cycle, n)]
+        assert not missing, f"uvicorn no longer has {', '.join(missing)}: " \
+                            "serve/http_limits.py must be adapted before this release is allowed"
+        protocol.connection_lost(None)
+
+    asyncio.run(go())
+
+
+def test_http_limits_uses_no_uvicorn_name_it_does_not_list() -> None:
+    """Every attribute BoundedProtocol reads of its parent protocol (one it does not define
+    itself) and of a request cycle is named in UVICORN_PROTOCOL_NAMES or UVICORN_CYCLE_NAMES,
+    so the existence check above covers all of them."""
+    import ast
+    import inspect
+
+    from budgetproxy.serve import http_limits
+
+    tree = ast.parse(inspect.getsource(http_limits))
+    (cls,) = [n for n in tree.body if isinstance(n, ast.ClassDef) and n.name == "BoundedProtocol"]
+    own = {n.name for n in cls.body if isinstance(n, ast.FunctionDef)}
+    own |= {t.attr for n in ast.walk(cls) for t in getattr(n, "targets", [getattr(n, "target",
+            None)]) if isinstance(t, ast.Attribute) and isinstance(t.value, ast.Name)
+            and t.value.id == "self"}
+    used_protocol: set[str] = set()
+    used_cycle: set[str] = set()
+    for node in ast.walk(cls):
+        if not isinstance(node, ast.Attribute) or node.attr.startswith("__"):
+            continue
+        base = node.value
+        if isinstance(base, ast.Name) and base.id == "self" and node.attr not in own:
+            used_protocol.add(node.attr)
+        elif isinstance(base, ast.Call) and isinstance(base.func, ast.Name) \
+                and base.func.id == "super":
+            used_protocol.add(node.attr)
+        elif (isinstance(base, ast.Name) and base.id == "cycle") or (
+                isinstance(base, ast.Attribute) and base.attr == "cycle"):
+            used_cycle.add(node.attr)
+    unlisted = sorted(used_protocol - set(http_limits.UVICORN_PROTOCOL_NAMES))
+    unlisted += sorted(f"cycle.{n}" for n in used_cycle - set(http_limits.UVICORN_CYCLE_NAMES))
+    assert not unlisted, f"serve/http_limits.py uses uvicorn's {', '.join(unlisted)} unlisted"
+
+
+def test_a_whole_answer_leaves_a_bounded_protocol_in_one_write() -> None:
+    """With the installed uvicorn, a response's head and body reach the socket as one write
+    (HeadWithBody in place of the cycle's transport): the coalescing bench/head_coalescing.py
+    measures still happens."""
+    import asyncio
+
+    async def go() -> None:
+        protocol, transport = await _served(b"GET / HTTP/1.1\r\nhost: x\r\n\r\n")
+        assert len(transport.writes) == 1, transport.writes
+        (answer,) = transport.writes
+        assert answer.startswith(b"HTTP/1.1 200 ") and answer.endswith(b"\r\n\r\nok")
+        protocol.connection_lost(None)
+
+    asyncio.run(go())
