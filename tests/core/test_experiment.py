@@ -83,8 +83,10 @@ def test_the_view_counts_pairs_within_a_task_and_leaves_abandoned_out() -> None:
             finished(5, "gone", True, "t1")]
     view = experiment_view(exp(), reversed(done))  # any order: sorted by (ended_at, id)
     assert view["arms"] == [
-        {"name": "a", "episodes": 1, "successes": 1, "estimate": 1.0, "left_out": 1},
-        {"name": "b", "episodes": 2, "successes": 1, "estimate": 0.5, "left_out": 0}]
+        {"name": "a", "episodes": 1, "successes": 1, "estimate": 1.0, "left_out": 1,
+         "clipped": 0},
+        {"name": "b", "episodes": 2, "successes": 1, "estimate": 0.5, "left_out": 0,
+         "clipped": 0}]
     assert view["difference"]["pairs"] == 1 and view["difference"]["estimate"] == 0.0
     assert view["decision"] == "continue" and view["stopped"] is None
     # a unit of whole tasks pairs across tasks: a's success on t1 with b's failure on t2
