@@ -138,8 +138,8 @@ def finished_of(exp: ExperimentConfig, arm: str, ep: dict[str, Any],
 def metric_value(exp: ExperimentConfig, ep: dict[str, Any],
                  on_exhausted: OnExhausted) -> float | None:
     """An ended episode's outcome on the experiment's metric, in its units and before
-    clipping, from the fields of its episode record; None when it has none (abandoned, or
-    pass_at_tier without a max_turns).
+    clipping, from the fields of its episode record; None when it has none (abandoned,
+    pass_at_tier without a max_turns, spend on an axis the episode had no budget on).
 
     success: 1 for end reason success, else 0. pass_at_tier: 1 when it succeeded within
     T = tier x max_turns turns (at its success turn, else at the turns it used). reward: the
@@ -161,6 +161,10 @@ def metric_value(exp: ExperimentConfig, ep: dict[str, Any],
     if metric == "reward":
         reward = final_reward(ep.get("reward"), ep.get("outcome"), end_reason, on_exhausted)
         return None if reward is None or not math.isfinite(reward) else reward
+    # The proxy counts spend on an axis only for episodes with a budget on it (core.axes):
+    # without one there is no count to compare, and the episode is left out.
+    if ep.get("token_budget" if metric == "tokens" else "cost_budget") is None:
+        return None
     spent = ep.get("tokens_used" if metric == "tokens" else "cost_used")
     return float(spent or 0)
 

@@ -189,4 +189,5 @@ def _record_fields(st: EpisodeState) -> dict[str, Any]:
             "end_reason": st.end_reason or "abandoned", "outcome": st.outcome,
             "reward": st.reward, "max_turns": st.max_turns,
             "success_turn": st.settled_success_turn, "turns_used": st.turns_used,
-            "tokens_used": st.tokens_used, "cost_used": round(st.cost_used, 9)}
+            "token_budget": st.token_budget, "tokens_used": st.tokens_used,
+            "cost_budget": st.cost_budget, "cost_used": round(st.cost_used, 9)}
