@@ -126,7 +126,7 @@ def _spend_episode(p: Proxy, experiment: str) -> tuple[str, str]:
     raw = client.chat.completions.with_raw_response.create(
         model="m1", messages=[{"role": "user", "content": "go"}],
         extra_headers={"X-Episode-Id": eid, "X-Episode-Experiment": experiment,
-                       "X-Episode-Task": "t"})
+                       "X-Episode-Task": "t", "X-Episode-Max-Turns": "4"})
     arm = raw.headers["x-episode-arm"]
     words = " ".join(["on"] * (3 if arm == "hidden" else 30))
     client.chat.completions.create(
@@ -153,7 +153,7 @@ def _gauges(p: Proxy, name: str) -> dict[tuple[str, str], float]:
     return found
 
 
-@pytest.mark.parametrize("metric", ["success", "reward", "tokens"])
+@pytest.mark.parametrize("metric", ["success", "reward", "tokens", "pass_at_tier"])
 def test_the_api_the_gauges_and_analyze_agree(proxy: ProxyFactory, metric: str) -> None:
     """The metric's estimate per arm and the difference in its units: the API, the Prometheus
     gauges and `analyze --experiment` give the same numbers for the same episodes."""
@@ -161,6 +161,8 @@ def test_the_api_the_gauges_and_analyze_agree(proxy: ProxyFactory, metric: str) 
     settings: dict[str, Any] = {"metric": metric, "name": name}
     if metric == "tokens":
         settings["metric_max"] = 60  # (the long arm's episodes spend more: clipped)
+    if metric == "pass_at_tier":
+        settings["tier"] = 25  # T = 1 of the episodes' 4 max turns
     p = proxy({**_config(**settings), "metrics": {"enabled": True},
                "budget": {"default_tokens": 100_000}})
     arms: dict[str, str] = {}
@@ -169,7 +171,8 @@ def test_the_api_the_gauges_and_analyze_agree(proxy: ProxyFactory, metric: str) 
         eid, arm = _spend_episode(p, name)
         arms[eid] = arm
         r = p.http().post(f"/v1/episodes/{eid}/outcome",
-                          json={"success": i % 3 != 0, "reward": rewards[arm] - 0.1 * (i % 2)})
+                          json={"success": i % 3 != 0, "reward": rewards[arm] - 0.1 * (i % 2),
+                                **({"success_turn": 1 + i % 2} if i % 3 else {})})
         assert r.status_code == 200, r.text
     api = p.http().get(f"/v1/experiments/{name}").json()
     assert api["metric"] == metric and sum(a["episodes"] for a in api["arms"]) == 8
@@ -184,6 +187,9 @@ def test_the_api_the_gauges_and_analyze_agree(proxy: ProxyFactory, metric: str) 
         elif metric == "reward":
             expected = sum(min(r["reward"], 1.0) for r in eps) / len(eps)
             assert a["clipped"] == sum(r["reward"] > 1 for r in eps)
+        elif metric == "pass_at_tier":  # success at turn 1 of T = 1
+            expected = sum(r["success_turn"] == 1 for r in eps) / len(eps)
+            assert api["tier"] == 25
         else:
             expected = sum(r["end_reason"] == "success" for r in eps) / len(eps)
         assert a["estimate"] == pytest.approx(expected)
@@ -202,7 +208,7 @@ def test_the_api_the_gauges_and_analyze_agree(proxy: ProxyFactory, metric: str) 
 
     offline = json.loads(out.stdout)
     for key in ("arms", "difference", "decision", "metric", "metric_min", "metric_max",
-                "better"):
+                "tier", "better"):
         assert offline[key] == api[key], key
 
     gauges = _gauges(p, name)  # (set by the GET above)
