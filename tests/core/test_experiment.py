@@ -228,3 +228,11 @@ def test_the_settings_record_gives_back_the_metric() -> None:
     assert experiment_from_record(record) == e
     t = exp(metric="tokens", metric_max=5000, min_effect=500)
     assert experiment_from_record(settings_record(t)) == t
+
+
+def test_a_kept_entry_round_trips_with_its_value() -> None:
+    entry = _spend(3, "a", 1234.5)
+    assert Finished.from_json(entry.to_json()) == entry
+    older = {"id": "e", "task": "t", "arm": "a", "success": True,
+             "ended_at": "2026-12-06T10:00:00.000Z"}  # kept before metrics had values
+    assert Finished.from_json(older).outcome == 1.0
