@@ -153,7 +153,7 @@ def _gauges(p: Proxy, name: str) -> dict[tuple[str, str], float]:
     return found
 
 
-@pytest.mark.parametrize("metric", ["success", "reward", "tokens", "pass_at_tier"])
+@pytest.mark.parametrize("metric", ["success", "reward", "tokens", "cost", "pass_at_tier"])
 def test_the_api_the_gauges_and_analyze_agree(proxy: ProxyFactory, metric: str) -> None:
     """The metric's estimate per arm and the difference in its units: the API, the Prometheus
     gauges and `analyze --experiment` give the same numbers for the same episodes."""
@@ -161,10 +161,13 @@ def test_the_api_the_gauges_and_analyze_agree(proxy: ProxyFactory, metric: str) 
     settings: dict[str, Any] = {"metric": metric, "name": name}
     if metric == "tokens":
         settings["metric_max"] = 60  # (the long arm's episodes spend more: clipped)
+    if metric == "cost":
+        settings.update(metric_max=0.06, min_effect=0.01)  # USD: $0.001 a token here
     if metric == "pass_at_tier":
         settings["tier"] = 25  # T = 1 of the episodes' 4 max turns
     p = proxy({**_config(**settings), "metrics": {"enabled": True},
-               "budget": {"default_tokens": 100_000}})
+               "budget": {"default_tokens": 100_000, "default_cost_usd": 100.0},
+               "prices": {"m1": {"input_per_mtok": 1000.0, "output_per_mtok": 1000.0}}})
     arms: dict[str, str] = {}
     rewards = {"hidden": 0.8, "told-wrong": 1.7}  # (1.7: clipped to the range's 1)
     for i in range(8):
@@ -180,10 +183,11 @@ def test_the_api_the_gauges_and_analyze_agree(proxy: ProxyFactory, metric: str) 
     by_arm = {arm: [r for r in records if arms[r["episode_id"]] == arm] for arm in rewards}
     for a in api["arms"]:
         eps = by_arm[a["name"]]
-        if metric == "tokens":  # the tokens each episode spent, up to metric_max
-            expected = sum(min(r["tokens_used"], 60) for r in eps) / len(eps)
-            assert api["better"] == "lower" and api["metric_max"] == 60
-            assert a["clipped"] == sum(r["tokens_used"] > 60 for r in eps)
+        if metric in ("tokens", "cost"):  # what each episode spent, up to metric_max
+            used, top = f"{metric}_used", settings["metric_max"]
+            expected = sum(min(r[used], top) for r in eps) / len(eps)
+            assert api["better"] == "lower" and api["metric_max"] == top
+            assert a["clipped"] == sum(r[used] > top for r in eps)
         elif metric == "reward":
             expected = sum(min(r["reward"], 1.0) for r in eps) / len(eps)
             assert a["clipped"] == sum(r["reward"] > 1 for r in eps)
@@ -193,9 +197,9 @@ def test_the_api_the_gauges_and_analyze_agree(proxy: ProxyFactory, metric: str) 
         else:
             expected = sum(r["end_reason"] == "success" for r in eps) / len(eps)
         assert a["estimate"] == pytest.approx(expected)
-    if metric == "tokens":
+    if metric in ("tokens", "cost"):
         hidden, told = (next(a for a in api["arms"] if a["name"] == n) for n in rewards)
-        assert told["estimate"] > hidden["estimate"]
+        assert told["estimate"] > hidden["estimate"] > 0
     diff = api["difference"]
     width = api["metric_max"] - api["metric_min"]
     assert -width <= diff["cs_low"] <= diff["cs_high"] <= width
