@@ -405,10 +405,18 @@ class ExperimentConfig(_Strict):
 
     name: str = Field(pattern=NAME_PATTERN)
     unit: Literal["task", "group", "episode"] = "task"
-    metric: Literal["success"] = "success"
+    # What an episode's outcome is (core.experiment.metric_value): success, success within a
+    # tier's turns, the reward, or the tokens or cost spent (lower is better for the last two).
+    metric: Literal["success", "pass_at_tier", "reward", "tokens", "cost"] = "success"
+    # The range outcomes are clipped to (reward: default [0, 1]; tokens, cost: max required).
+    metric_min: float | None = Field(None, allow_inf_nan=False)
+    metric_max: float | None = Field(None, allow_inf_nan=False)
+    # pass_at_tier: the tier in percent of the episode's max_turns (T = tier x max_turns).
+    tier: float | None = Field(None, gt=0, le=100)
     alpha: float = Field(0.05, gt=0, lt=1)
-    # Futility: stop when the interval excludes every difference of at least this size.
-    min_effect: float | None = Field(None, gt=0, le=1)
+    # Futility: stop when the interval excludes every difference of at least this size (in
+    # the metric's units).
+    min_effect: float | None = Field(None, gt=0)
     arms: list[ArmConfig] = Field(min_length=2, max_length=16)
     stop: Literal["manual", "auto"] = "manual"
     # stop: auto, once decided: new episodes get the better arm (winner) or the first (control).
@@ -421,6 +429,44 @@ class ExperimentConfig(_Strict):
         if len(set(names)) < len(names):
             raise ValueError(f"arm names must differ, got {names}")
         return v
+
+    @model_validator(mode="after")
+    def _metric_range(self) -> ExperimentConfig:
+        m = self.metric
+        if m in ("success", "pass_at_tier"):
+            for key in ("metric_min", "metric_max"):
+                if getattr(self, key) is not None:
+                    raise ValueError(f"{key}: metric {m} is 0 or 1; it takes no range")
+        if (m == "pass_at_tier") != (self.tier is not None):
+            raise ValueError("tier: required for metric pass_at_tier" if self.tier is None
+                             else f"tier: only for metric pass_at_tier, not {m}")
+        if m in ("tokens", "cost") and self.metric_max is None:
+            raise ValueError(f"metric_max: required for metric {m} (the most an episode may "
+                             "spend; spend above it counts as this much)")
+        low, high = self.bounds
+        if low < 0 and m in ("tokens", "cost"):
+            raise ValueError(f"metric_min: spend is never negative, got {low}")
+        if not low < high:
+            raise ValueError(f"metric_max: must be above metric_min ({low}), got {high}")
+        if self.min_effect is not None and self.min_effect > high - low:
+            raise ValueError(f"min_effect: at most the metric's range ({high - low}), "
+                             f"got {self.min_effect}")
+        return self
+
+    @property
+    def bounds(self) -> tuple[float, float]:
+        """The range the metric's outcomes are clipped to, in its units."""
+        if self.metric in ("success", "pass_at_tier"):
+            return 0.0, 1.0
+        low = 0.0 if self.metric_min is None else self.metric_min
+        high = (1.0 if self.metric == "reward" else low) if self.metric_max is None \
+            else self.metric_max
+        return low, high
+
+    @property
+    def lower_is_better(self) -> bool:
+        """Spend (tokens, cost): the arm that spends less is the better one."""
+        return self.metric in ("tokens", "cost")
 
 
 class PriceConfig(_Strict):

@@ -1230,20 +1230,22 @@ def experiments() -> Json:
 
     running = timeseries(
         "First arm − second arm: estimate and always-valid interval",
-        "The difference in success rate between the experiment's first two arms, with its "
-        "confidence sequence (cs_low, cs_high): valid however often it is read, so a stop "
+        "The difference in the experiment's metric between its first two arms, in the "
+        "metric's units (a share for success and pass_at_tier; reward, tokens or USD), with "
+        "its confidence sequence (cs_low, cs_high): valid however often it is read, so a stop "
         "taken when it excludes 0 keeps the error rate at the experiment's alpha.",
         [target(bound("cs_low", "max"), "{{experiment}} cs_low"),
          target(bound("estimate", "avg"), "{{experiment}} estimate"),
          target(bound("cs_high", "min"), "{{experiment}} cs_high")],
-        "percentunit", min_=None,
+        "short", min_=None,
     )
     rate = timeseries(
-        "Success rate per arm",
-        "Finished episodes that succeeded, per arm (abandoned episodes left out).",
+        "Metric per arm",
+        "The metric's mean per arm in its units: the success rate for success (abandoned "
+        "episodes left out).",
         [target(f"max by (experiment, arm) (budgetproxy_experiment_estimate{{{sel}}})",
                 "{{experiment}} {{arm}}")],
-        "percentunit", max_=1,
+        "short", max_=None,
     )
     counts = bargauge(
         "Episodes per arm",
@@ -1253,7 +1255,8 @@ def experiments() -> Json:
     )
     decision = stat(
         "Decision",
-        "continue, stop_a_better, stop_b_better or stop_futile: the experiment's decision now.",
+        "continue, stop_a_better, stop_b_better or stop_futile: the experiment's decision now "
+        "(for tokens and cost, the better arm spends less).",
         f"max by (experiment, decision) (budgetproxy_experiment_decision{{{sel}}}) == 1",
     )
     decision["options"]["textMode"] = "name"

@@ -21,8 +21,9 @@ from budgetproxy.core.experiment import (
     Finished,
     experiment_from_record,
     experiment_view,
-    outcome_of,
+    finished_of,
 )
+from budgetproxy.core.rewards import OnExhausted
 from budgetproxy.core.sequential import Decision
 
 
@@ -57,7 +58,7 @@ def _read(files: Sequence[str], name: str) -> tuple[
         ExperimentConfig, list[Finished], Decision | None] | None:
     settings: dict[str, Any] | None = None
     stopped: Decision | None = None
-    episodes: dict[str, Finished] = {}
+    episodes: dict[str, dict[str, Any]] = {}  # by id: the last record of each
     for path in files:
         for line in _lines(path):
             if name.encode() not in line:  # most lines: no JSON parse
@@ -74,13 +75,15 @@ def _read(files: Sequence[str], name: str) -> tuple[
             elif kind == DECISION_RECORD and rec.get("experiment") == name:
                 stopped = stopped or rec.get("decision")
             elif kind == "episode" and rec.get("experiment") == name and rec.get("arm"):
-                eid = str(rec.get("episode_id"))
-                episodes[eid] = Finished(eid, rec.get("task_id"), str(rec["arm"]),
-                                         outcome_of(rec.get("end_reason")),
-                                         str(rec.get("ended_at")))
+                episodes[str(rec.get("episode_id"))] = rec
     if settings is None:
         return None
-    return experiment_from_record(settings), list(episodes.values()), stopped
+    exp = experiment_from_record(settings)
+    on_exhausted: OnExhausted = ("zero" if settings.get("reward_on_exhausted") == "zero"
+                                 else "keep")
+    finished = [finished_of(exp, str(rec["arm"]), rec, on_exhausted)
+                for rec in episodes.values()]
+    return exp, finished, stopped
 
 
 def run_experiment(files: Sequence[str], name: str, as_json: bool) -> int:
@@ -92,13 +95,16 @@ def run_experiment(files: Sequence[str], name: str, as_json: bool) -> int:
     if as_json:
         print(json.dumps(view, indent=2))
         return 0
-    print(f"experiment {view['name']} (unit {view['unit']}, alpha {view['alpha']})")
+    print(f"experiment {view['name']} (unit {view['unit']}, alpha {view['alpha']}, metric "
+          f"{view['metric']} in [{view['metric_min']:g}, {view['metric_max']:g}], "
+          f"{view['better']} is better)")
     for arm in view["arms"]:
-        est = "-" if arm["estimate"] is None else f"{arm['estimate']:.3f}"
-        print(f"  {arm['name']:<20} {arm['successes']:>6} / {arm['episodes']:<6} {est}")
+        est = "-" if arm["estimate"] is None else f"{arm['estimate']:.4g}"
+        print(f"  {arm['name']:<20} {arm['episodes']:>6} episodes, {arm['successes']:>6} "
+              f"successes, mean {est}")
     for c in view["comparisons"]:
         d = c["difference"]
-        est = "-" if d["estimate"] is None else f"{d['estimate']:+.3f}"
-        print(f"  {c['a']} - {c['b']}: {est} [{d['cs_low']:+.3f}, {d['cs_high']:+.3f}] "
+        est = "-" if d["estimate"] is None else f"{d['estimate']:+.4g}"
+        print(f"  {c['a']} - {c['b']}: {est} [{d['cs_low']:+.4g}, {d['cs_high']:+.4g}] "
               f"over {d['pairs']} pairs: {c['decision']}")
     return 0

@@ -3,12 +3,15 @@
 from __future__ import annotations
 
 import dataclasses
+import math
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
+from fractions import Fraction
 from typing import Any
 
 from budgetproxy.config import ArmConfig, ExperimentConfig
-from budgetproxy.core.budget import _unit_draw
+from budgetproxy.core.budget import _unit_draw, round_half_up
+from budgetproxy.core.rewards import OnExhausted, final_reward
 from budgetproxy.core.sequential import Decision, DifferenceSequence, decide, paired
 from budgetproxy.core.spec import EpisodeSpec
 
@@ -84,17 +87,28 @@ class Finished:
     episode_id: str
     task_id: str | None
     arm: str
-    success: bool | None  # None: abandoned (left out of the tally)
+    success: bool | None  # None: left out of the tally (abandoned, or no metric value)
     ended_at: str  # RFC 3339, the episode record's; the finishing order is (ended_at, id)
+    # The metric's outcome in its units, before clipping; None: the success as 0 or 1 (the
+    # success metric, and entries kept before other metrics existed).
+    value: float | None = None
+
+    @property
+    def outcome(self) -> float | None:
+        """The outcome the experiment counts, None when it is left out."""
+        if self.success is None:
+            return None
+        return float(self.success) if self.value is None else self.value
 
     def to_json(self) -> dict[str, Any]:
         return {"id": self.episode_id, "task": self.task_id, "arm": self.arm,
-                "success": self.success, "ended_at": self.ended_at}
+                "success": self.success, "ended_at": self.ended_at, "value": self.value}
 
     @classmethod
     def from_json(cls, d: dict[str, Any]) -> Finished:
+        value = d.get("value")
         return cls(str(d["id"]), d.get("task"), str(d["arm"]), d.get("success"),
-                   str(d["ended_at"]))
+                   str(d["ended_at"]), None if value is None else float(value))
 
 
 def outcome_of(end_reason: str | None) -> bool | None:
@@ -104,11 +118,75 @@ def outcome_of(end_reason: str | None) -> bool | None:
     return end_reason == "success"
 
 
-def _difference(seq: DifferenceSequence | None) -> dict[str, float | None]:
+def tier_turns(tier: float, max_turns: int) -> int:
+    """T of a tier in percent of max_turns: max(1, round_half_up(tier/100 x max_turns)),
+    exactly (the tier read as the decimal it was written as), as `analyze` counts tiers."""
+    return max(1, round_half_up(Fraction(str(tier)) / 100 * max_turns))
+
+
+def finished_of(exp: ExperimentConfig, arm: str, ep: dict[str, Any],
+                on_exhausted: OnExhausted) -> Finished:
+    """The experiment's entry for an ended episode from the fields of its episode record
+    (the proxy builds them from the episode's state, `analyze` reads them from the log): an
+    episode without a value on the metric is left out like an abandoned one."""
+    value = metric_value(exp, ep, on_exhausted)
+    success = None if value is None else outcome_of(ep.get("end_reason"))
+    return Finished(str(ep.get("episode_id")), ep.get("task_id"), arm, success,
+                    str(ep.get("ended_at")), None if exp.metric == "success" else value)
+
+
+def metric_value(exp: ExperimentConfig, ep: dict[str, Any],
+                 on_exhausted: OnExhausted) -> float | None:
+    """An ended episode's outcome on the experiment's metric, in its units and before
+    clipping, from the fields of its episode record; None when it has none (abandoned,
+    pass_at_tier without a max_turns, spend on an axis the episode had no budget on).
+
+    success: 1 for end reason success, else 0. pass_at_tier: 1 when it succeeded within
+    T = tier x max_turns turns (at its success turn, else at the turns it used). reward: the
+    reward after the reward rule (`reward.on_exhausted`). tokens, cost: what it spent.
+    """
+    end_reason = ep.get("end_reason")
+    success = outcome_of(end_reason)
+    if success is None:
+        return None
+    metric = exp.metric
+    if metric == "success":
+        return float(success)
+    if metric == "pass_at_tier":
+        max_turns = ep.get("max_turns")
+        if not max_turns or exp.tier is None:
+            return None
+        turn = ep.get("success_turn") or ep.get("turns_used") or 0
+        return float(success and int(turn) <= tier_turns(exp.tier, int(max_turns)))
+    if metric == "reward":
+        reward = final_reward(ep.get("reward"), ep.get("outcome"), end_reason, on_exhausted)
+        return None if reward is None or not math.isfinite(reward) else reward
+    # The proxy counts spend on an axis only for episodes with a budget on it (core.axes):
+    # without one there is no count to compare, and the episode is left out.
+    if ep.get("token_budget" if metric == "tokens" else "cost_budget") is None:
+        return None
+    spent = ep.get("tokens_used" if metric == "tokens" else "cost_used")
+    return float(spent or 0)
+
+
+def _difference(seq: DifferenceSequence | None, width: float) -> dict[str, float | None]:
+    """The comparison in the metric's units: the sequence runs on outcomes rescaled to
+    [0, 1], so its difference and bounds are multiplied back by the range's width."""
     if seq is None:
-        return {"estimate": None, "cs_low": -1.0, "cs_high": 1.0, "pairs": 0}
+        return {"estimate": None, "cs_low": -width, "cs_high": width, "pairs": 0}
     iv = seq.interval()
-    return {"estimate": iv.estimate, "cs_low": iv.low, "cs_high": iv.high, "pairs": iv.n}
+    return {"estimate": None if iv.estimate is None else iv.estimate * width,
+            "cs_low": iv.low * width, "cs_high": iv.high * width, "pairs": iv.n}
+
+
+def _decide(low: float, high: float, exp: ExperimentConfig) -> Decision:
+    """The decision on a - b; for spend (lower is better) the better arm is the one below."""
+    decision = decide(low, high, exp.min_effect)
+    if exp.lower_is_better and decision == "stop_a_better":
+        return "stop_b_better"
+    if exp.lower_is_better and decision == "stop_b_better":
+        return "stop_a_better"
+    return decision
 
 
 def experiment_view(exp: ExperimentConfig, finished: Iterable[Finished],
@@ -116,42 +194,55 @@ def experiment_view(exp: ExperimentConfig, finished: Iterable[Finished],
     """The experiment's state from its finished episodes (any order: they are sorted into
     finishing order here, so the API and `analyze` agree on the same episodes).
 
+    Outcomes are clipped to the metric's range [low, high] and rescaled to [0, 1] for the
+    confidence sequence; arms' estimates and the difference are in the metric's units.
     `difference` is first arm minus second, with a confidence sequence at `alpha` split over
     the comparisons (every arm after the first against the first: `comparisons`).
     """
     names = [a.name for a in exp.arms]
     index = {n: i for i, n in enumerate(names)}
+    low, high = exp.bounds
+    width = high - low
     ordered = sorted(finished, key=lambda f: (f.ended_at, f.episode_id))
-    counts = [[0, 0, 0] for _ in names]  # episodes, successes, left out
+    counts = [[0, 0, 0, 0] for _ in names]  # episodes, successes, left out, clipped
+    totals = [0.0 for _ in names]
     outcomes: list[tuple[str | None, int, float]] = []
     for f in ordered:
         i = index.get(f.arm)
         if i is None:  # an arm since removed from the config
             continue
-        if f.success is None:
+        y = f.outcome
+        if y is None:
             counts[i][2] += 1
             continue
+        clipped = min(max(y, low), high)
         counts[i][0] += 1
-        counts[i][1] += f.success
-        outcomes.append((f.task_id, i, 1.0 if f.success else 0.0))
+        counts[i][1] += bool(f.success)
+        counts[i][3] += clipped != y
+        totals[i] += clipped
+        outcomes.append((f.task_id, i, (clipped - low) / width))
     arms = [{"name": n, "episodes": c[0], "successes": c[1],
-             "estimate": c[1] / c[0] if c[0] else None, "left_out": c[2]}
-            for n, c in zip(names, counts, strict=True)]
+             "estimate": t / c[0] if c[0] else None, "left_out": c[2], "clipped": c[3]}
+            for n, c, t in zip(names, counts, totals, strict=True)]
     alpha = exp.alpha / (len(names) - 1)
     comparisons = []
     for j in range(1, len(names)):
         seq = DifferenceSequence(alpha)
         for y_a, y_b in paired(outcomes, 0, j, by_task=exp.unit != "task"):
             seq.add(y_a, y_b)
-        diff = _difference(seq)
-        low, high = float(diff["cs_low"] or 0.0), float(diff["cs_high"] or 0.0)
+        diff = _difference(seq, width)
+        cs_low, cs_high = float(diff["cs_low"] or 0.0), float(diff["cs_high"] or 0.0)
         comparisons.append({"a": names[0], "b": names[j], "difference": diff,
-                            "decision": decide(low, high, exp.min_effect)})
+                            "decision": _decide(cs_low, cs_high, exp)})
     first = comparisons[0]
     return {
         "name": exp.name,
         "unit": exp.unit,
         "metric": exp.metric,
+        "metric_min": low,
+        "metric_max": high,
+        "tier": exp.tier,
+        "better": "lower" if exp.lower_is_better else "higher",
         "alpha": exp.alpha,
         "min_effect": exp.min_effect,
         "arms": arms,
@@ -179,16 +270,21 @@ def first_stops(exp: ExperimentConfig, finished: Iterable[Finished]) -> dict[
     return found
 
 
-def settings_record(exp: ExperimentConfig) -> dict[str, Any]:
-    """What `analyze --experiment` needs of the config, as the log's experiment record."""
-    return {"name": exp.name, "unit": exp.unit, "metric": exp.metric, "alpha": exp.alpha,
+def settings_record(exp: ExperimentConfig, on_exhausted: OnExhausted = "keep") -> dict[str, Any]:
+    """What `analyze --experiment` needs of the config, as the log's experiment record (with
+    the reward rule, which the reward metric is read after)."""
+    return {"name": exp.name, "unit": exp.unit, "metric": exp.metric,
+            "metric_min": exp.metric_min, "metric_max": exp.metric_max, "tier": exp.tier,
+            "reward_on_exhausted": on_exhausted, "alpha": exp.alpha,
             "min_effect": exp.min_effect, "stop": exp.stop, "on_stop": exp.on_stop,
             "arms": [a.model_dump(exclude_none=True) for a in exp.arms]}
 
 
 def experiment_from_record(record: dict[str, Any]) -> ExperimentConfig:
-    keep = ("name", "unit", "metric", "alpha", "min_effect", "stop", "on_stop", "arms")
-    return ExperimentConfig.model_validate({k: record[k] for k in keep if k in record})
+    keep = ("name", "unit", "metric", "metric_min", "metric_max", "tier", "alpha",
+            "min_effect", "stop", "on_stop", "arms")
+    return ExperimentConfig.model_validate({k: record[k] for k in keep
+                                            if record.get(k) is not None})
 
 
 def arm_names(exp: ExperimentConfig) -> Sequence[str]:

@@ -1,4 +1,4 @@
-"""Always-valid inference for a difference of success rates: a confidence sequence and a decision.
+"""Always-valid inference for a difference of bounded means: a confidence sequence and a decision.
 
 The confidence sequence is the predictable plug-in empirical-Bernstein one of Waudby-Smith and
 Ramdas (2024, JRSS B 86(1), Theorem 2) for the mean of observations in [0, 1]; it holds at

@@ -12,13 +12,12 @@ from budgetproxy.config import ArmConfig, Config, ExperimentConfig
 from budgetproxy.core.episode import EpisodeState
 from budgetproxy.core.experiment import (
     DECISION_RECORD,
-    Finished,
     apply_arm,
     block_arm,
     draw_arm,
     experiment_view,
+    finished_of,
     kept_unit,
-    outcome_of,
     settings_record,
     stopped_arm,
     stratum,
@@ -62,14 +61,16 @@ class Experiments:
                  metrics: Metrics | None) -> None:
         self.by_name = {e.name: e for e in config.experiments}
         self.seed = config.budget.seed
+        self.on_exhausted = config.reward.on_exhausted
         self.store = store
         self.sink = sink
         self.metrics = metrics
         # name -> (decision or None, when it was read), for stop: auto experiments
         self._stops: dict[str, tuple[Decision | None, float]] = {}
         if metrics is not None and self.by_name:
-            metrics.enable_experiments({n: [a.name for a in e.arms]
-                                        for n, e in self.by_name.items()})
+            metrics.enable_experiments({
+                n: ([a.name for a in e.arms], e.bounds[1] - e.bounds[0])
+                for n, e in self.by_name.items()})
 
     def named(self, raw: bytes | str,
               source: str = "Header X-Episode-Experiment") -> ExperimentConfig:
@@ -134,10 +135,10 @@ class Experiments:
 
     async def ended(self, st: EpisodeState) -> None:
         """Keep an experiment episode's outcome (once per episode, as its record is written)."""
-        if st.experiment not in self.by_name or st.arm is None:
+        if st.experiment is None or st.experiment not in self.by_name or st.arm is None:
             return
-        entry = Finished(st.episode_id, st.task_id, st.arm, outcome_of(st.end_reason),
-                         rfc3339(st.ended_at or time.time()))
+        entry = finished_of(self.by_name[st.experiment], st.arm, _record_fields(st),
+                            self.on_exhausted)
         try:
             await self.store.add(st.experiment, entry)
         except StoreUnavailable:
@@ -176,4 +177,17 @@ class Experiments:
         """One `experiment` record per configured experiment, for `analyze --experiment`."""
         for exp in self.by_name.values():
             await self.sink.put({"schema": SCHEMA_VERSION, "type": "experiment",
-                                 "ts": rfc3339(time.time()), **settings_record(exp)})
+                                 "ts": rfc3339(time.time()),
+                                 **settings_record(exp, self.on_exhausted)})
+
+
+def _record_fields(st: EpisodeState) -> dict[str, Any]:
+    """The fields of the episode's record a metric reads, as the record has them (so the
+    outcome kept here is the one `analyze` reads back from the log)."""
+    return {"episode_id": st.episode_id, "task_id": st.task_id,
+            "ended_at": rfc3339(st.ended_at or time.time()),
+            "end_reason": st.end_reason or "abandoned", "outcome": st.outcome,
+            "reward": st.reward, "max_turns": st.max_turns,
+            "success_turn": st.settled_success_turn, "turns_used": st.turns_used,
+            "token_budget": st.token_budget, "tokens_used": st.tokens_used,
+            "cost_budget": st.cost_budget, "cost_used": round(st.cost_used, 9)}

@@ -17,8 +17,9 @@ class ArmView(BaseModel):
     name: str
     episodes: int
     successes: int
-    estimate: float | None
+    estimate: float | None  # the metric's mean over the arm's episodes, in its units
     left_out: int
+    clipped: int  # outcomes outside [metric_min, metric_max], counted at the nearer end
 
 
 class DifferenceView(BaseModel):
@@ -39,7 +40,11 @@ class ExperimentView(BaseModel):
     """GET /v1/experiments/{name} (docs/experiments.md)."""
     name: str
     unit: str
-    metric: str
+    metric: Literal["success", "pass_at_tier", "reward", "tokens", "cost"]
+    metric_min: float
+    metric_max: float
+    tier: float | None
+    better: Literal["higher", "lower"]  # what stop_a_better / stop_b_better call better
     alpha: float
     min_effect: float | None
     arms: list[ArmView]

@@ -343,8 +343,9 @@ class Metrics:
             for outcome in self.OUTCOMES:
                 self.tenant_episodes_finished.labels(tenant, outcome)
 
-    def enable_experiments(self, arms: dict[str, list[str]]) -> None:
-        """Per-experiment gauges (docs/experiments.md); labels come from the config only.
+    def enable_experiments(self, arms: dict[str, tuple[list[str], float]]) -> None:
+        """Per-experiment gauges (docs/experiments.md) from each experiment's arms and the
+        width of its metric's range; labels come from the config only.
 
         Every replica computes them from the shared store, so workers report the value they
         computed last (livemostrecent)."""
@@ -359,19 +360,22 @@ class Metrics:
                                    "Successful episodes per experiment and arm.",
                                    ("experiment", "arm"))
         self.exp_estimate = gauge("budgetproxy_experiment_estimate",
-                                  "Success rate per experiment and arm.", ("experiment", "arm"))
+                                  "The metric's mean per experiment and arm, in its units "
+                                  "(the success rate for metric success).",
+                                  ("experiment", "arm"))
         self.exp_difference = gauge(
             "budgetproxy_experiment_difference",
-            "First arm minus second: the estimate and the confidence sequence's bounds "
-            "(bound = estimate | cs_low | cs_high), valid however often it is read.",
+            "First arm minus second in the metric's units: the estimate and the confidence "
+            "sequence's bounds (bound = estimate | cs_low | cs_high), valid however often it "
+            "is read.",
             ("experiment", "bound"))
         self.exp_decision = gauge("budgetproxy_experiment_decision",
                                   "1 for the experiment's current decision, 0 for the others.",
                                   ("experiment", "decision"))
-        for name, names in arms.items():
+        for name, (names, width) in arms.items():
             self.set_experiment({"name": name, "decision": "continue",
-                                 "difference": {"estimate": None, "cs_low": -1.0,
-                                                "cs_high": 1.0},
+                                 "difference": {"estimate": None, "cs_low": -width,
+                                                "cs_high": width},
                                  "arms": [{"name": a, "episodes": 0, "successes": 0,
                                            "estimate": None} for a in names]})
 

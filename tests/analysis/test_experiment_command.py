@@ -65,7 +65,7 @@ def test_the_view_from_the_logs_is_the_live_one(tmp_path: Path,
     live = experiment_view(EXP, finished, "stop_b_better")
     assert view == json.loads(json.dumps(live))
     assert view["arms"][1] == {"name": "disclosed", "episodes": 20, "successes": 20,
-                               "estimate": 1.0, "left_out": 0}
+                               "estimate": 1.0, "left_out": 0, "clipped": 0}
     code, out, _ = analyze(capsys, str(tmp_path), "--experiment", "told")
     assert code == 0 and "hidden - disclosed" in out
 

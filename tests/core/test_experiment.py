@@ -15,13 +15,16 @@ from budgetproxy.core.experiment import (
     draw_arm,
     experiment_from_record,
     experiment_view,
+    finished_of,
     first_stops,
     kept_unit,
+    metric_value,
     outcome_of,
     settings_record,
     stopped_arm,
     stratum,
 )
+from budgetproxy.core.sequential import DifferenceSequence
 from budgetproxy.core.spec import EpisodeSpec
 
 
@@ -83,8 +86,10 @@ def test_the_view_counts_pairs_within_a_task_and_leaves_abandoned_out() -> None:
             finished(5, "gone", True, "t1")]
     view = experiment_view(exp(), reversed(done))  # any order: sorted by (ended_at, id)
     assert view["arms"] == [
-        {"name": "a", "episodes": 1, "successes": 1, "estimate": 1.0, "left_out": 1},
-        {"name": "b", "episodes": 2, "successes": 1, "estimate": 0.5, "left_out": 0}]
+        {"name": "a", "episodes": 1, "successes": 1, "estimate": 1.0, "left_out": 1,
+         "clipped": 0},
+        {"name": "b", "episodes": 2, "successes": 1, "estimate": 0.5, "left_out": 0,
+         "clipped": 0}]
     assert view["difference"]["pairs"] == 1 and view["difference"]["estimate"] == 0.0
     assert view["decision"] == "continue" and view["stopped"] is None
     # a unit of whole tasks pairs across tasks: a's success on t1 with b's failure on t2
@@ -136,3 +141,98 @@ def test_strata_and_kept_units() -> None:
         "t", "group\x1ft\x1fg")
     assert (stratum(exp(), spec), kept_unit(exp(), spec)) == ("t", None)
     assert kept_unit(exp(unit="task"), EpisodeSpec("ep")) is None  # no task: its own unit
+
+
+def _ep(**fields: Any) -> dict[str, Any]:
+    base: dict[str, Any] = {"episode_id": "ep1", "task_id": "t",
+                            "ended_at": "2026-12-06T10:00:00.000Z",
+                            "end_reason": "success", "outcome": "success", "reward": None,
+                            "max_turns": 20, "success_turn": 5, "turns_used": 5,
+                            "token_budget": 10_000, "tokens_used": 1234,
+                            "cost_budget": 1.0, "cost_used": 0.0125}
+    return {**base, **fields}
+
+
+@pytest.mark.parametrize(("changes", "fields", "value"), [
+    ({}, {}, 1.0),
+    ({}, {"end_reason": "exhausted", "outcome": None}, 0.0),
+    ({"metric": "pass_at_tier", "tier": 25}, {}, 1.0),  # T = 5
+    ({"metric": "pass_at_tier", "tier": 25}, {"success_turn": 6, "turns_used": 6}, 0.0),
+    ({"metric": "pass_at_tier", "tier": 25}, {"success_turn": None, "turns_used": 4}, 1.0),
+    ({"metric": "pass_at_tier", "tier": 12.5}, {"max_turns": 20}, 0.0),  # T = round(2.5) = 3
+    ({"metric": "pass_at_tier", "tier": 25}, {"end_reason": "failure", "success_turn": None},
+     0.0),
+    ({"metric": "pass_at_tier", "tier": 25}, {"max_turns": None}, None),
+    ({"metric": "reward"}, {"reward": 0.25}, 0.25),
+    ({"metric": "reward"}, {"reward": None}, 1.0),  # a success without a reward: 1
+    ({"metric": "reward"}, {"reward": 7.0, "end_reason": "exhausted", "outcome": None}, 7.0),
+    ({"metric": "tokens", "metric_max": 5000}, {}, 1234.0),
+    ({"metric": "tokens", "metric_max": 5000}, {"token_budget": None}, None),
+    ({"metric": "cost", "metric_max": 0.1}, {}, 0.0125),
+    ({"metric": "cost", "metric_max": 0.1}, {"cost_budget": None}, None),
+    ({"metric": "tokens", "metric_max": 5000}, {"end_reason": "abandoned"}, None),
+])
+def test_metric_values_from_the_episode_record(changes: dict[str, Any], fields: dict[str, Any],
+                                               value: float | None) -> None:
+    assert metric_value(exp(**changes), _ep(**fields), "keep") == value
+
+
+def test_the_reward_rule_applies_before_the_metric() -> None:
+    ep = _ep(reward=7.0, end_reason="exhausted", outcome=None)
+    assert metric_value(exp(metric="reward"), ep, "zero") == 0.0
+    left = finished_of(exp(metric="pass_at_tier", tier=25), "a", _ep(max_turns=None), "keep")
+    assert left.success is None and left.outcome is None
+
+
+def _spend(i: int, arm: str, tokens: float, task: str = "t") -> Finished:
+    return Finished(f"ep{i:04d}", task, arm, True, f"2026-12-06T10:00:{i // 1000:02d}."
+                    f"{i % 1000:03d}Z", tokens)
+
+
+def test_a_bounded_metric_is_clipped_rescaled_and_reported_in_its_units() -> None:
+    e = exp(metric="tokens", metric_max=4000)
+    done = [_spend(2 * i + k, arm, tokens) for i in range(60)
+            for k, (arm, tokens) in enumerate((("a", 1000.0), ("b", 3000.0 + 10 * (i % 3))))]
+    done.append(_spend(500, "b", 9000.0, task="u"))  # above the range: counts as 4000
+    view = experiment_view(e, done)
+    a, b = view["arms"]
+    assert (a["estimate"], a["clipped"]) == (1000.0, 0)
+    assert b["clipped"] == 1 and b["estimate"] == pytest.approx((60 * 3010 + 4000) / 61)
+    diff = view["difference"]
+    assert diff["pairs"] == 60 and diff["estimate"] == pytest.approx(-2010.0)
+    seq = DifferenceSequence(0.05)  # the same pairs on [0, 1], scaled back by the range
+    for i in range(60):
+        seq.add(0.25, (3000 + 10 * (i % 3)) / 4000)
+    assert diff["cs_low"] == pytest.approx(seq.interval().low * 4000)
+    assert diff["cs_high"] == pytest.approx(seq.interval().high * 4000)
+    assert diff["cs_high"] < 0  # a spent less: lower spend is better
+    assert (view["decision"], view["better"]) == ("stop_a_better", "lower")
+    assert (view["metric_min"], view["metric_max"]) == (0.0, 4000.0)
+    empty = experiment_view(e, [])["difference"]
+    assert (empty["cs_low"], empty["cs_high"]) == (-4000.0, 4000.0)
+
+
+def test_a_reward_range_and_futility_in_its_units() -> None:
+    e = exp(metric="reward", metric_min=-1, metric_max=1, min_effect=0.5)
+    done = [_spend(2 * i + k, arm, r) for i in range(400)
+            for k, (arm, r) in enumerate((("a", 0.5), ("b", 0.5 - 0.1 * (i % 2))))]
+    view = experiment_view(e, done)
+    assert view["better"] == "higher" and view["decision"] == "stop_futile"
+    assert -0.5 < view["difference"]["cs_low"] < 0.05 < view["difference"]["cs_high"] < 0.5
+
+
+def test_the_settings_record_gives_back_the_metric() -> None:
+    e = exp(metric="pass_at_tier", tier=25)
+    record = settings_record(e, "zero")
+    assert record["reward_on_exhausted"] == "zero"
+    assert experiment_from_record(record) == e
+    t = exp(metric="tokens", metric_max=5000, min_effect=500)
+    assert experiment_from_record(settings_record(t)) == t
+
+
+def test_a_kept_entry_round_trips_with_its_value() -> None:
+    entry = _spend(3, "a", 1234.5)
+    assert Finished.from_json(entry.to_json()) == entry
+    older = {"id": "e", "task": "t", "arm": "a", "success": True,
+             "ended_at": "2026-12-06T10:00:00.000Z"}  # kept before metrics had values
+    assert Finished.from_json(older).outcome == 1.0

@@ -124,3 +124,46 @@ def test_episodes_paired_within_tasks_read_after_each(effect: float) -> None:
         assert sum(s for s, _ in runs) / len(runs) <= ALPHA
     else:  # a real effect of 0.3 is found within 400 episodes
         assert sum(s for s, _ in runs) / len(runs) > 0.5
+
+
+def _continuous(rng: random.Random, mean: float) -> float:
+    """A bounded continuous outcome in [0, 1] with the given mean: a Beta with its
+    concentration at 4, with a point mass at 0 (a reward of nothing) a fifth of the time."""
+    inner = mean / 0.8  # (means up to 0.8)
+    return rng.betavariate(4 * inner, 4 * (1 - inner)) if rng.random() < 0.8 else 0.0
+
+
+@pytest.mark.parametrize("mean", [0.1, 0.4, 0.7])
+def test_continuous_outcomes_type_one_error_at_most_alpha(mean: float) -> None:
+    """A bounded continuous metric (a reward, tokens over their range), equal arms, read
+    after every pair: the share of runs that ever stopped for a winner is at most alpha."""
+    rng = random.Random(43)
+    runs, wrong = 300, 0
+    for _ in range(runs):
+        seq = DifferenceSequence(ALPHA)
+        for _ in range(300):
+            seq.add(_continuous(rng, mean), _continuous(rng, mean))
+            iv = seq.interval()
+            if decide(iv.low, iv.high, None) != "continue":
+                wrong += 1
+                break
+    assert wrong / runs <= ALPHA
+
+
+@pytest.mark.parametrize(("m_a", "m_b"), [(0.6, 0.3), (0.45, 0.4), (0.2, 0.7)])
+def test_continuous_outcomes_coverage_under_peeking(m_a: float, m_b: float) -> None:
+    rng = random.Random(13)
+    runs = missed = found = 0
+    for _ in range(300):
+        runs += 1
+        seq = DifferenceSequence(ALPHA)
+        ever_missed = False
+        for _ in range(300):
+            seq.add(_continuous(rng, m_a), _continuous(rng, m_b))
+            iv = seq.interval()
+            ever_missed = ever_missed or not iv.low <= m_a - m_b <= iv.high
+        missed += ever_missed
+        found += decide(iv.low, iv.high, None) != "continue"
+    assert missed / runs <= ALPHA
+    if abs(m_a - m_b) >= 0.3:  # a difference of 0.3 of the range is found within 300 pairs
+        assert found / runs > 0.9

@@ -119,25 +119,107 @@ def test_metrics_gauges_per_experiment_and_arm(proxy: ProxyFactory) -> None:
         in text
 
 
-def test_analyze_experiment_json(proxy: ProxyFactory) -> None:
-    p = proxy(_config())
-    for _ in range(4):
-        eid = new_id()
-        report(p, eid, run_episode(p, eid) == "hidden")
-    time.sleep(0.3)
-    api = p.http().get("/v1/experiments/disclosure").json()
-    p.wait_records(sum(a["episodes"] for a in api["arms"]), type="episode",
-                   experiment="disclosure")
+def _spend_episode(p: Proxy, experiment: str) -> tuple[str, str]:
+    """One episode of two calls through the official client, the second as long as the arm
+    says (so the arms spend differently); (episode id, arm)."""
+    client, eid = p.client(), new_id()
+    raw = client.chat.completions.with_raw_response.create(
+        model="m1", messages=[{"role": "user", "content": "go"}],
+        extra_headers={"X-Episode-Id": eid, "X-Episode-Experiment": experiment,
+                       "X-Episode-Task": "t", "X-Episode-Max-Turns": "4"})
+    arm = raw.headers["x-episode-arm"]
+    words = " ".join(["on"] * (3 if arm == "hidden" else 30))
+    client.chat.completions.create(
+        model="m1", messages=[{"role": "user", "content": "go"},
+                              {"role": "assistant", "content": "ok"},
+                              {"role": "user", "content": words}],
+        extra_headers={"X-Episode-Id": eid})
+    return eid, arm
+
+
+def _gauges(p: Proxy, name: str) -> dict[tuple[str, str], float]:
+    """The experiment's estimate and difference gauges as /metrics gives them."""
+    from prometheus_client.parser import text_string_to_metric_families
+
+    found = {}
+    for family in text_string_to_metric_families(p.http().get("/metrics").text):
+        for s in family.samples:
+            if s.labels.get("experiment") != name:
+                continue
+            if s.name == "budgetproxy_experiment_estimate":
+                found["arm", s.labels["arm"]] = s.value
+            elif s.name == "budgetproxy_experiment_difference":
+                found["bound", s.labels["bound"]] = s.value
+    return found
+
+
+@pytest.mark.parametrize("metric", ["success", "reward", "tokens", "cost", "pass_at_tier"])
+def test_the_api_the_gauges_and_analyze_agree(proxy: ProxyFactory, metric: str) -> None:
+    """The metric's estimate per arm and the difference in its units: the API, the Prometheus
+    gauges and `analyze --experiment` give the same numbers for the same episodes."""
+    name = f"agree-{metric}"
+    settings: dict[str, Any] = {"metric": metric, "name": name}
+    if metric == "tokens":
+        settings["metric_max"] = 60  # (the long arm's episodes spend more: clipped)
+    if metric == "cost":
+        settings.update(metric_max=0.06, min_effect=0.01)  # USD: $0.001 a token here
+    if metric == "pass_at_tier":
+        settings["tier"] = 25  # T = 1 of the episodes' 4 max turns
+    p = proxy({**_config(**settings), "metrics": {"enabled": True},
+               "budget": {"default_tokens": 100_000, "default_cost_usd": 100.0},
+               "prices": {"m1": {"input_per_mtok": 1000.0, "output_per_mtok": 1000.0}}})
+    arms: dict[str, str] = {}
+    rewards = {"hidden": 0.8, "told-wrong": 1.7}  # (1.7: clipped to the range's 1)
+    for i in range(8):
+        eid, arm = _spend_episode(p, name)
+        arms[eid] = arm
+        r = p.http().post(f"/v1/episodes/{eid}/outcome",
+                          json={"success": i % 3 != 0, "reward": rewards[arm] - 0.1 * (i % 2),
+                                **({"success_turn": 1 + i % 2} if i % 3 else {})})
+        assert r.status_code == 200, r.text
+    api = p.http().get(f"/v1/experiments/{name}").json()
+    assert api["metric"] == metric and sum(a["episodes"] for a in api["arms"]) == 8
+    records = p.wait_records(8, type="episode", experiment=name)
+    by_arm = {arm: [r for r in records if arms[r["episode_id"]] == arm] for arm in rewards}
+    for a in api["arms"]:
+        eps = by_arm[a["name"]]
+        if metric in ("tokens", "cost"):  # what each episode spent, up to metric_max
+            used, top = f"{metric}_used", settings["metric_max"]
+            expected = sum(min(r[used], top) for r in eps) / len(eps)
+            assert api["better"] == "lower" and api["metric_max"] == top
+            assert a["clipped"] == sum(r[used] > top for r in eps)
+        elif metric == "reward":
+            expected = sum(min(r["reward"], 1.0) for r in eps) / len(eps)
+            assert a["clipped"] == sum(r["reward"] > 1 for r in eps)
+        elif metric == "pass_at_tier":  # success at turn 1 of T = 1
+            expected = sum(r["success_turn"] == 1 for r in eps) / len(eps)
+            assert api["tier"] == 25
+        else:
+            expected = sum(r["end_reason"] == "success" for r in eps) / len(eps)
+        assert a["estimate"] == pytest.approx(expected)
+    if metric in ("tokens", "cost"):
+        hidden, told = (next(a for a in api["arms"] if a["name"] == n) for n in rewards)
+        assert told["estimate"] > hidden["estimate"] > 0
+    diff = api["difference"]
+    width = api["metric_max"] - api["metric_min"]
+    assert -width <= diff["cs_low"] <= diff["cs_high"] <= width
+
     out = subprocess.run([sys.executable, "-m", "budgetproxy", "analyze", str(p.log_dir),
-                          "--experiment", "disclosure", "--json"],
+                          "--experiment", name, "--json"],
                          capture_output=True, text=True, timeout=60)
     assert out.returncode == 0, out.stderr
     import json
 
     offline = json.loads(out.stdout)
-    assert offline["arms"] == api["arms"]
-    assert offline["difference"] == api["difference"]
-    assert offline["decision"] == api["decision"]
+    for key in ("arms", "difference", "decision", "metric", "metric_min", "metric_max",
+                "tier", "better"):
+        assert offline[key] == api[key], key
+
+    gauges = _gauges(p, name)  # (set by the GET above)
+    for a in api["arms"]:
+        assert gauges["arm", a["name"]] == pytest.approx(a["estimate"])
+    for bound in ("estimate", "cs_low", "cs_high"):
+        assert gauges["bound", bound] == pytest.approx(diff[bound])
 
 
 @pytest.mark.parametrize("bad", [
@@ -152,6 +234,26 @@ def test_bad_experiment_config_names_the_key(bad: dict[str, Any]) -> None:
 
     with pytest.raises(ConfigError, match="experiments"):
         load_config(None, {"experiments": [{**EXPERIMENT, **bad}]})
+
+
+@pytest.mark.parametrize(("bad", "key"), [
+    ({"metric": "tokens"}, "experiments.0.metric_max: required for metric tokens"),
+    ({"metric": "cost", "metric_min": 0.5}, "experiments.0.metric_max: required for metric cost"),
+    ({"metric": "cost", "metric_min": -1, "metric_max": 1}, "experiments.0.metric_min"),
+    ({"metric": "reward", "metric_min": 2}, "experiments.0.metric_max: must be above"),
+    ({"metric": "reward", "metric_max": 10, "min_effect": 11}, "experiments.0.min_effect"),
+    ({"metric": "pass_at_tier"}, "experiments.0.tier: required for metric pass_at_tier"),
+    ({"metric": "pass_at_tier", "tier": 0}, "experiments.0.tier"),
+    ({"metric": "pass_at_tier", "tier": 25, "metric_max": 3}, "experiments.0.metric_max"),
+    ({"metric": "success", "tier": 25}, "experiments.0.tier: only for metric pass_at_tier"),
+    ({"metric": "latency"}, "experiments.0.metric"),
+])
+def test_a_bad_metric_setting_names_its_key(bad: dict[str, Any], key: str) -> None:
+    from budgetproxy.config import ConfigError, load_config
+
+    with pytest.raises(ConfigError) as err:
+        load_config(None, {"experiments": [{**EXPERIMENT, "min_effect": None, **bad}]})
+    assert key in str(err.value)
 
 
 def test_joining_by_the_episode_api(proxy: ProxyFactory) -> None:
