@@ -3,16 +3,13 @@ comparison adjustments and a chi-square test."""
 
 from __future__ import annotations
 
-import functools
 import math
 from collections.abc import Sequence
-from statistics import NormalDist
 from typing import Any
 
 __all__ = [
     "ADJUSTMENTS", "FEW_TASKS", "FEW_TASKS_NOTE", "adjust_p", "bootstrap_ci", "bootstrap_p",
-    "chi_square", "chi_square_sf", "expanded_tail", "few_tasks", "ratio_ci", "t_quantile",
-    "zero_width_note",
+    "chi_square", "chi_square_sf", "few_tasks", "ratio_ci", "zero_width_note",
 ]
 
 # Resample matrices are built in slices of at most this many cells to bound memory.
@@ -28,107 +25,63 @@ def few_tasks(n_tasks: int, n_episodes: int, k: int) -> bool:
     than 2K eligible episodes per task on average. As K nears a task's n, its estimate takes
     few values (at K = n only 0 or 1) and piles up at the bounds, where an interval from the
     spread of the tasks misses the truth far more often than its level says (at K = n = 8
-    and 20 tasks a paired difference's 95% interval covered 73-84% in tests/analysis/
+    and 20 tasks a paired difference's 95% interval covered 75-82% in tests/analysis/
     test_coverage.py)."""
     return n_tasks < FEW_TASKS or n_episodes < 2 * k * n_tasks
-
-
-def t_quantile(p: float, dof: int) -> float:
-    """The p-quantile (p >= 0.5) of Student's t with `dof` degrees of freedom."""
-    if not 0.5 <= p < 1 or dof < 1:
-        raise ValueError(f"need 0.5 <= p < 1 and dof >= 1, got p={p}, dof={dof}")
-    return _t_quantile(p, dof)
-
-
-@functools.lru_cache(maxsize=1024)
-def _t_quantile(p: float, dof: int) -> float:
-    z = NormalDist().inv_cdf(p)
-    if dof > 200:
-        # Cornish-Fisher terms to 1/dof^3: within 1e-8 of the exact quantile at this dof
-        z3, z5, z7 = z**3, z**5, z**7
-        return (z + (z3 + z) / (4 * dof) + (5 * z5 + 16 * z3 + 3 * z) / (96 * dof**2)
-                + (3 * z7 + 19 * z5 + 17 * z3 - 15 * z) / (384 * dof**3))
-    low, high = 0.0, 1e7
-    for _ in range(200):  # bisection on the exact CDF: P(|T| <= t) = 2p - 1
-        mid = (low + high) / 2
-        if _t_central(mid, dof) < 2 * p - 1:
-            low = mid
-        else:
-            high = mid
-        if high - low < 1e-12 * max(1.0, high):
-            break
-    return (low + high) / 2
-
-
-def _t_central(t: float, dof: int) -> float:
-    """P(|T| <= t) for integer `dof`: the finite sums of Abramowitz and Stegun 26.7.3-4."""
-    theta = math.atan(t / math.sqrt(dof))
-    c2, s = math.cos(theta) ** 2, math.sin(theta)
-    if dof % 2 == 1:
-        term = math.cos(theta)
-        total = 0.0 if dof == 1 else term
-        for j in range(3, dof - 1, 2):
-            term *= c2 * (j - 1) / j
-            total += term
-        return 2 / math.pi * (theta + s * total)
-    term = total = 1.0
-    for j in range(2, dof - 1, 2):
-        term *= c2 * (j - 1) / j
-        total += term
-    return s * total
-
-
-def expanded_tail(m: int, confidence: float = 0.95) -> float:
-    """The tail probability at which to read the bootstrap means of m values.
-
-    The percentile interval of a mean is as narrow as a normal interval with the variance
-    divided by m, not m − 1, and a z in place of t: at 20 tasks it covers about 93%, less for
-    the skewed per-task estimates of Pass@K at K > 1. Reading the resamples at Φ(−√(m/(m−1))
-    · t) instead of (1 − confidence)/2 widens it to a t interval's width while it keeps the
-    resamples' shape (Hesterberg's expanded percentile interval); tests/analysis/
-    test_coverage.py measures what it covers."""
-    t = t_quantile(1 - (1 - confidence) / 2, m - 1)
-    return NormalDist().cdf(-math.sqrt(m / (m - 1)) * t)
 
 
 def bootstrap_ci(
     values: Sequence[float], resamples: int = 1000, seed: int = 0, confidence: float = 0.95
 ) -> tuple[float, float]:
-    """Expanded percentile bootstrap CI of the mean of `values` (one value per task,
-    resampled; `expanded_tail` says why and how).
+    """Symmetric bootstrap-t CI of the mean of `values` (one value per task, resampled), kept
+    within the values' range.
+
+    With m values of mean x̄ and variance s², each resample b gives |x̄*_b − x̄| / se*_b; the
+    interval is x̄ ± q·se, q the `confidence` quantile of those ratios (Hall 1988, "On
+    symmetric bootstrap confidence intervals"). se² is (s² + s²/m)/m, and each se*_b² the same
+    from the resample's own variance s*_b² + s²/m: the s²/m added is what a smoothed bootstrap
+    with that kernel variance would add, and it keeps a resample of one repeated value from
+    giving an infinite ratio. Studentizing each resample follows how the spread of the
+    per-task estimates moves with their mean (at K > 1 a sample short of the rare tasks that
+    move the mean is short of spread too), where a percentile interval held at 91%;
+    tests/analysis/test_coverage.py measures what it covers.
 
     The draws pick positions, so the same values in the same order and the same seed give the
     same interval: callers pass tasks in a fixed order (sorted by task_id)."""
     import numpy as np
 
-    means = _resampled_means(values, resamples, seed)
-    if means is None:
+    drawn = _resampled_moments(values, resamples, seed)
+    if drawn is None:
         return float(values[0]), float(values[0])
-    alpha = expanded_tail(len(values), confidence)
-    low, high = np.quantile(means, [alpha, 1.0 - alpha])
-    return float(low), float(high)
+    means, variances = drawn
+    data = np.asarray(values, dtype=np.float64)
+    m = len(data)
+    mean = float(data.mean())
+    smoothing = float(data.var(ddof=1)) / m
+    ratios = np.abs(means - mean) / np.sqrt((variances + smoothing) / m)
+    half = float(np.quantile(ratios, confidence)) * math.sqrt((m + 1) * smoothing / m)
+    return max(mean - half, float(data.min())), min(mean + half, float(data.max()))
 
 
 def bootstrap_p(values: Sequence[float], resamples: int = 1000, seed: int = 0) -> float:
     """Two-sided bootstrap p-value of "the mean is 0", from the same draws as `bootstrap_ci`
     with the same seed: twice the smaller share of resampled means on either side of 0 (at
-    most 1). It is below 0.05 exactly when the plain 95% percentile interval of those draws
-    excludes 0 (up to the quantiles' interpolation; `bootstrap_ci` reads them wider); its
-    resolution is 1/resamples. Values that are all equal (nothing to resample) give 1: no
-    evidence either way."""
+    most 1), the percentile reading of those draws; its resolution is 1/resamples. Values
+    that are all equal (nothing to resample) give 1: no evidence either way."""
     import numpy as np
 
-    means = _resampled_means(values, resamples, seed)
-    if means is None:
+    drawn = _resampled_moments(values, resamples, seed)
+    if drawn is None:
         return 1.0
+    means = drawn[0]
     below = float(np.count_nonzero(means <= 0)) / len(means)
     above = float(np.count_nonzero(means >= 0)) / len(means)
     return min(1.0, 2 * min(below, above))
 
 
-def _resampled_means(values: Sequence[float], resamples: int, seed: int) -> Any:
-    """The means of `resamples` resamples of `values` (positions drawn with `seed`), or None
-    when every resample has the same mean (one value, or all equal)."""
+def _resampled_moments(values: Sequence[float], resamples: int, seed: int) -> Any:
+    """The means and variances (ddof 1) of `resamples` resamples of `values` (positions drawn
+    with `seed`), or None when every resample has the same mean (one value, or all equal)."""
     import numpy as np
 
     if resamples < 1:
@@ -143,12 +96,14 @@ def _resampled_means(values: Sequence[float], resamples: int, seed: int) -> Any:
         return None
     rng = np.random.default_rng(seed)
     means = np.empty(resamples, dtype=np.float64)
+    variances = np.empty(resamples, dtype=np.float64)
     rows = max(1, _MAX_CELLS // m)
     for start in range(0, resamples, rows):
         stop = min(resamples, start + rows)
-        idx = rng.integers(0, m, size=(stop - start, m))
-        means[start:stop] = data[idx].mean(axis=1)
-    return means
+        drawn = data[rng.integers(0, m, size=(stop - start, m))]
+        means[start:stop] = drawn.mean(axis=1)
+        variances[start:stop] = drawn.var(axis=1, ddof=1)
+    return means, variances
 
 
 # --adjust: how the p-values of a family of cells are adjusted for being read together.

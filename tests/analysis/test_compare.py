@@ -106,12 +106,12 @@ def test_bad_compare_argument(text: str) -> None:
 
 def _moderate(tmp_path: Path) -> Path:
     """24 tasks in two slices (tag m), 4 episodes per arm; disclosed ahead by a little in one
-    slice (on 4 of its 14 tasks), a lot in the other; slice "z" has hidden episodes only (no
-    pairs at all)."""
+    slice (ahead on 7 of its 14 tasks, behind on one), a lot in the other; slice "z" has
+    hidden episodes only (no pairs at all)."""
     records = []
     for t in range(24):
         m = "weak" if t < 14 else "strong"
-        gain = (1 if t % 4 == 0 else 0) if m == "weak" else 2
+        gain = (1 if t % 2 == 0 else -1 if t == 13 else 0) if m == "weak" else 2
         base = t % 2
         for i in range(4):
             records.append(ep(f"h{t}-{i}", f"t{t}", "hidden", i < base, tags={"m": m}))

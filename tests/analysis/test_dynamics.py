@@ -13,7 +13,6 @@ from records_support import episode_record
 
 from budgetproxy.analysis import command
 from budgetproxy.analysis.dynamics import checkpoint_order
-from budgetproxy.analysis.stats import expanded_tail
 
 
 def analyze(*argv: str) -> int:
@@ -55,14 +54,17 @@ def _series_log(tmp_path: Path) -> Path:
 
 def _hand_ci(values: list[float], resamples: int = 1000, seed: int = 0) -> tuple[float, float]:
     """The documented interval, computed here from its definition: resample the tasks'
-    estimates (in task_id order) with numpy's generator at `seed`, read the means at the
-    expanded tail."""
+    estimates (in task_id order) with numpy's generator at `seed`, take the 95% quantile of
+    |mean* − mean| / se*, se*² = (s*² + s²/m)/m, as the half-width in units of
+    se = √((s² + s²/m)/m), and keep it within the values' range."""
     data = np.asarray(values)
-    idx = np.random.default_rng(seed).integers(0, len(data), size=(resamples, len(data)))
-    means = data[idx].mean(axis=1)
-    tail = expanded_tail(len(data))
-    low, high = np.quantile(means, [tail, 1 - tail])
-    return float(low), float(high)
+    m = len(data)
+    drawn = data[np.random.default_rng(seed).integers(0, m, size=(resamples, m))]
+    smoothing = data.var(ddof=1) / m
+    ratios = np.abs(drawn.mean(axis=1) - data.mean()) / np.sqrt(
+        (drawn.var(axis=1, ddof=1) + smoothing) / m)
+    half = np.quantile(ratios, 0.95) * np.sqrt((smoothing * m + smoothing) / m)
+    return max(data.mean() - half, data.min()), min(data.mean() + half, data.max())
 
 
 def test_over_orders_checkpoints_numerically_with_intervals(
