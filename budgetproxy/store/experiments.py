@@ -10,6 +10,7 @@ the keys and restart the replicas to start it afresh).
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import Callable
 from typing import Any, Protocol
 
@@ -102,6 +103,9 @@ class RedisExperiments:
         self._prefix = prefix
         # The list only grows (RPUSH): what this replica has read of it, to read only the rest.
         self._read: dict[str, list[Finished]] = {}
+        # One read at a time: two that started from the same length would add the same
+        # entries twice (a sweep's review and an API read run concurrently).
+        self._reading = asyncio.Lock()
 
     def _key(self, name: str) -> str:
         return f"{self._prefix}:exp:{{{name}}}"
@@ -131,15 +135,16 @@ class RedisExperiments:
         await self._run(self._redis.rpush(self._key(name), orjson.dumps(finished.to_json())))
 
     async def finished(self, name: str) -> list[Finished]:
-        kept = self._read.setdefault(name, [])
-        pipe = self._redis.pipeline(transaction=True)
-        pipe.llen(self._key(name)).lrange(self._key(name), len(kept), -1)
-        length, raw = await self._run(pipe.execute())
-        if length < len(kept):  # the keys were deleted (the experiment started afresh)
-            kept.clear()
-            raw = await self._run(self._redis.lrange(self._key(name), 0, -1))
-        kept.extend(Finished.from_json(orjson.loads(r)) for r in raw)
-        return list(kept)
+        async with self._reading:
+            kept = self._read.setdefault(name, [])
+            pipe = self._redis.pipeline(transaction=True)
+            pipe.llen(self._key(name)).lrange(self._key(name), len(kept), -1)
+            length, raw = await self._run(pipe.execute())
+            if length < len(kept):  # the keys were deleted (the experiment started afresh)
+                kept.clear()
+                raw = await self._run(self._redis.lrange(self._key(name), 0, -1))
+            kept.extend(Finished.from_json(orjson.loads(r)) for r in raw)
+            return list(kept)
 
     async def stop(self, name: str, decision: Decision) -> bool:
         return bool(await self._run(self._redis.set(self._key(name) + ":stop", decision,

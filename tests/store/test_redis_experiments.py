@@ -109,3 +109,32 @@ def test_a_new_experiment_episode_with_the_store_down(proxy: ProxyFactory, polic
                       headers={"X-Episode-Id": new_id(), "X-Episode-Experiment": "disclosure"})
     assert r.status_code == (200 if policy == "fail_open" else 503), r.text
     assert p.http().get("/v1/experiments/disclosure").status_code == 503
+
+
+async def test_reads_at_once_count_each_outcome_once() -> None:
+    """A sweep's review and API reads on one replica read the shared list at the same time:
+    each outcome is in every answer once."""
+    import asyncio
+
+    from budgetproxy.core.experiment import Finished
+    from budgetproxy.store.experiments import RedisExperiments
+
+    require_redis()
+    prefix = new_prefix()
+    store = RedisExperiments(REDIS_URL, prefix)
+    try:
+        def one(i: int) -> Finished:
+            return Finished(f"ep{i}", "t", "hidden", True, f"2026-12-06T10:00:{i:02d}Z")
+
+        for i in range(5):
+            await store.add("x", one(i))
+        reads = await asyncio.gather(*(store.finished("x") for _ in range(6)))
+        assert [len(r) for r in reads] == [5] * 6
+        for i in range(5, 8):
+            await store.add("x", one(i))
+        reads = await asyncio.gather(*(store.finished("x") for _ in range(6)))
+        assert [sorted(f.episode_id for f in r) for r in reads] == [
+            sorted(f"ep{i}" for i in range(8))] * 6
+    finally:
+        await store.close()
+        drop_prefix(prefix)
