@@ -70,7 +70,7 @@ from budgetproxy.proxy.wire import (
     parse_payload,
     spec_from_headers,
 )
-from budgetproxy.store.base import EpisodeStore, StoreBusy, StoreUnavailable, TurnClose
+from budgetproxy.store.base import EpisodeStore, StoreBusy, StoreUnavailable, TurnClose, TurnOpen
 from budgetproxy.store.groups import GroupStore
 from budgetproxy.telemetry.metrics import Metrics
 from budgetproxy.telemetry.tracing import Tracing
@@ -388,38 +388,26 @@ class ModelCalls:
         fingerprint = call.prints.digest() if call.prints is not None else None
         model = call.model or ""
         cap = axis_calls.client_cap(call)
+        body_hash = turn_hash(call.route, body)
+
+        def open_turn(out_rate: float | None) -> Awaitable[TurnOpen]:
+            return self.store.open_turn(
+                eid, fresh, body_hash, now, free_retries=self.budget_cfg.free_retries_per_turn,
+                message_count=count, disclosure_index=index, model=call.model,
+                fingerprint=fingerprint, client_cap=cap,
+                output_hold=self.budget_cfg.output_hold_tokens, out_rate=out_rate)
+
         try:
             try:
-                opened = await self.store.open_turn(
-                    eid, fresh, turn_hash(call.route, body), now,
-                    free_retries=self.budget_cfg.free_retries_per_turn,
-                    message_count=count, disclosure_index=index, model=call.model,
-                    fingerprint=fingerprint, client_cap=cap,
-                    output_hold=self.budget_cfg.output_hold_tokens,
-                    out_rate=self.prices.cached_output_rate(model),
-                )
+                opened = await open_turn(self.prices.cached_output_rate(model))
             except NeedArm as need:  # a new episode in an experiment: draw its arm, again
                 assert self.experiments is not None
                 drawn = await self.experiments.assign(need.experiment, need.spec)
-                opened = await self.store.open_turn(
-                    eid, fresh, turn_hash(call.route, body), now,
-                    free_retries=self.budget_cfg.free_retries_per_turn,
-                    message_count=count, disclosure_index=index, model=call.model,
-                    fingerprint=fingerprint, client_cap=cap,
-                    output_hold=self.budget_cfg.output_hold_tokens,
-                    out_rate=self.prices.cached_output_rate(model),
-                )
+                opened = await open_turn(self.prices.cached_output_rate(model))
             if opened.grant.kind is GrantKind.NEED_PRICE:  # a cost budget: once per model
                 created = opened.created
                 rate = await axis_calls.output_rate(self.prices, model)
-                opened = await self.store.open_turn(
-                    eid, fresh, turn_hash(call.route, body), now,
-                    free_retries=self.budget_cfg.free_retries_per_turn,
-                    message_count=count, disclosure_index=index, model=call.model,
-                    fingerprint=fingerprint, client_cap=cap,
-                    output_hold=self.budget_cfg.output_hold_tokens, out_rate=rate,
-                )
-                opened = axis_calls.reopened(opened, created)
+                opened = axis_calls.reopened(await open_turn(rate), created)
         except StoreUnavailable as e:
             # A store that is only busy (this process's connections all taken) is never read
             # as down: fail_open would forward such calls uncounted.
