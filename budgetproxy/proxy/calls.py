@@ -189,20 +189,10 @@ def compaction_record(call: ModelCall, reply: dict[str, Any]) -> dict[str, Any]:
     """A free compaction call's record: the episode it summarised for, the whole conversation
     it sent and the summary (no turn spent)."""
     return {
-        "schema": SCHEMA_VERSION,
-        "type": "compaction",
+        **_call_fields(call, "compaction"),
         "episode_id": call.episode_id,
-        "ts": rfc3339(time.time()),
-        "latency_s": micros(time.perf_counter() - call.t0),
-        "model": call.model,
-        "route": call.route,
-        "stream": call.stream,
-        "status": call.status,
-        "http_status": call.http_status,
         **call.dialect.log_fields(call.conversation or [], 0),
-        "response": reply.get("message"),
-        "finish_reason": reply.get("finish_reason"),
-        "usage": reply.get("usage"),
+        **_reply_fields(reply),
         "charged": False,
     }
 
@@ -210,9 +200,18 @@ def compaction_record(call: ModelCall, reply: dict[str, Any]) -> dict[str, Any]:
 def probe_record(call: ModelCall, reply: dict[str, Any]) -> dict[str, Any]:
     """A probe call's record: the whole conversation it sent and the reply (no episode)."""
     return {
-        "schema": SCHEMA_VERSION,
-        "type": "probe",
+        **_call_fields(call, "probe"),
         "probe_id": call.probe,
+        "request_messages": call.conversation or [],
+        **_reply_fields(reply),
+    }
+
+
+def _call_fields(call: ModelCall, kind: str) -> dict[str, Any]:
+    """What every record of a call outside an episode's turns carries about the call."""
+    return {
+        "schema": SCHEMA_VERSION,
+        "type": kind,
         "ts": rfc3339(time.time()),
         "latency_s": micros(time.perf_counter() - call.t0),
         "model": call.model,
@@ -220,8 +219,9 @@ def probe_record(call: ModelCall, reply: dict[str, Any]) -> dict[str, Any]:
         "stream": call.stream,
         "status": call.status,
         "http_status": call.http_status,
-        "request_messages": call.conversation or [],
-        "response": reply.get("message"),
-        "finish_reason": reply.get("finish_reason"),
-        "usage": reply.get("usage"),
     }
+
+
+def _reply_fields(reply: dict[str, Any]) -> dict[str, Any]:
+    return {"response": reply.get("message"), "finish_reason": reply.get("finish_reason"),
+            "usage": reply.get("usage")}
