@@ -293,34 +293,44 @@ def game_over(messages: Iterable[Mapping[str, Any]]) -> str | None:
     return "I reached the goal." if won else "The game is over."
 
 
-def decide(
-    params: PolicyParams, messages: Iterable[Mapping[str, Any]], rng: random.Random,
-    tools: Any = None,
-) -> list[str]:
-    """The directions to move this turn, decided from the prompt alone (`tools`: the request's
-    tool schemas, part of the prompt it pays for)."""
-    listed = list(messages)
-    texts = [message_text(m) for m in listed]
-    users = [t for m, t in zip(listed, texts, strict=True) if m.get("role") in ("user", "tool")]
+def situation(params: PolicyParams, messages: Sequence[Mapping[str, Any]],
+              tools: Any = None) -> tuple[Observation, int] | None:
+    """What ``decide`` reads from the prompt: the observation and the moves it plans this
+    turn (None when the prompt shows no map)."""
+    texts = [message_text(m) for m in messages]
+    users = [t for m, t in zip(messages, texts, strict=True) if m.get("role") in ("user", "tool")]
     obs = next((o for o in map(parse_observation, reversed(users)) if o is not None), None)
     if obs is None:
-        return []
+        return None
     budget = parse_budget(texts[-1]) if texts else None
     if budget is None:
         budget = next((b for b in map(parse_budget, reversed(texts)) if b is not None), None)
     turns_left = None
     tokens = parse_tokens(texts[-1]) if budget is None and params.budget_aware else None
     if tokens is not None:
-        calls = sum(m.get("role") == "assistant" for m in listed)
-        prompt = prompt_tokens(listed, tools)
-        growth = (prompt - prompt_tokens(listed[:2], tools)) // calls if calls else prompt // 2
+        calls = sum(m.get("role") == "assistant" for m in messages)
+        prompt = prompt_tokens(messages, tools)
+        growth = (prompt - prompt_tokens(messages[:2], tools)) // calls if calls else prompt // 2
         turns_left = turns_paid(tokens, prompt, growth)
+    return obs, pace_for(params, obs, budget, turns_left)
+
+
+def decide(
+    params: PolicyParams, messages: Iterable[Mapping[str, Any]], rng: random.Random,
+    tools: Any = None,
+) -> list[str]:
+    """The directions to move this turn, decided from the prompt alone (`tools`: the request's
+    tool schemas, part of the prompt it pays for)."""
+    situ = situation(params, list(messages), tools)
+    if situ is None:
+        return []
+    obs, pace = situ
     believed = obs.position
     if obs.slid and obs.planned is not None and rng.random() >= params.recovery:
         believed = obs.planned  # the stale plan: acting as if the last moves had gone as meant
     plan: list[str] = []
     at = believed
-    for _ in range(pace_for(params, obs, budget, turns_left)):
+    for _ in range(pace):
         direction = _choose(obs, at, params.step_accuracy, rng)
         plan.append(direction)
         at = step_target(obs.rows, at, direction)

@@ -28,13 +28,10 @@ from budgetproxy.demo.policies import (
     game_over,
     hole_chance,
     move_values,
-    pace_for,
-    parse_budget,
-    parse_observation,
-    parse_tokens,
     policy_for_model,
+    situation,
 )
-from budgetproxy.demo.tokens import message_text, prompt_tokens, reply_tokens, turns_paid
+from budgetproxy.demo.tokens import message_text, prompt_tokens, reply_tokens
 
 FLOOR = 1e-9
 NO_MAP = "I cannot find a FrozenLake map in this conversation."
@@ -67,31 +64,10 @@ def _path_probability(obs: Observation, start: Pos, plan: Sequence[str], pace: i
     return p if len(plan) == pace else 0.0
 
 
-def _situation(params: PolicyParams, messages: Sequence[Mapping[str, Any]],
-               tools: Any) -> tuple[Observation, int] | None:
-    """What ``decide`` reads from the prompt: the observation and the pace."""
-    texts = [message_text(m) for m in messages]
-    users = [t for m, t in zip(messages, texts, strict=True) if m.get("role") in ("user", "tool")]
-    obs = next((o for o in map(parse_observation, reversed(users)) if o is not None), None)
-    if obs is None:
-        return None
-    budget = parse_budget(texts[-1]) if texts else None
-    if budget is None:
-        budget = next((b for b in map(parse_budget, reversed(texts)) if b is not None), None)
-    turns_left = None
-    tokens = parse_tokens(texts[-1]) if budget is None and params.budget_aware else None
-    if tokens is not None:
-        calls = sum(m.get("role") == "assistant" for m in messages)
-        prompt = prompt_tokens(messages, tools)
-        growth = (prompt - prompt_tokens(messages[:2], tools)) // calls if calls else prompt // 2
-        turns_left = turns_paid(tokens, prompt, growth)
-    return obs, pace_for(params, obs, budget, turns_left)
-
-
 def plan_probability(params: PolicyParams, messages: Sequence[Mapping[str, Any]],
                      plan: Sequence[str], tools: Any = None) -> float:
     """P(``decide`` returns `plan`) for this prompt."""
-    situ = _situation(params, messages, tools)
+    situ = situation(params, messages, tools)
     if situ is None:
         return 1.0 if not plan else 0.0
     obs, pace = situ
@@ -126,7 +102,7 @@ def reply_logprob(params: PolicyParams, messages: Sequence[Mapping[str, Any]],
     elif plan:
         p = 0.0 if game_over(messages) else plan_probability(params, messages, plan, tools)
     else:
-        said = game_over(messages) or (NO_MAP if _situation(params, messages, tools) is None
+        said = game_over(messages) or (NO_MAP if situation(params, messages, tools) is None
                                        else None)
         p = 1.0 if said is not None and message_text(action) == said else 0.0
     return math.log(max(p, FLOOR))
