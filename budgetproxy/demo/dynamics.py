@@ -154,11 +154,8 @@ def _ceiling_claim(points: Sequence[Mapping[str, Any]]) -> list[str]:
 
 def add_to_report(report: Path, probe: Mapping[str, Any]) -> None:
     """The probe-per-checkpoint section, appended to the demo's HTML report."""
+    from budgetproxy.demo.probe import append_section
     from budgetproxy.probe.over import html_over
 
-    if not probe.get("over"):
-        return
-    page = report.read_text(encoding="utf-8")
-    section = html_over(probe)
-    page = page.replace("</body>", section + "</body>") if "</body>" in page else page + section
-    report.write_text(page, encoding="utf-8")
+    if probe.get("over"):
+        append_section(report, html_over(probe))

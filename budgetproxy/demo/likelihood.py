@@ -98,9 +98,7 @@ def claims(result: Mapping[str, Any]) -> list[str]:
 
 def add_to_report(report: Path, result: Mapping[str, Any]) -> None:
     """The view's section, appended to the demo's HTML report."""
+    from budgetproxy.demo.probe import append_section
     from budgetproxy.likelihood.report import html_section
 
-    page = report.read_text(encoding="utf-8")
-    section = html_section(result)
-    page = page.replace("</body>", section + "</body>") if "</body>" in page else page + section
-    report.write_text(page, encoding="utf-8")
+    append_section(report, html_section(result))

@@ -96,7 +96,11 @@ def add_to_report(report: Path, result: Mapping[str, Any]) -> None:
     """The probe's section, appended to the demo's HTML report."""
     from budgetproxy.probe.report import html_section
 
+    append_section(report, html_section(result))
+
+
+def append_section(report: Path, section: str) -> None:
+    """`section` added at the end of the demo's HTML report, inside its body."""
     page = report.read_text(encoding="utf-8")
-    section = html_section(result)
     page = page.replace("</body>", section + "</body>") if "</body>" in page else page + section
     report.write_text(page, encoding="utf-8")

@@ -8,6 +8,8 @@ import json
 import sys
 from pathlib import Path
 
+from budgetproxy.probe.command import positive
+
 DESCRIPTION = """\
 From trajectory logs (content: full), score every logged action of policy A's and B's
 episodes (--a/--b FIELD=VALUE) under a reference model through a running proxy or an
@@ -17,13 +19,6 @@ reference, the log-likelihood ratio log pi_policy(tau)/pi_ref(tau) per trajector
 success (pi_policy from logprobs captured with capture_tokens, else scored under the policy's
 own model), and a length-matched comparison of A's and B's trajectories; each with a 95%
 bootstrap CI over tasks. Exit 0, or 2 on bad input or an upstream that cannot score."""
-
-
-def _positive(text: str) -> int:
-    value = int(text)
-    if value < 1:
-        raise argparse.ArgumentTypeError(f"expected a positive number, got {text!r}")
-    return value
 
 
 def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
@@ -48,15 +43,15 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
     p.add_argument("--own", choices=("auto", "captured", "scored"), default="auto",
                    help="log pi_policy from captured logprobs or by scoring under the "
                    "policy's model (default auto: captured where every turn has them)")
-    p.add_argument("--trajectories", type=_positive, metavar="N",
+    p.add_argument("--trajectories", type=positive, metavar="N",
                    help="at most N trajectories per policy and task (default all)")
     p.add_argument("--model-a", help="A's model, when scoring its own logprobs (default: the "
                    "one in A's logs)")
     p.add_argument("--model-b", help="B's model")
     p.add_argument("--api-key", default="likelihood", help="API key for the proxy")
-    p.add_argument("--concurrency", type=_positive, default=16, help="calls at once (16)")
+    p.add_argument("--concurrency", type=positive, default=16, help="calls at once (16)")
     p.add_argument("--seed", type=int, default=0, help="sampling and bootstrap seed (0)")
-    p.add_argument("--resamples", type=_positive, default=1000, help="bootstrap resamples")
+    p.add_argument("--resamples", type=positive, default=1000, help="bootstrap resamples")
     p.add_argument("--json", action="store_true", help="print the result as JSON")
     p.add_argument("--report", type=Path, metavar="FILE.html", help="write an HTML report")
     p.set_defaults(func=run)

@@ -20,7 +20,8 @@ policy played on from the same states; each with a 95% bootstrap CI over tasks.
 Exit 0, or 2 on bad input."""
 
 
-def _positive(text: str) -> int:
+def positive(text: str) -> int:
+    """An argparse type: a whole number of at least 1."""
     value = int(text)
     if value < 1:
         raise argparse.ArgumentTypeError(f"expected a positive number, got {text!r}")
@@ -47,9 +48,9 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
                    "(state and action as JSON on stdin)")
     p.add_argument("--scorer-timeout", type=float, default=60.0, metavar="S",
                    help="for --scorer command: seconds per action (default 60)")
-    p.add_argument("--states", type=_positive, default=64, metavar="N",
+    p.add_argument("--states", type=positive, default=64, metavar="N",
                    help="states to compare, half from each policy's trajectories (default 64)")
-    p.add_argument("--samples", type=_positive, default=16, metavar="G",
+    p.add_argument("--samples", type=positive, default=16, metavar="G",
                    help="next actions per state and policy (default 16)")
     p.add_argument("--inject", choices=("tool-error", "action"),
                    help="also compare from error states made from the sampled ones")
@@ -59,7 +60,7 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
                    "is the tool); default: errors seen in the logs, else a generic one")
     p.add_argument("--continue", dest="continue_", action="store_true",
                    help="play each policy on to the end from the same (error) states")
-    p.add_argument("--rollouts", type=_positive, default=4, metavar="R",
+    p.add_argument("--rollouts", type=positive, default=4, metavar="R",
                    help="continuations per state and policy (default 4)")
     p.add_argument("--proxy", default="http://127.0.0.1:8080", metavar="URL",
                    help="the running proxy's root URL (default http://127.0.0.1:8080)")
@@ -72,9 +73,9 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
                    "them (default last_message)")
     p.add_argument("--model-a", help="model to sample for A (default: the one in A's logs)")
     p.add_argument("--model-b", help="model to sample for B")
-    p.add_argument("--concurrency", type=_positive, default=16, help="calls at once (16)")
+    p.add_argument("--concurrency", type=positive, default=16, help="calls at once (16)")
     p.add_argument("--seed", type=int, default=0, help="sampling and bootstrap seed (0)")
-    p.add_argument("--resamples", type=_positive, default=1000, help="bootstrap resamples")
+    p.add_argument("--resamples", type=positive, default=1000, help="bootstrap resamples")
     p.add_argument("--json", action="store_true", help="print the result as JSON")
     p.add_argument("--report", type=Path, metavar="FILE.html", help="write an HTML report")
     p.set_defaults(func=run)
