@@ -9,7 +9,10 @@ its last `--measured` turns each body is sent twice, with the episode's id and w
 stime of every thread, from /proc/PID/task/*/schedstat, nanoseconds) is read around each
 call after the proxy has gone quiet. The ratio is the episode calls' CPU over the same
 bodies' forwarding CPU. One run, one proxy per store (memory, and Redis when redis-server is
-installed: a private instance on a free port).
+installed: a private instance on a free port). On Redis, the measured episode calls' scripts
+are also read from the server (INFO, before and after): Redis's time in EVALSHA per call
+(the turn's open and settle scripts, `redis_us_per_call`) and the bytes Redis sent per call
+(their replies, `redis_reply_bytes`).
 
     python bench/long_episodes.py                       # 10, 50, 200, 400 turns, plus ~400 KB
     python bench/long_episodes.py --turns 10,50 --stores memory
@@ -88,9 +91,24 @@ def measured_call(client: httpx.Client, pid: int, body: bytes, headers: dict[str
     return cpu_ns(pid) - before
 
 
+def redis_counters(client: Any) -> tuple[int, int, int]:
+    """(EVALSHA calls, their microseconds, bytes sent to clients) as the server counts them."""
+    evalsha = client.info("commandstats").get("cmdstat_evalsha", {})
+    sent = client.info("stats")["total_net_output_bytes"]
+    return int(evalsha.get("calls", 0)), int(evalsha.get("usec", 0)), int(sent)
+
+
 def run_store(store: str, url: str, pid: int, rows: list[tuple[int, int]], measured: int,
-              settle_s: float) -> list[dict[str, Any]]:
+              settle_s: float, redis_url: str | None = None) -> list[dict[str, Any]]:
     out = []
+    server = None
+    if redis_url is not None:
+        import redis
+
+        server = redis.Redis.from_url(redis_url)
+        # what reading the counters itself sends (the two INFO replies), taken off below
+        first = redis_counters(server)[2]
+        info_bytes = redis_counters(server)[2] - first
     with httpx.Client(base_url=url, timeout=60.0) as client:
         plain = {"content-type": "application/json"}
         for n, (turns, size) in enumerate(rows):
@@ -98,6 +116,7 @@ def run_store(store: str, url: str, pid: int, rows: list[tuple[int, int]], measu
             episode = {**plain, "X-Episode-Id": eid}
             seq = bodies(turns, size)
             ep_ns = fwd_ns = 0
+            evalsha = [0, 0, 0]
             for t, body in enumerate(seq, 1):
                 if t <= turns - measured:  # growing the episode to its length
                     r = client.post("/v1/chat/completions", content=body, headers=episode)
@@ -108,21 +127,35 @@ def run_store(store: str, url: str, pid: int, rows: list[tuple[int, int]], measu
                 if t % 2:
                     pair.reverse()
                 for headers, is_episode in pair:
+                    before = redis_counters(server) if server and is_episode else None
                     ns = measured_call(client, pid, body, headers, settle_s)
                     if is_episode:
                         ep_ns += ns
                     else:
                         fwd_ns += ns
+                    if before is not None and server is not None:
+                        after = redis_counters(server)
+                        for i in range(3):
+                            evalsha[i] += after[i] - before[i]
             calls = min(measured, turns)
             row = {"store": store, "turns": turns, "message_chars": size,
                    "last_body_bytes": len(seq[-1]), "calls": calls,
                    "episode_us_per_call": round(ep_ns / calls / 1000, 1),
                    "forward_us_per_call": round(fwd_ns / calls / 1000, 1),
                    "ratio": round(ep_ns / fwd_ns, 3) if fwd_ns else None}
+            extra = ""
+            if server is not None:
+                row["evalsha_per_call"] = round(evalsha[0] / calls, 2)
+                row["redis_us_per_call"] = round(evalsha[1] / calls, 1)
+                row["redis_reply_bytes"] = round((evalsha[2] - calls * info_bytes) / calls)
+                extra = (f"  redis {row['redis_us_per_call']:6.1f} us "
+                         f"{row['redis_reply_bytes']:6} B")
             print(f"{store:7} {turns:4} turns  {len(seq[-1]) / 1000:7.0f} KB  episode "
                   f"{row['episode_us_per_call']:8.1f} us  forwarding "
-                  f"{row['forward_us_per_call']:8.1f} us  {row['ratio']}x", flush=True)
+                  f"{row['forward_us_per_call']:8.1f} us  {row['ratio']}x{extra}", flush=True)
             out.append(row)
+    if server is not None:
+        server.close()
     return out
 
 
@@ -177,17 +210,18 @@ def main() -> int:
         procs: list[subprocess.Popen[bytes] | None] = [upstream.proc]
         try:
             for store in args.stores.split(","):
-                url = "memory"
+                url, redis_url = "memory", None
                 if store == "redis":
                     if shutil.which("redis-server") is None:
                         print("redis: skipped (redis-server not installed)")
                         continue
                     redis, url = start_redis(workdir)
+                    redis_url = url
                     procs.append(redis)
                 proxy, base = start_proxy(workdir, upstream.base_url, url)
                 procs.append(proxy)
                 results += run_store(store, base, proxy.pid, rows, args.measured,
-                                     args.settle_ms / 1000)
+                                     args.settle_ms / 1000, redis_url)
                 tg.stop(proxy)
         finally:
             for proc in procs:

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from dataclasses import asdict, dataclass, field
 from enum import StrEnum
-from typing import Any, Literal
+from typing import Any, Literal, NamedTuple
 
 from budgetproxy.core import axes
 
@@ -39,7 +39,9 @@ class EpisodeState:
     free_retries_used: int = 0
     refused: bool = False
     # Where earlier turns' disclosure texts went: [message index, turn, message count,
-    # conversation digest] (the last two: what that turn sent, see core.fingerprint).
+    # conversation digest] (the last two: what that turn sent, see core.fingerprint), in
+    # the order placed (`place`). A turn's snapshot (store TurnOpen.state) may leave them
+    # out: its grant carries what the turn needs, and a store's `get` reads them all.
     disclosed_at: list[list[Any]] = field(default_factory=list)
     # Number of client messages seen by the previous turn (for logging only the new ones),
     # and the digest of those messages (the next turn logs all when its prefix differs).
@@ -120,6 +122,68 @@ class EpisodeState:
 Placed = tuple[int, int, int, str]
 
 
+class Known(NamedTuple):
+    """What a caller already holds of an episode's placements (core.replays): how many there
+    are when it is right (`size`), the digest the newest was made for, and its own answer
+    for them. A store that finds the placements as told hands `known` back with the newest
+    alone; otherwise it sends them all."""
+
+    size: int
+    digest: str
+    answer: tuple[tuple[int, int], ...]
+
+
+class Placements(NamedTuple):
+    """The placements earlier turns left, as a turn found them: how many, the newest, and all
+    of them (`every`), or, when they were as the caller's `known` told, that handed back
+    instead (`every` None), so the work and the reply do not grow with the turns."""
+
+    size: int
+    newest: Placed | None
+    every: tuple[Placed, ...] | None
+    known: Known | None = None
+
+
+NO_PLACEMENTS = Placements(0, None, ())
+
+
+def as_placed(p: list[Any]) -> Placed:
+    return (int(p[0]), int(p[1]), int(p[2]), str(p[3]))
+
+
+def placements_of(entries: list[list[Any]], known: Known | None) -> Placements:
+    """An episode's placements (`EpisodeState.disclosed_at`) for a turn's grant."""
+    n = len(entries)
+    if not n:
+        return NO_PLACEMENTS
+    newest = as_placed(entries[-1])
+    if known is not None and known.size == n and known.digest == newest[3]:
+        return Placements(n, newest, None, known)
+    return Placements(n, newest, placed(entries))
+
+
+def place(entries: list[list[Any]], entry: list[Any]) -> None:
+    """Add a turn's placement [index, turn, message count, digest] to an episode's, in place.
+
+    Placements made in a longer conversation than this one belong to a history the client
+    has since cut short: tracking restarts without them. One at the same index is replaced.
+    In work that does not grow with the list: each placement first drops those of longer
+    conversations, so the list is in order of message count and those are the newest; and an
+    index is a position in its conversation (at most its message count), so one at this
+    index can only be among the newest that have at least that many messages.
+    """
+    index, count = entry[0], entry[2]
+    while entries and entries[-1][2] > count:
+        entries.pop()
+    i = len(entries) - 1
+    while i >= 0 and entries[i][2] >= index:
+        if entries[i][0] == index:
+            del entries[i]  # (at most one: each placement replaces its index's)
+            break
+        i -= 1
+    entries.append(entry)
+
+
 def placed(entries: list[list[Any]]) -> tuple[Placed, ...]:
     """Stored placements as tuples; entries of an older layout (no digest) are left out."""
     # Built from a list, not a generator: tuple(generator) allocates ten slots and resizes,
@@ -147,7 +211,7 @@ class Grant:
     charged: bool = False
     body_hash: str = ""
     # Disclosure placements of earlier turns, before this one was added.
-    disclosed_at: tuple[Placed, ...] = ()
+    disclosed_at: Placements = NO_PLACEMENTS
     # What the previous turn sent: its message count and their digest.
     messages_seen: int = 0
     messages_digest: str | None = None
@@ -175,6 +239,7 @@ def reserve(
     client_cap: int | None = None,
     out_rate: float | None = None,
     output_hold: int = axes.OUTPUT_HOLD,
+    placements_known: Known | None = None,
 ) -> Grant:
     """Decide whether a model call may be forwarded, and reserve its turn. Mutates `st`.
 
@@ -187,6 +252,9 @@ def reserve(
     An episode with budgets on other axes (core.axes) is refused once one is spent, and a
     forwarded call holds its output cap (`client_cap`, clamped) on them; `out_rate` is the
     model's USD per output token, needed when the episode has a cost budget.
+
+    The grant carries the earlier placements (`placements_of`): only the newest when they are
+    as `placements_known` tells (a caller that holds its answer for the others).
     """
     if st.status == "finished":
         return Grant(GrantKind.FINISHED, turn=st.last_turn)
@@ -203,7 +271,7 @@ def reserve(
                 st.exhausted_by = planned
             return Grant(GrantKind.EXHAUSTED, turn=st.turns_used)
         hold = planned
-    prior = placed(st.disclosed_at)
+    prior = placements_of(st.disclosed_at, placements_known)
     seen, digest = st.messages_seen, st.messages_digest
     is_retry = st.last_hash == body_hash and st.last_state in ("charged", "refunded")
     if is_retry and st.last_state == "charged" and st.free_retries_used < free_retries:
@@ -239,12 +307,7 @@ def reserve(
     if st.model is None and model is not None:
         st.model = model
     if disclosure_index is not None and st.disclosure == "disclosed":  # hidden: none to redo
-        # A placement made in a longer conversation than this one belongs to a history the
-        # client has since cut short: tracking restarts without it.
-        st.disclosed_at = [
-            list(p) for p in prior if p[0] != disclosure_index and p[2] <= message_count
-        ]
-        st.disclosed_at.append([disclosure_index, turn, message_count, fingerprint or ""])
+        place(st.disclosed_at, [disclosure_index, turn, message_count, fingerprint or ""])
     return Grant(
         GrantKind.FORWARD,
         turn=turn,
@@ -345,6 +408,7 @@ def finish(
                 report.success_turn if report.success_turn is not None else st.turns_used
             )
     st.status = "finished"
+    st.disclosed_at = []  # no turn of it is opened again: nothing to re-apply
     st.ended_at = now
     st.end_reason = end_reason(st)
     st.end_pending = await_turns and st.inflight > 0

@@ -5,16 +5,18 @@ A turn re-applies an earlier turn's text while its conversation still starts wit
 that turn sent (core.disclosure.replayable, one digest comparison per earlier text). When it
 extends the previous turn's conversation, the answer follows from the previous turn's own:
 every text the previous turn re-applied, and the previous turn's text. So the last answer of
-each recent episode is kept, and a turn that extends the conversation it was given for checks
-one digest instead of all of them. Any other turn (the first one this process sees of an
-episode, one after a rewritten history, one after parallel calls) takes the full comparison.
-That also keeps a text the previous turn left out (its conversation no longer started with
-that text's) out for good: putting it back would break the append-only prompt.
+each recent episode is kept, and a turn that extends the conversation it was given for
+checks one digest instead of all of them; the store, told what that answer covered
+(`known`), then sends only the newest placement instead of all of them. Any other turn (the
+first one this process sees of an episode, one after a rewritten history, one after parallel
+calls) takes the full comparison, over all the placements. That also keeps a text the
+previous turn left out (its conversation no longer started with that text's) out for good:
+putting it back would break the append-only prompt.
 """
 
 from __future__ import annotations
 
-from budgetproxy.core.episode import Placed
+from budgetproxy.core.episode import Known, Placements
 from budgetproxy.core.fingerprint import Fingerprint
 
 # (the digest of the conversation it was given for, how many earlier texts there were then,
@@ -29,21 +31,29 @@ class Replays:
         self.size = size
         self._last: dict[str, _Answer] = {}  # in order of use (re-inserted on each)
 
-    def replayable(self, episode_id: str, placed: tuple[Placed, ...],
+    def known(self, episode_id: str, conversation: Fingerprint) -> Known | None:
+        """What this turn's store call may be told (`placements_known`): the episode's last
+        answer, when this conversation extends the one it was given for; it holds when the
+        placements are then that answer's and one more, made for that conversation."""
+        last = self._last.get(episode_id)
+        if last is None or not conversation.extends(last[0]):
+            return None
+        return Known(last[1] + 1, last[0], last[2])
+
+    def replayable(self, episode_id: str, placements: Placements,
                    conversation: Fingerprint) -> list[tuple[int, int]]:
         """(index, turn) of the earlier placements to re-apply, as
         core.disclosure.replayable, remembered for the episode's next turn."""
         cache = self._last
-        last = cache.pop(episode_id, None)
-        n = len(placed)
-        if (last is not None and n == last[1] + 1 and placed[-1][3] == last[0]
-                and conversation.extends(last[0])):
-            prev = placed[-1]
-            keep = (*last[2], (prev[0], prev[1]))
+        cache.pop(episode_id, None)
+        known, newest, every = placements.known, placements.newest, placements.every
+        if known is not None and newest is not None:  # as `known` told: one more than it
+            keep = (*known.answer, (newest[0], newest[1]))
         else:
-            ok = conversation.extends_each([p[3] for p in placed]) if placed else []
-            keep = tuple([(p[0], p[1]) for p, yes in zip(placed, ok, strict=True) if yes])
-        cache[episode_id] = (conversation.digest(), n, keep)
+            every = every or ()
+            ok = conversation.extends_each([p[3] for p in every]) if every else []
+            keep = tuple([(p[0], p[1]) for p, yes in zip(every, ok, strict=True) if yes])
+        cache[episode_id] = (conversation.digest(), placements.size, keep)
         if len(cache) > self.size:
             del cache[next(iter(cache))]
         return list(keep)

@@ -386,6 +386,9 @@ class ModelCalls:
         if self.recorder.keeps_turns or keep:
             call.prints = Fingerprint(conversation)
         fingerprint = call.prints.digest() if call.prints is not None else None
+        # what this process already holds of the episode's placements (core/replays.py)
+        known = self.replays.known(eid, call.prints) if (
+            keep and call.prints is not None) else None
         model = call.model or ""
         cap = axis_calls.client_cap(call)
         body_hash = turn_hash(call.route, body)
@@ -395,7 +398,8 @@ class ModelCalls:
                 eid, fresh, body_hash, now, free_retries=self.budget_cfg.free_retries_per_turn,
                 message_count=count, disclosure_index=index, model=call.model,
                 fingerprint=fingerprint, client_cap=cap,
-                output_hold=self.budget_cfg.output_hold_tokens, out_rate=out_rate)
+                output_hold=self.budget_cfg.output_hold_tokens, out_rate=out_rate,
+                placements_known=known)
 
         try:
             try:

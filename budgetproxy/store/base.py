@@ -11,6 +11,7 @@ from budgetproxy.core.episode import (
     EpisodeState,
     FinishStatus,
     Grant,
+    Known,
     OutcomeReport,
     SettleResult,
 )
@@ -29,7 +30,7 @@ class StoreBusy(StoreUnavailable):
 # dataclass's cost.)
 class TurnOpen(NamedTuple):
     grant: Grant
-    state: EpisodeState  # a snapshot after the reservation
+    state: EpisodeState  # a snapshot after the reservation (placements left out)
     created: bool  # this call created the episode
 
 
@@ -72,12 +73,17 @@ class EpisodeStore(Protocol):
         client_cap: int | None = None,
         out_rate: float | None = None,
         output_hold: int = OUTPUT_HOLD,
+        placements_known: Known | None = None,
     ) -> TurnOpen:
         """Create the episode with `fresh()` if it does not exist, then `core.episode.reserve`
         (`client_cap` and `out_rate` for its other axes, core.axes).
 
         `fresh` is called only for a new episode (its headers are read on the first call only);
         it may raise, and then nothing is stored.
+
+        The grant carries the earlier disclosure placements: only the newest when they are as
+        `placements_known` tells (core.episode.placements_of), so a warm caller's work does not
+        grow with the turns. The state returned may leave the placements out (`get` has them).
         """
         ...
 

@@ -1,6 +1,6 @@
 -- Close a forwarded turn: core settle. Returns nil for an unknown episode; 1 or 0 (refunded)
 -- for a turn-only call that did not end its episode; else [refunded, snapshot, ended].
--- KEYS: episode. ARGV: grant turn, grant charged (0|1), grant body hash,
+-- KEYS: episode, its placements. ARGV: grant turn, grant charged (0|1), grant body hash,
 -- result (ok|refundable|broken), now, count_failed (0|1), active ttl ms, retention ms,
 -- and for a call holding other axes (core.axes) the five axes_settle arguments.
 local ep = KEYS[1]
@@ -33,6 +33,9 @@ if #ARGV >= 13 and (f[1] == 'active' or pending) then
 end
 if f[1] == 'active' or pending then
   redis.call('PEXPIRE', ep, ARGV[7])
+  if KEYS[2] then  -- (kept as long as the episode: nothing if it has none)
+    redis.call('PEXPIRE', KEYS[2], ARGV[7])
+  end
 end
 local ended = 0
 if pending then

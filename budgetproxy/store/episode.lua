@@ -21,11 +21,14 @@ local function reason_of(ep)
 end
 
 -- core.episode.finish after the report's fields are written; keep the episode for
--- retention, then its id. `pending`: turns are in flight, and their settling completes the
--- ending (core end_pending).
-local function end_episode(ep, gone, now, retention_ms, remember_ms, pending, pending_ttl_ms)
+-- retention, then its id; its disclosure placements (`pl`) go: no turn of it is opened
+-- again. `pending`: turns are in flight, and their settling completes the ending (core
+-- end_pending).
+local function end_episode(ep, gone, pl, now, retention_ms, remember_ms, pending,
+                           pending_ttl_ms)
   redis.call('HSET', ep, 'status', 'finished', 'ended_at', now, 'end_reason', reason_of(ep),
     'end_pending', pending and '1' or '0')
+  redis.call('HDEL', ep, 'placements')  -- (an older version's)
   local snap = snapshot(ep)
   -- an ending that waits for turns in flight keeps the episode as long as an active one: its
   -- record is written when they settle, which retention alone (possibly 0) would not wait for
@@ -35,5 +38,6 @@ local function end_episode(ep, gone, now, retention_ms, remember_ms, pending, pe
   end
   redis.call('PEXPIRE', ep, math.max(1, keep_ms))
   redis.call('SET', gone, now, 'PX', math.max(1, retention_ms + remember_ms))
+  redis.call('DEL', pl)
   return snap
 end

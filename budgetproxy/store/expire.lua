@@ -1,5 +1,6 @@
 -- Claim an idle episode: only the caller that ends it gets its snapshot back.
--- KEYS: episode, remembered id. ARGV: now, idle timeout s, retention ms, remember ms.
+-- KEYS: episode, remembered id, placements. ARGV: now, idle timeout s, retention ms,
+-- remember ms.
 -- A turn still in flight holds an active episode open, but only for twice the idle timeout:
 -- the replica serving it may have died without settling. An episode already ended with
 -- turns in flight (end_pending), whose ending those turns' settling completes, waits one
@@ -28,4 +29,4 @@ if pending then
   return cjson.encode({'claimed', snapshot(ep)})
 end
 return cjson.encode({'claimed',
-  end_episode(ep, gone, ARGV[1], tonumber(ARGV[3]), tonumber(ARGV[4]), false, 0)})
+  end_episode(ep, gone, KEYS[3], ARGV[1], tonumber(ARGV[3]), tonumber(ARGV[4]), false, 0)})

@@ -1,5 +1,5 @@
 -- End an episode (core finish): the first call ends it; later ones get its snapshot back.
--- KEYS: episode, remembered id. ARGV: now, has_report (0|1), success (0|1),
+-- KEYS: episode, remembered id, placements. ARGV: now, has_report (0|1), success (0|1),
 -- reward JSON ('' for none), success_turn ('' for none), metadata JSON, retention ms,
 -- remember ms, active ttl ms (how long an ending waiting for turns in flight is kept).
 local ep, gone = KEYS[1], KEYS[2]
@@ -29,5 +29,5 @@ if ARGV[2] == '1' then
 end
 local pending = tonumber(redis.call('HGET', ep, 'inflight')) > 0
 return cjson.encode({'finished',
-  end_episode(ep, gone, ARGV[1], tonumber(ARGV[7]), tonumber(ARGV[8]), pending,
+  end_episode(ep, gone, KEYS[3], ARGV[1], tonumber(ARGV[7]), tonumber(ARGV[8]), pending,
     tonumber(ARGV[9]))})

@@ -19,6 +19,7 @@ from budgetproxy.core.episode import (
     FinishStatus,
     Grant,
     GrantKind,
+    Known,
     OutcomeReport,
     SettleResult,
     finish,
@@ -155,6 +156,7 @@ class MemoryStore:
         client_cap: int | None = None,
         out_rate: float | None = None,
         output_hold: int = OUTPUT_HOLD,
+        placements_known: Known | None = None,
     ) -> TurnOpen:
         st = self._lookup(episode_id)
         created = False
@@ -176,8 +178,11 @@ class MemoryStore:
             client_cap=client_cap,
             out_rate=out_rate,
             output_hold=output_hold,
+            placements_known=placements_known,
         )
-        return TurnOpen(grant, st.snapshot(), created)
+        snap = st.snapshot()
+        snap.disclosed_at = []  # (the live list, changed in place by later turns)
+        return TurnOpen(grant, snap, created)
 
     async def close_turn(
         self, episode_id: str, grant: Grant, result: SettleResult, now: float, *,
@@ -222,7 +227,11 @@ class MemoryStore:
 
     async def get(self, episode_id: str) -> EpisodeState | None:
         st = self._lookup(episode_id)
-        return st.snapshot() if st is not None else None
+        if st is None:
+            return None
+        snap = st.snapshot()
+        snap.disclosed_at = list(st.disclosed_at)  # later turns change the live list in place
+        return snap
 
     async def is_known(self, episode_id: str) -> bool:
         return self._lookup(episode_id) is not None or episode_id in self._forgotten

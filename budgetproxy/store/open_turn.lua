@@ -1,11 +1,39 @@
--- Open a turn: create the episode if absent (ARGV[11..] are its fields), then core reserve.
--- KEYS: episode, remembered id. ARGV: body_hash, now, free_retries, message_count,
--- disclosure_index ('' for none), active ttl ms, model ('' for none),
+-- Open a turn: create the episode if absent (ARGV[15..] are its fields), then core reserve.
+-- KEYS: episode, remembered id, placements. ARGV: body_hash, now, free_retries,
+-- message_count, disclosure_index ('' for none), active ttl ms, model ('' for none),
 -- fingerprint ('' for none), client output cap ('' none), USD per output token ('' unknown),
 -- output tokens held for a call with no cap (core.axes.OUTPUT_HOLD), '1' when the caller
 -- keeps the episode's fixed fields (a forwarded turn of a turn-only episode is then answered
--- with what the turn changed, not the whole episode), [field, value, ...].
-local ep, gone = KEYS[1], KEYS[2]
+-- with what the turn changed, not the whole episode), the placements the caller holds an
+-- answer for: their number and the newest one's digest ('' '' for none; core.episode.Known),
+-- [field, value, ...].
+
+-- core.episode.place on the list of placements (JSON texts [index, turn, count, digest]), in
+-- work that does not grow with it: drop from its end those of longer conversations, and the
+-- one at this index among those with at least `index` messages, then append.
+local function place(pl, index, turn, count, digest)
+  local tail = redis.call('LINDEX', pl, -1)
+  while tail and cjson.decode(tail)[3] > count do
+    redis.call('RPOP', pl)
+    tail = redis.call('LINDEX', pl, -1)
+  end
+  local at = -1
+  while tail do
+    local p = cjson.decode(tail)
+    if p[3] < index then
+      break
+    elseif p[1] == index then
+      redis.call('LREM', pl, -1, tail)  -- (one, looked for from the end: it is unique)
+      break
+    end
+    at = at - 1
+    tail = redis.call('LINDEX', pl, at)
+  end
+  redis.call('RPUSH', pl, string.format('[%d,%d,%d,%s]', index, turn, count,
+    cjson.encode(digest)))
+end
+
+local ep, gone, pl = KEYS[1], KEYS[2], KEYS[3]
 local body_hash, now = ARGV[1], ARGV[2]
 local free_retries = tonumber(ARGV[3])
 local index = ARGV[5]
@@ -14,10 +42,10 @@ if redis.call('EXISTS', ep) == 0 then
   if redis.call('EXISTS', gone) == 1 then
     return cjson.encode({'gone'})
   end
-  if #ARGV < 13 then
+  if #ARGV < 15 then
     return cjson.encode({'absent'})
   end
-  redis.call('HSET', ep, unpack(ARGV, 13))
+  redis.call('HSET', ep, unpack(ARGV, 15))
   created = 1
 end
 local f = redis.call('HMGET', ep, 'status', 'budget', 'turns_used', 'inflight', 'last_turn',
@@ -43,7 +71,7 @@ if f[14] or f[15] or f[16] then
 end
 local budget, used, inflight = tonumber(f[2]), tonumber(f[3]), tonumber(f[4])
 local last_turn, attempt, last_hash, last_state = tonumber(f[5]), tonumber(f[6]), f[7], f[8]
-local free_used, prior, seen, seen_digest = tonumber(f[9]), f[10] or '[]', f[11], f[12]
+local free_used, seen, seen_digest = tonumber(f[9]), f[11], f[12]
 local count, fingerprint = tonumber(ARGV[4]), ARGV[8]
 local is_retry = last_hash == body_hash and (last_state == 'charged' or last_state == 'refunded')
 local charged
@@ -73,23 +101,33 @@ local fields = {'turns_used', used, 'last_turn', last_turn, 'last_attempt', atte
   'free_retries_used', free_used, 'last_hash', last_hash, 'last_state', 'inflight',
   'last_charged', charged, 'inflight', inflight + 1, 'last_activity', now,
   'messages_seen', ARGV[4]}
-local placements = nil
-if index ~= '' and f[13] == 'disclosed' then
-  -- [index, turn, message count, digest] under 'placements' ('disclosed_at' keeps older
-  -- versions' [index, turn] pairs); those of longer conversations are dropped
-  -- (core.episode.reserve)
-  local idx = tonumber(index)
-  local parts = {}
-  for _, p in ipairs(cjson.decode(prior)) do
-    if #p == 4 and p[1] ~= idx and p[3] <= count then
-      parts[#parts + 1] = string.format('[%d,%d,%d,%s]', p[1], p[2], p[3], cjson.encode(p[4]))
+if f[10] then
+  -- placements an older version kept in the hash (or an episode created with some): into
+  -- the list, as if placed one by one
+  for _, p in ipairs(cjson.decode(f[10])) do
+    if #p == 4 then
+      place(pl, p[1], p[2], p[3], p[4])
     end
   end
-  parts[#parts + 1] = string.format('[%d,%d,%d,%s]', idx, last_turn, count,
-    cjson.encode(fingerprint))
-  placements = '[' .. table.concat(parts, ',') .. ']'
-  fields[#fields + 1] = 'placements'
-  fields[#fields + 1] = placements
+  redis.call('HDEL', ep, 'placements')
+end
+-- The earlier placements (core.episode.placements_of): the newest alone when they are as
+-- the caller's answer covers, else all of them.
+local placed_n = redis.call('LLEN', pl)
+local newest, every = false, '[]'
+if placed_n > 0 then
+  newest = redis.call('LINDEX', pl, -1)
+  if ARGV[13] ~= '' and tonumber(ARGV[13]) == placed_n and cjson.decode(newest)[4] == ARGV[14]
+  then
+    every = false
+  else
+    every = '[' .. table.concat(redis.call('LRANGE', pl, 0, -1), ',') .. ']'
+  end
+end
+local placed = false
+if index ~= '' and f[13] == 'disclosed' then
+  place(pl, tonumber(index), last_turn, count, fingerprint)
+  placed = true
 end
 redis.call('HSET', ep, unpack(fields))
 if fingerprint == '' then
@@ -106,16 +144,20 @@ if hold then
   held = axes_apply(ep, hold, ARGV[2])
 end
 redis.call('PEXPIRE', ep, ARGV[6])
+if placed or placed_n > 0 then
+  redis.call('PEXPIRE', pl, ARGV[6])
+end
+local prior = {placed_n, newest, every}
 if ARGV[12] == '1' and created == 0 and not hold then
   -- The caller knows what never changes (its last full reply): the turn's changes alone,
-  -- [turns_used, inflight, free retries used, last hash, model, refused, placements].
+  -- [turns_used, inflight, free retries used, last hash, model, refused].
   local model = f[17]
   if not model and ARGV[7] ~= '' then
     model = ARGV[7]
   end
   return cjson.encode({'forward', created, false, last_turn, attempt, charged, prior, seen,
     seen_digest or false, held, {used, inflight + 1, free_used, last_hash, model or false,
-    f[18] or '0', placements or false}})
+    f[18] or '0'}})
 end
 return cjson.encode({'forward', created, snapshot(ep), last_turn, attempt, charged, prior,
   seen, seen_digest, held})

@@ -7,6 +7,9 @@ Key layout (the id sits in braces, a Redis Cluster hash tag, so an episode's key
   finished ones expire after retention.
 - ``{prefix}:gone:{<id>}`` — the remembered id of a finished episode, kept for retention +
   ``remember_s``, so later calls get ``episode_finished`` and the id cannot be reused.
+- ``{prefix}:pl:{<id>}`` — the episode's disclosure placements (history: keep), a list of JSON
+  texts in the order placed, beside the hash so that a turn reads and writes only its end
+  (open_turn.lua); it expires with the episode and goes when the episode ends.
 - ``{prefix}:active`` — sorted set of active episode ids scored by a lower bound of their last
   activity (the creation time, raised lazily by the sweep), so turns never write it.
 
@@ -39,13 +42,18 @@ except ImportError as e:  # pragma: no cover - depends on the install
 
 from budgetproxy.core.axes import OUTPUT_HOLD, AxisGrant, Spend, cumulative
 from budgetproxy.core.episode import (
+    NO_PLACEMENTS,
     EpisodeState,
     FinishStatus,
     Grant,
     GrantKind,
+    Known,
     OutcomeReport,
+    Placements,
     SettleResult,
+    as_placed,
     finish,
+    place,
     placed,
 )
 from budgetproxy.store.base import (
@@ -179,6 +187,7 @@ class RedisStore:
         self._finish = self._redis.register_script(prelude + _lua("finish.lua"))
         self._expire = self._redis.register_script(prelude + _lua("expire.lua"))
         self._keep_told = self._redis.register_script(_KEEP_TOLD)
+        self._read = self._redis.register_script(_READ)
         self._finish_reply = self._redis.register_script(_FINISH_REPLY)
 
     # -- keys ----------------------------------------------------------------------------------
@@ -188,8 +197,12 @@ class RedisStore:
     def remembered_key(self, episode_id: str) -> str:
         return f"{self.prefix}:gone:{{{episode_id}}}"
 
+    def placements_key(self, episode_id: str) -> str:
+        return f"{self.prefix}:pl:{{{episode_id}}}"
+
     def _keys(self, episode_id: str) -> list[str]:
-        return [self.episode_key(episode_id), self.remembered_key(episode_id)]
+        return [self.episode_key(episode_id), self.remembered_key(episode_id),
+                self.placements_key(episode_id)]
 
     async def _call(self, op: Callable[[], Awaitable[T]]) -> T:
         with _store_errors():
@@ -319,6 +332,7 @@ class RedisStore:
         client_cap: int | None = None,
         out_rate: float | None = None,
         output_hold: int = OUTPUT_HOLD,
+        placements_known: Known | None = None,
     ) -> TurnOpen:
         keys = self._keys(episode_id)
         fixed = self._fixed.get(episode_id)
@@ -328,12 +342,14 @@ class RedisStore:
             model or "", fingerprint or "", "" if client_cap is None else client_cap,
             "" if out_rate is None else repr(float(out_rate)), output_hold,
             "" if fixed is None else "1",
+            "" if placements_known is None else placements_known.size,
+            "" if placements_known is None else placements_known.digest,
         ]
         reply = _json(await self._eval(_Eval(self._open, keys, args)))
         if fixed is not None and reply[0] == "forward" and reply[2] is False:
             # what the turn changed (open_turn.lua)
             return _forward(episode_id, body_hash, reply, _slim_state(
-                fixed, reply, now, message_count, fingerprint), False)
+                fixed, reply, now, message_count, fingerprint), False, placements_known)
         if reply[0] == "absent":
             st = fresh()  # may raise (bad headers): then nothing is stored
             create = [*args, *encode_state(st)]
@@ -344,7 +360,7 @@ class RedisStore:
                 _Eval(self._open, keys, create),
             ]))[1]
             reply = _json(reply)
-        opened = _turn_open(episode_id, body_hash, reply)
+        opened = _turn_open(episode_id, body_hash, reply, placements_known)
         st = opened.state
         if (opened.grant.kind is GrantKind.FORWARD and st.status == "active"
                 and st.token_budget is None and st.cost_budget is None
@@ -368,11 +384,11 @@ class RedisStore:
             grant.turn, 1 if grant.charged else 0, grant.body_hash, result.value,
             repr(float(now)), 1 if count_failed else 0, self._active_ttl_ms, self._retention_ms,
         ]
+        keys = [self.episode_key(episode_id), self.placements_key(episode_id)]
         if grant.hold is None:
-            return self.submit(self._close, [self.episode_key(episode_id)], args, _turn_close)
+            return self.submit(self._close, keys, args, _turn_close)
         args += _settle_args(grant.hold, spend, timed_out)
-        return self.submit(self._close, [self.episode_key(episode_id)], args,
-                           lambda raw: _turn_close(raw, now))
+        return self.submit(self._close, keys, args, lambda raw: _turn_close(raw, now))
 
     async def keep_told(self, episode_id: str, turn: int, text: str) -> None:
         keys = [self.episode_key(episode_id)]
@@ -396,11 +412,19 @@ class RedisStore:
         return bool(created)
 
     async def get(self, episode_id: str) -> EpisodeState | None:
-        key = self.episode_key(episode_id)
-        raw: dict[str, str] = await self._call(lambda: self._redis.hgetall(key))
-        if not raw:
+        keys = [self.episode_key(episode_id), self.placements_key(episode_id)]
+        pairs, listed = await self._eval(_Eval(self._read, keys, []))
+        if not pairs:
             return None
-        return decode_state([x for kv in raw.items() for x in kv])
+        st = decode_state([_text(x) for x in pairs])
+        # the list, then any placements still in the hash (an older version's), as the
+        # episode's next turn puts them there (open_turn.lua)
+        entries = [orjson.loads(p) for p in listed]
+        for p in st.disclosed_at:
+            if len(p) == 4:
+                place(entries, p)
+        st.disclosed_at = entries
+        return st
 
     async def is_known(self, episode_id: str) -> bool:
         keys = self._keys(episode_id)
@@ -531,6 +555,12 @@ class RedisStore:
         await self._redis.aclose()
 
 
+# An episode and its placements, read together (the hash's field/value pairs, the list).
+_READ = """
+return {redis.call('HGETALL', KEYS[1]), redis.call('LRANGE', KEYS[2], 0, -1)}
+"""
+
+
 # EpisodeState.told: one hash field per turn, on an active episode only (never a stub hash).
 _KEEP_TOLD = """
 if redis.call('HGET', KEYS[1], 'status') == 'active' then
@@ -587,6 +617,11 @@ def _pack_in_python(command: tuple[Any, ...]) -> bytes:
 _pack: Callable[[tuple[Any, ...]], bytes] = getattr(hiredis, "pack_command", _pack_in_python)
 
 
+def _text(raw: str | bytes) -> str:
+    """A value of a script's reply (bytes on the pipelined connection, str on a cluster)."""
+    return raw.decode() if type(raw) is bytes else str(raw)
+
+
 def _json(raw: str | bytes) -> list[Any]:
     reply: list[Any] = orjson.loads(raw)
     return reply
@@ -607,7 +642,8 @@ def _turn_close(raw: Any, now: float | None = None) -> TurnClose:
                      None if now is None else cumulative(st, now))
 
 
-def _turn_open(episode_id: str, body_hash: str, reply: list[Any]) -> TurnOpen:
+def _turn_open(episode_id: str, body_hash: str, reply: list[Any],
+               known: Known | None = None) -> TurnOpen:
     kind = reply[0]
     if kind == "gone":
         return TurnOpen(Grant(GrantKind.FINISHED), _remembered_state(episode_id), False)
@@ -621,7 +657,7 @@ def _turn_open(episode_id: str, body_hash: str, reply: list[Any]) -> TurnOpen:
         return TurnOpen(Grant(GrantKind.NEED_PRICE), st, created)
     if kind == "held":
         return TurnOpen(Grant(GrantKind.HELD, turn=st.turns_used), st, created)
-    return _forward(episode_id, body_hash, reply, st, created)
+    return _forward(episode_id, body_hash, reply, st, created, known)
 
 
 def _slim_state(fixed: EpisodeState, reply: list[Any], now: float, message_count: int,
@@ -629,27 +665,39 @@ def _slim_state(fixed: EpisodeState, reply: list[Any], now: float, message_count
     """The episode after a forwarded turn, from its fixed fields (an earlier full reply of
     this active turn-only episode) and the turn's changes in a short reply: what the script
     wrote, field by field (open_turn.lua); the rest of an active episode never changes."""
-    used, inflight, free_used, last_hash, model, refused, placements = reply[10]
+    used, inflight, free_used, last_hash, model, refused = reply[10]
     st = fixed.snapshot()
     st.__dict__.update(
         turns_used=used, inflight=inflight, last_turn=reply[3], last_attempt=reply[4],
         last_hash=last_hash, last_state="inflight", last_charged=reply[5] == 1,
         free_retries_used=free_used, refused=refused == "1",
-        disclosed_at=orjson.loads(placements or reply[6]), messages_seen=message_count,
+        disclosed_at=[], messages_seen=message_count,
         messages_digest=fingerprint or None, last_activity=now, model=model or None,
     )
     return st
 
 
+def _placements(prior: list[Any], known: Known | None) -> Placements:
+    """open_turn.lua's earlier placements: [how many, the newest (JSON), all (JSON) or false
+    when they were as `known` told]."""
+    count, newest, every = prior
+    if not count:
+        return NO_PLACEMENTS
+    last = as_placed(orjson.loads(newest))
+    if every is False and known is not None:
+        return Placements(count, last, None, known)
+    return Placements(count, last, placed(orjson.loads(every)))
+
+
 def _forward(episode_id: str, body_hash: str, reply: list[Any], st: EpisodeState,
-             created: bool) -> TurnOpen:
+             created: bool, known: Known | None) -> TurnOpen:
     grant = Grant(
         GrantKind.FORWARD,
         turn=int(reply[3]),
         attempt=int(reply[4]),
         charged=bool(reply[5]),
         body_hash=body_hash,
-        disclosed_at=placed(orjson.loads(reply[6])),
+        disclosed_at=_placements(reply[6], known),
         messages_seen=int(reply[7]),
         messages_digest=reply[8] or None,
         hold=_hold(reply[9]) if len(reply) > 9 and reply[9] else None,

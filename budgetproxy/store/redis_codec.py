@@ -40,10 +40,12 @@ def _encode_value(kind: str, value: Any) -> str | bytes:
     return str(value)
 
 
-# Hash fields named otherwise than the EpisodeState field. Placements are kept under a name of
-# their own since they carry message counts and digests: versions that read `disclosed_at`
-# as [index, turn] pairs (and require the field) still find it, empty, during a rolling
-# deploy; each version re-applies only the placements it made.
+# Hash fields named otherwise than the EpisodeState field. A turn keeps its placements in a
+# list beside the hash (store/redis.py), read and written at its end; in the hash, under a
+# name of their own, are only those an older version kept there (or an episode was created
+# with), which the next turn moves to the list (open_turn.lua). Versions that read
+# `disclosed_at` as [index, turn] pairs (and require the field) still find it, empty, during
+# a rolling deploy; each version re-applies only the placements it can read.
 _FIELD = {"disclosed_at": "placements"}
 _LEGACY = ["disclosed_at", "[]"]
 
@@ -63,7 +65,8 @@ def encode_state(st: EpisodeState) -> list[str | bytes]:
     turn_only = st.token_budget is None and st.cost_budget is None and st.time_budget_s is None
     for f in fields(st):
         value = getattr(st, f.name)
-        if value is None or (turn_only and f.name in _NO_AXES) or f.name == "told":
+        if (value is None or (turn_only and f.name in _NO_AXES) or f.name == "told"
+                or (f.name == "disclosed_at" and not value)):
             continue  # told: one field per turn (RedisStore.keep_told), none at creation
         out.append(_FIELD.get(f.name, f.name))
         out.append(_encode_value(_CODEC[f.name], value))

@@ -3,21 +3,27 @@
 from __future__ import annotations
 
 import sys
+from typing import Any
 
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from budgetproxy.core.episode import (
+    NO_PLACEMENTS,
     EpisodeState,
     FinishStatus,
     Grant,
     GrantKind,
+    Known,
     OutcomeReport,
+    Placements,
     SettleResult,
     end_reason,
     finish,
+    place,
     placed,
+    placements_of,
     reserve,
     settle,
 )
@@ -274,15 +280,59 @@ def test_placements_are_kept_with_what_their_turn_sent() -> None:
 
     turn(2, "d2")
     g = turn(4, "d4")
-    assert (g.messages_seen, g.messages_digest, g.disclosed_at) == (2, "d2", ((1, 1, 2, "d2"),))
+    assert (g.messages_seen, g.messages_digest, g.disclosed_at.every) == (
+        2, "d2", ((1, 1, 2, "d2"),))
     g = turn(3, "d3")  # shrank: turn 2's placement (4 messages) cannot come back
-    assert g.disclosed_at == ((1, 1, 2, "d2"), (3, 2, 4, "d4"))
+    assert g.disclosed_at.every == ((1, 1, 2, "d2"), (3, 2, 4, "d4"))
     assert s.disclosed_at == [[1, 1, 2, "d2"], [2, 3, 3, "d3"]]
     assert (s.messages_seen, s.messages_digest) == (3, "d3")
     hidden = fresh(5)
     reserve(hidden, "h", 0.0, free_retries=0, message_count=2, disclosure_index=1,
             fingerprint="d")
     assert hidden.disclosed_at == [] and hidden.messages_digest == "d"
+
+
+def _placed_as_before(entries: list[list[Any]], entry: list[Any]) -> list[list[Any]]:
+    """The rule `place` keeps, as it was written before: every placement at the same index
+    and every one of a longer conversation dropped, then the new one appended."""
+    return [*[p for p in entries if p[0] != entry[0] and p[2] <= entry[2]], entry]
+
+
+@given(st.lists(st.tuples(st.integers(0, 12), st.integers(0, 12)), max_size=40))
+def test_place_keeps_the_rule_in_work_at_the_end_of_the_list(
+        turns: list[tuple[int, int]]) -> None:
+    """Conversations that grow, shrink and are rewritten, with a placement anywhere in each
+    (an index is a position in its conversation: at most its message count): placing at the
+    end of the list keeps the same placements, in the same order, as filtering all of them."""
+    entries: list[list[Any]] = []
+    expected: list[list[Any]] = []
+    for turn, (count, offset) in enumerate(turns, 1):
+        entry = [max(0, count - offset), turn, count, f"{count}:{turn}"]
+        place(entries, entry)
+        expected = _placed_as_before(expected, entry)
+        assert entries == expected
+
+
+def test_a_turn_that_knows_the_placements_gets_the_newest_alone() -> None:
+    """A caller that holds its answer for an episode's placements (core.replays) is handed
+    back that answer and the newest placement, not a copy of them all; the episode's list is
+    changed in place. Any other turn gets them all."""
+    s = EpisodeState(episode_id="e", budget=99, max_turns=None, disclosure="disclosed")
+    live = s.disclosed_at
+    for n in range(1, 6):
+        reserve(s, f"h{n}", 0.0, free_retries=0, message_count=2 * n,
+                disclosure_index=2 * n - 1, fingerprint=f"d{n}")
+    known = Known(5, "d5", ((1, 1), (3, 2)))
+    g = reserve(s, "h6", 0.0, free_retries=0, message_count=12, disclosure_index=11,
+                fingerprint="d6", placements_known=known)
+    assert g.disclosed_at == Placements(5, (9, 5, 10, "d5"), None, known)
+    assert s.disclosed_at is live and len(live) == 6
+    for n, stale in enumerate((Known(5, "d6", ()), Known(6, "d5", ())), 7):  # not as told
+        before = placed(live)
+        g = reserve(s, f"h{n}", 0.0, free_retries=0, message_count=2 * n,
+                    disclosure_index=2 * n - 1, fingerprint=f"d{n}", placements_known=stale)
+        assert g.disclosed_at.every == before and g.disclosed_at.known is None
+    assert placements_of([], Known(1, "d", ())) == NO_PLACEMENTS
 
 
 def test_placements_read_each_turn_leave_no_growing_free_lists() -> None:

@@ -1,5 +1,6 @@
 """The earlier texts a turn re-applies, chosen from the previous turn's answer: the same as the
-full comparison while the conversation grows, one digest checked instead of all of them."""
+full comparison while the conversation grows, one digest checked instead of all of them, and
+only the newest placement needed from the store."""
 
 from __future__ import annotations
 
@@ -7,7 +8,7 @@ from typing import Any
 from unittest import mock
 
 from budgetproxy.core import disclosure
-from budgetproxy.core.episode import Placed
+from budgetproxy.core.episode import Known, place, placed, placements_of
 from budgetproxy.core.fingerprint import Fingerprint
 from budgetproxy.core.replays import Replays
 
@@ -22,38 +23,49 @@ def grow(turns: int) -> list[list[dict[str, Any]]]:
     return out
 
 
+def one_turn(replays: Replays, eid: str, entries: list[list[Any]], turn: int,
+             msgs: list[Any]) -> tuple[list[tuple[int, int]], Known | None]:
+    """A turn as the proxy takes it: ask what it holds, get the store's placements (as the
+    memory store gives them), choose, place this turn's; checked against the full comparison."""
+    f = Fingerprint(msgs)
+    known = replays.known(eid, f)
+    got = replays.replayable(eid, placements_of(entries, known), f)
+    assert got == disclosure.replayable(placed(entries), Fingerprint(msgs)), turn
+    place(entries, [len(msgs) - 1, turn, len(msgs), f.digest()])
+    return got, known
+
+
 def play(replays: Replays, convos: list[list[Any]], eid: str = "e"
          ) -> list[list[tuple[int, int]]]:
-    placed: list[Placed] = []
-    answers = []
-    for turn, msgs in enumerate(convos, 1):
-        f = Fingerprint(msgs)
-        got = replays.replayable(eid, tuple(placed), f)
-        assert got == disclosure.replayable(placed, Fingerprint(msgs)), turn
-        answers.append(got)
-        placed.append((len(msgs) - 1, turn, len(msgs), f.digest()))
-    return answers
+    entries: list[list[Any]] = []
+    return [one_turn(replays, eid, entries, turn, msgs)[0]
+            for turn, msgs in enumerate(convos, 1)]
 
 
 def test_a_growing_conversation_checks_one_digest_a_turn() -> None:
     replays = Replays()
     checked: list[int] = []
     real = Fingerprint.extends_each
-    placed: list[Placed] = []
+    entries: list[list[Any]] = []
+    warm = []
+
+    def counted(self: Fingerprint, digests: list[str | None]) -> list[bool]:
+        checked.append(len(digests))
+        return real(self, digests)
+
     for turn, msgs in enumerate(grow(30), 1):
         f = Fingerprint(msgs)
-
-        def counted(self: Fingerprint, digests: list[str | None]) -> list[bool]:
-            checked.append(len(digests))
-            return real(self, digests)
-
         with mock.patch.object(Fingerprint, "extends_each", counted):
-            got = replays.replayable("e", tuple(placed), f)
-        assert got == disclosure.replayable(placed, Fingerprint(msgs)), turn
-        placed.append((len(msgs) - 1, turn, len(msgs), f.digest()))
+            known = replays.known("e", f)
+            got = replays.replayable("e", placements_of(entries, known), f)
+        assert got == disclosure.replayable(placed(entries), Fingerprint(msgs)), turn
+        place(entries, [len(msgs) - 1, turn, len(msgs), f.digest()])
+        warm.append(known is not None)
     assert got == [(2 * t - 1, t) for t in range(1, 30)]
     # the first turn has nothing to check, the second compares its one, then one a turn
     assert checked == [1] * 29, checked
+    # and from the second on, the store is told the placements it need not send
+    assert warm == [False] + [True] * 29
 
 
 def test_texts_left_out_after_a_rewrite_stay_out() -> None:
@@ -70,6 +82,26 @@ def test_parallel_calls_and_other_episodes_take_the_full_comparison() -> None:
     play(replays, convos[:2], "a")
     play(replays, convos[:2], "b")  # evicts a's answer
     f = Fingerprint(convos[2])
-    placed: tuple[Placed, ...] = (
-        (1, 1, 2, Fingerprint(convos[0]).digest()), (3, 2, 4, Fingerprint(convos[1]).digest()))
-    assert replays.replayable("a", placed, f) == [(1, 1), (3, 2)]
+    assert replays.known("a", f) is None
+    entries = [[1, 1, 2, Fingerprint(convos[0]).digest()],
+               [3, 2, 4, Fingerprint(convos[1]).digest()]]
+    assert replays.replayable("a", placements_of(entries, None), f) == [(1, 1), (3, 2)]
+
+
+def test_a_call_keeps_what_it_asked_with_while_another_answers() -> None:
+    """Two calls of one episode in flight: each chooses from what it told the store, whatever
+    the other left in the cache meanwhile; one the store found otherwise compares them all."""
+    replays = Replays()
+    convos = grow(4)
+    entries: list[list[Any]] = []
+    for turn, msgs in enumerate(convos[:2], 1):
+        one_turn(replays, "e", entries, turn, msgs)
+    f3, f4 = Fingerprint(convos[2]), Fingerprint(convos[3])
+    k3, k4 = replays.known("e", f3), replays.known("e", f4)
+    assert k3 is not None and k4 is not None
+    p3 = placements_of(entries, k3)
+    place(entries, [len(convos[2]) - 1, 3, len(convos[2]), f3.digest()])
+    p4 = placements_of(entries, k4)  # the other call placed one meanwhile: not as told
+    assert p3.every is None and p4.every is not None and p4.known is None
+    assert replays.replayable("e", p4, f4) == disclosure.replayable(p4.every, f4)
+    assert replays.replayable("e", p3, f3) == [(1, 1), (3, 2)]

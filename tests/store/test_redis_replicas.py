@@ -400,3 +400,52 @@ def test_sigkill_under_load_leaves_a_readable_log_with_each_turn_at_most_once(
         assert r.status_code == 200
         turns_before = max(t for e, t in answered if e == ids[0])
         assert int(r.headers["x-episode-turn"]) > turns_before
+
+
+def test_a_cold_replica_re_applies_the_texts_a_warm_one_would(
+    tmp_path: Path, fake: FakeUpstream, prefix: str
+) -> None:
+    """history: keep across replicas. The same conversation (growing, then rewritten, then
+    growing again) played on one replica, whose calls after the first hold their episode's
+    last answer (the store sends only the newest placement), and on two replicas taking
+    turns, each of whose calls comes after one the other served (the store sends them all):
+    the upstream gets the same messages, texts and all, on every turn."""
+    disclosure = {"mode": "disclosed", "placement": "last_message", "history": "keep"}
+    procs = [ProxyProcess(replica_config(tmp_path, n, fake, prefix, disclosure=disclosure),
+                          tmp_path / f"{n}.log") for n in "wxy"]
+    marker = uuid.uuid4().hex[:10]
+    turns: list[list[dict[str, str]]] = []
+    msgs = [{"role": "system", "content": f"sys {marker}"}]
+    for t in range(1, 15):
+        if t == 8:  # a summarised history: the texts placed before it do not come back
+            msgs = [msgs[0], {"role": "user", "content": "summary"},
+                    {"role": "assistant", "content": "ok"}]
+        msgs = [*msgs, {"role": "user", "content": f"u{t}"}]
+        turns.append(msgs)
+        msgs = [*msgs, {"role": "assistant", "content": f"a{t}"}]
+
+    def play(urls: list[str]) -> list[Any]:
+        eid = f"cold-{uuid.uuid4().hex[:10]}"
+        sent = []
+        for t, conversation in enumerate(turns):
+            r = httpx.post(f"{urls[t % len(urls)]}/chat/completions",
+                           headers={"X-Episode-Id": eid},
+                           json={"model": "fake-model", "messages": conversation})
+            assert r.status_code == 200, r.text
+            with fake._lock:
+                body = [q.body for q in fake.requests if marker.encode() in q.body][-1]
+            sent.append(json.loads(body)["messages"])
+        return sent
+
+    try:
+        for p in procs:
+            p.start()
+        warm = play([procs[0].base_url])
+        cold = play([procs[1].base_url, procs[2].base_url])
+    finally:
+        for p in procs:
+            p.stop()
+    assert cold == warm
+    # each turn's text went back where it was placed, until the rewrite
+    told = [sum("[Turn budget]" in str(m.get("content", "")) for m in sent) for sent in warm]
+    assert told == [1, 2, 3, 4, 5, 6, 7, 1, 2, 3, 4, 5, 6, 7], told

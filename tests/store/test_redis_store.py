@@ -7,7 +7,7 @@ import copy
 import time
 import uuid
 from collections.abc import AsyncIterator, Callable, Iterator
-from dataclasses import fields
+from dataclasses import fields, replace
 from typing import Any
 
 import pytest
@@ -21,6 +21,7 @@ from budgetproxy.core.episode import (
     FinishStatus,
     Grant,
     GrantKind,
+    Known,
     OutcomeReport,
     SettleResult,
     finish,
@@ -151,7 +152,7 @@ _OPS = st.lists(
         st.tuples(st.just("reserve"), st.integers(0, 2), st.integers(0, 6),
                   st.none() | st.integers(0, 3), st.integers(0, 2),
                   st.none() | st.sampled_from(["m1", "m2"]),
-                  st.none() | st.sampled_from(["d1", "d2"])),
+                  st.none() | st.sampled_from(["d1", "d2"]), st.integers(0, 2)),
         st.tuples(st.just("settle"), st.integers(0, 9), st.sampled_from(list(SettleResult)),
                   st.booleans()),
         st.tuples(st.just("finish"), _REPORTS),
@@ -200,19 +201,26 @@ def test_lua_scripts_match_the_core(
         for step, op in enumerate(ops):
             now = T0 + 0.37 * (step + 1)
             if op[0] == "reserve":
-                _, h, count, index, free, call_model, digest = op
+                _, h, count, index, free, call_model, digest, told = op
                 body = f"body-{h}"
+                # what the caller holds of the placements: nothing, what they are, or stale
+                entries = [] if model is None else model.disclosed_at
+                known = Known(len(entries) + told - 1, entries[-1][3], ((9, 9),)) if (
+                    told and entries) else None
                 opened = await store.open_turn(eid, fresh, body, now, free_retries=free,
                                                message_count=count, disclosure_index=index,
-                                               model=call_model, fingerprint=digest)
+                                               model=call_model, fingerprint=digest,
+                                               placements_known=known)
                 created = model is None
                 if model is None:
                     model = fresh()
                 grant = reserve(model, body, now, free_retries=free, message_count=count,
-                                disclosure_index=index, model=call_model, fingerprint=digest)
+                                disclosure_index=index, model=call_model, fingerprint=digest,
+                                placements_known=known)
                 assert opened.grant == grant, (step, op)
                 assert opened.created == created
-                assert opened.state == model, (step, op)
+                # (a turn's state leaves the placements out: `get` below has them)
+                assert opened.state == replace(model, disclosed_at=[]), (step, op)
                 if grant.kind is GrantKind.FORWARD:
                     open_grants.append(grant)
             elif op[0] == "settle":
@@ -528,8 +536,9 @@ async def test_reserve_and_refunds_under_concurrency_stay_within_budget(prefix: 
 
 async def test_placements_leave_the_older_versions_field_readable(store: RedisStore) -> None:
     """During a rolling deploy older replicas read `disclosed_at` as [index, turn] pairs (and
-    need the field): placements with counts and digests live under a field of their own, so
-    an older replica serving a turn of a newer one's episode does not fail on them."""
+    need the field): placements with counts and digests live in a list of their own beside
+    the hash, so an older replica serving a turn of a newer one's episode does not fail on
+    them."""
     import redis as redis_sync
 
     raw = redis_sync.Redis.from_url(REDIS_URL, decode_responses=True)
@@ -537,18 +546,94 @@ async def test_placements_leave_the_older_versions_field_readable(store: RedisSt
     disclosed = lambda: episode(eid, disclosure="disclosed")  # noqa: E731
     opened = await store.open_turn(eid, disclosed, "b1", T0, free_retries=2, message_count=1,
                                    disclosure_index=0, fingerprint="5:abc")
-    key = store.episode_key(eid)
-    assert raw.hget(key, "disclosed_at") == "[]"
-    assert raw.hget(key, "placements") == '[[0,1,1,"5:abc"]]'
+    key, listed = store.episode_key(eid), store.placements_key(eid)
+    assert raw.hget(key, "disclosed_at") == "[]" and not raw.hexists(key, "placements")
+    assert raw.lrange(listed, 0, -1) == ['[0,1,1,"5:abc"]']
     await store.close_turn(eid, opened.grant, SettleResult.OK, T0 + 1, count_failed=False)
-    # what an older replica leaves: its own pairs, and no placements of ours for its turn
+    # what an older replica leaves: its own pairs
     raw.hset(key, "disclosed_at", "[[0,1],[2,2]]")
-    raw.hdel(key, "placements")
     again = await store.open_turn(eid, disclosed, "b2", T0 + 2, free_retries=2,
                                   message_count=3, disclosure_index=2, fingerprint="9:def")
-    assert again.grant.kind is GrantKind.FORWARD and again.grant.disclosed_at == ()
+    assert again.grant.kind is GrantKind.FORWARD
+    assert again.grant.disclosed_at.every == ((0, 1, 1, "5:abc"),)
     assert raw.hget(key, "disclosed_at") == "[[0,1],[2,2]]"
-    assert raw.hget(key, "placements") == '[[2,2,3,"9:def"]]'
+    assert raw.lrange(listed, 0, -1) == ['[0,1,1,"5:abc"]', '[2,2,3,"9:def"]']
+    assert 0 < raw.pttl(listed) <= raw.pttl(key)
+    raw.close()
+
+
+async def test_placements_an_older_version_kept_in_the_hash_are_read(store: RedisStore) -> None:
+    """An episode whose placements the previous version kept in the hash (`placements`, one
+    JSON array): `get` reads them, the next turn is given them all and moves them to the
+    list, placing its own as if the list had held them all along."""
+    import redis as redis_sync
+
+    raw = redis_sync.Redis.from_url(REDIS_URL, decode_responses=True)
+    eid = new_eid()
+    disclosed = lambda: episode(eid, budget=9, disclosure="disclosed")  # noqa: E731
+    opened = await store.open_turn(eid, disclosed, "b1", T0, free_retries=2, message_count=2,
+                                   disclosure_index=1, fingerprint="2:a")
+    await store.close_turn(eid, opened.grant, SettleResult.OK, T0 + 1, count_failed=False)
+    key, listed = store.episode_key(eid), store.placements_key(eid)
+    raw.delete(listed)
+    old = '[[1,1,2,"2:a"],[3,2,4,"4:b"],[5,3,6,"6:c"]]'
+    raw.hset(key, mapping={"placements": old, "turns_used": 3, "last_turn": 3})
+    stored = await store.get(eid)
+    assert stored is not None
+    assert stored.disclosed_at == [[1, 1, 2, "2:a"], [3, 2, 4, "4:b"], [5, 3, 6, "6:c"]]
+    # a shorter conversation than turn 3's, at turn 2's index
+    again = await store.open_turn(eid, disclosed, "b4", T0 + 2, free_retries=2,
+                                  message_count=5, disclosure_index=3, fingerprint="5:d")
+    assert again.grant.kind is GrantKind.FORWARD and again.grant.turn == 4
+    assert again.grant.disclosed_at.every == ((1, 1, 2, "2:a"), (3, 2, 4, "4:b"),
+                                              (5, 3, 6, "6:c"))
+    assert not raw.hexists(key, "placements")
+    assert raw.lrange(listed, 0, -1) == ['[1,1,2,"2:a"]', '[3,4,5,"5:d"]']
+    await store.finish(eid, None, T0 + 3)
+    assert not raw.exists(listed)  # an ended episode opens no turn again
+    raw.close()
+
+
+async def test_a_turn_s_reply_and_the_episode_hash_do_not_grow_with_its_turns(
+        store: RedisStore, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A disclosed episode's turns, told what the caller holds (as the proxy does once it has
+    answered the episode's previous turn): each reply, and the hash every reply may read,
+    weigh the same bytes at turn 300 as at turn 10; only the list beside it grows."""
+    import redis as redis_sync
+
+    import budgetproxy.store.redis as redis_store
+
+    replies: list[int] = []
+    real = redis_store._json
+
+    def measured(raw: str | bytes) -> list[Any]:
+        replies.append(len(raw))
+        return real(raw)
+
+    monkeypatch.setattr(redis_store, "_json", measured)
+    raw = redis_sync.Redis.from_url(REDIS_URL, decode_responses=True)
+    eid = new_eid()
+    disclosed = lambda: episode(eid, budget=1000, disclosure="disclosed")  # noqa: E731
+    known: Known | None = None
+    sizes: dict[int, tuple[int, int]] = {}
+    for turn in range(1, 301):
+        count = 2 * turn
+        digest = f"{1000 + count}:{turn:032x}"  # (the same width every turn)
+        before = len(replies)
+        opened = await store.open_turn(
+            eid, disclosed, f"b{turn}", T0 + turn, free_retries=0, message_count=count,
+            disclosure_index=count - 1, fingerprint=digest, placements_known=known)
+        assert opened.grant.kind is GrantKind.FORWARD
+        assert (opened.grant.disclosed_at.every is None) == (known is not None)
+        await store.close_turn(eid, opened.grant, SettleResult.OK, T0 + turn,
+                               count_failed=False)
+        known = Known(turn, digest, ())
+        hash_bytes = sum(len(k) + len(v) for k, v in raw.hgetall(store.episode_key(eid)).items())
+        sizes[turn] = (sum(replies[before:]), hash_bytes)
+    assert raw.llen(store.placements_key(eid)) == 300
+    # numbers gain a digit or two (turns, counts); nothing else may grow
+    assert sizes[300][0] - sizes[10][0] <= 12, sizes
+    assert sizes[300][1] - sizes[10][1] <= 12, sizes
     raw.close()
 
 
@@ -577,7 +662,9 @@ async def test_turns_of_a_known_episode_are_answered_with_their_changes_alone(
                                        model="m1", fingerprint=f"{turn}:abc")
         assert opened.grant.kind is GrantKind.FORWARD and opened.grant.turn == turn
         assert len(decoded) - before == (1 if turn == 1 else 0)
-        assert opened.state == await store.get(eid)
+        stored = await store.get(eid)
+        assert stored is not None and len(stored.disclosed_at) == turn
+        assert opened.state == replace(stored, disclosed_at=[])
         assert opened.state.turns_used == turn and opened.state.model == "m1"
     refused = await store.open_turn(eid, fresh, "b4", T0 + 4, free_retries=2, message_count=8,
                                     disclosure_index=7)
