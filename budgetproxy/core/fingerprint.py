@@ -32,7 +32,9 @@ from typing import Any
 import orjson
 from blake3 import blake3
 
-_STRIDE = 1 << 13  # bytes between kept hash states: ~25 copies per 200 KB conversation
+# bytes between kept hash states: ~6 per 200 KB conversation; BLAKE3 hashes 16 KB and more
+# in one update several chunks at a time, which shorter strides lose (8 KB: 1.5x slower)
+_STRIDE = 1 << 15
 
 
 _TEXT_BLOCKS = frozenset({"text", "input_text"})
