@@ -72,14 +72,14 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     return args
 
 
-def _control(pid: int, action: str) -> None:
+def callgrind_control(pid: int, action: str) -> None:
     out = subprocess.run(["callgrind_control", action, str(pid)], capture_output=True,
                          text=True, timeout=60)
     if out.returncode != 0 or "OK" not in out.stdout:
         raise RuntimeError(f"callgrind_control {action} {pid} failed: {out.stdout} {out.stderr}")
 
 
-def _dumped_events(prefix: Path) -> dict[str, int]:
+def dumped_events(prefix: Path) -> dict[str, int]:
     """The `summary:` counts, by event (Ir, and with cache simulation D1mr, DLmr ...), of the
     latest dump callgrind wrote for ``prefix``."""
     dumps = sorted(prefix.parent.glob(prefix.name + ".*"), key=lambda p: p.stat().st_mtime)
@@ -108,11 +108,11 @@ def count(workdir: Path, upstream: str, name: str, args: argparse.Namespace,
         if target.skip or target.pid is None:
             return {"skip": target.skip or "did not start"}
         loadgen.run_wrk(target, args.connections, args.warmup)
-        _control(target.pid, "-z")
+        callgrind_control(target.pid, "-z")
         res = loadgen.run_wrk(target, args.connections, args.seconds)
-        _control(target.pid, "-d")
+        callgrind_control(target.pid, "-d")
         time.sleep(0.5)
-        events = _dumped_events(prefix)
+        events = dumped_events(prefix)
     finally:
         tg.stop(target.proc)
     if not res.requests or res.errors:

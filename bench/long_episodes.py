@@ -16,6 +16,14 @@ are also read from the server (INFO, before and after): Redis's time in EVALSHA 
 
     python bench/long_episodes.py                       # 10, 50, 200, 400 turns, plus ~400 KB
     python bench/long_episodes.py --turns 10,50 --stores memory
+
+With `--instructions`, the proxy runs under valgrind's callgrind and each row counts the
+instructions the proxy executes over the measured calls, the episode's turns as one block and
+the same bodies forwarded as another (callgrind's counters zeroed before and dumped after each
+block): a ratio the machine's load cannot move (CPU time drifts by 10% and more on a shared
+machine). Python runs ~50x slower under callgrind: the default rows take ~10 minutes.
+
+    python bench/long_episodes.py --instructions --measured 10
 """
 
 from __future__ import annotations
@@ -35,6 +43,7 @@ import orjson
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
+import instructions as ins  # noqa: E402
 import targets as tg  # noqa: E402
 
 CONFIG = """\
@@ -96,6 +105,50 @@ def redis_counters(client: Any) -> tuple[int, int, int]:
     evalsha = client.info("commandstats").get("cmdstat_evalsha", {})
     sent = client.info("stats")["total_net_output_bytes"]
     return int(evalsha.get("calls", 0)), int(evalsha.get("usec", 0)), int(sent)
+
+
+def counted_block(client: httpx.Client, pid: int, prefix: Path, bodies_: list[bytes],
+                  headers: dict[str, str], settle_s: float) -> int:
+    """Instructions the proxy (under callgrind, writing to `prefix`) executes over these
+    calls and the work they leave behind (the record, the settle)."""
+    ins.callgrind_control(pid, "-z")
+    for body in bodies_:
+        r = client.post("/v1/chat/completions", content=body, headers=headers)
+        if r.status_code != 200:
+            raise SystemExit(f"HTTP {r.status_code}: {r.text[:300]}")
+    time.sleep(settle_s)
+    ins.callgrind_control(pid, "-d")
+    time.sleep(0.5)
+    return ins.dumped_events(prefix)["Ir"]
+
+
+def run_store_counted(store: str, url: str, pid: int, prefix: Path,
+                      rows: list[tuple[int, int]], measured: int) -> list[dict[str, Any]]:
+    """run_store's rows, in instructions (--instructions)."""
+    out = []
+    with httpx.Client(base_url=url, timeout=600.0) as client:
+        plain = {"content-type": "application/json"}
+        for n, (turns, size) in enumerate(rows):
+            episode = {**plain, "X-Episode-Id": f"long-{store}-{n}-{time.time_ns()}"}
+            seq = bodies(turns, size)
+            for body in seq[:turns - measured]:  # growing the episode to its length
+                r = client.post("/v1/chat/completions", content=body, headers=episode)
+                if r.status_code != 200:
+                    raise SystemExit(f"HTTP {r.status_code}: {r.text[:300]}")
+            last = seq[turns - measured:]
+            ep = counted_block(client, pid, prefix, last, episode, 2.0)
+            fwd = counted_block(client, pid, prefix, last, plain, 2.0)
+            calls = len(last)
+            row = {"store": store, "turns": turns, "message_chars": size,
+                   "last_body_bytes": len(seq[-1]), "calls": calls,
+                   "episode_instructions_per_call": round(ep / calls),
+                   "forward_instructions_per_call": round(fwd / calls),
+                   "ratio": round(ep / fwd, 3)}
+            print(f"{store:7} {turns:4} turns  {len(seq[-1]) / 1000:7.0f} KB  episode "
+                  f"{ep / calls / 1e6:8.2f}M instr  forwarding {fwd / calls / 1e6:8.2f}M instr"
+                  f"  {row['ratio']}x", flush=True)
+            out.append(row)
+    return out
 
 
 def run_store(store: str, url: str, pid: int, rows: list[tuple[int, int]], measured: int,
@@ -172,17 +225,21 @@ def start_redis(workdir: Path) -> tuple[subprocess.Popen[bytes], str]:
     raise SystemExit("redis-server did not start")
 
 
-def start_proxy(workdir: Path, upstream: str, store: str) -> tuple[subprocess.Popen[bytes], str]:
+def start_proxy(workdir: Path, upstream: str, store: str,
+                counted: bool = False) -> tuple[subprocess.Popen[bytes], str]:
     port = tg.free_port()
     config = workdir / f"proxy-{port}.yaml"
     config.write_text(CONFIG.format(store=f"store: {{kind: redis, url: '{store}'}}"
                                     if store.startswith("redis") else ""))
     argv = [sys.executable, "-m", "budgetproxy", "serve", "--port", str(port), "--config",
             str(config), "--upstream", upstream, "--log-dir", str(workdir / f"traj-{port}")]
+    if counted:
+        argv = ["valgrind", "--tool=callgrind", "--cache-sim=no",
+                f"--callgrind-out-file={workdir / 'proxy.callgrind'}", *argv]
     proc = tg.spawn(argv, workdir / f"proxy-{port}.log", {"PYTHONPATH": str(tg.REPO_DIR)},
                     cwd=workdir)
     target = tg.Target("budgetproxy", "", f"http://127.0.0.1:{port}/v1", proc=proc)
-    if not tg.wait_ready(target, 60):
+    if not tg.wait_ready(target, 300 if counted else 60):
         raise SystemExit(f"proxy did not start: {target.skip}")
     return proc, f"http://127.0.0.1:{port}"
 
@@ -198,7 +255,11 @@ def main() -> int:
     p.add_argument("--settle-ms", type=float, default=15.0,
                    help="wait after each measured call before reading the proxy's CPU")
     p.add_argument("--stores", default="memory,redis")
+    p.add_argument("--instructions", action="store_true",
+                   help="count the proxy's instructions under callgrind instead of CPU time")
     args = p.parse_args()
+    if args.instructions and shutil.which("callgrind_control") is None:
+        raise SystemExit("--instructions needs valgrind (Debian: apt-get install valgrind)")
     rows = [(int(t), args.message_chars) for t in args.turns.split(",") if t]
     if args.large:
         t, _, c = args.large.partition(":")
@@ -218,8 +279,16 @@ def main() -> int:
                     redis, url = start_redis(workdir)
                     redis_url = url
                     procs.append(redis)
-                proxy, base = start_proxy(workdir, upstream.base_url, url)
+                proxy, base = start_proxy(workdir, upstream.base_url, url, args.instructions)
                 procs.append(proxy)
+                if args.instructions:
+                    results += run_store_counted(store, base, proxy.pid,
+                                                 workdir / "proxy.callgrind", rows,
+                                                 args.measured)
+                    tg.stop(proxy)
+                    for old in workdir.glob("proxy.callgrind*"):
+                        old.unlink()  # (the next store's dumps are read by the same name)
+                    continue
                 results += run_store(store, base, proxy.pid, rows, args.measured,
                                      args.settle_ms / 1000, redis_url)
                 tg.stop(proxy)

@@ -61,6 +61,32 @@ def _render_turns(template: str, turn: int, total: int) -> str:
     return template.format(**_turn_values(turn, total))
 
 
+_TURN_TEXTS_KEPT = 8192  # texts kept per (template, total) before they are written again
+
+
+@functools.lru_cache(maxsize=256)
+def _turn_texts(template: str, total: int) -> dict[int, str]:
+    """The texts of a turn-only template for one total, by turn, as they are written: a long
+    episode re-applies every earlier turn's text on each call (history: keep)."""
+    return {}
+
+
+def _earlier_texts(template: str, total: int, chosen: list[tuple[int, int]]
+                   ) -> list[tuple[int, str]]:
+    """(index, text) for (index, turn) pairs, with a turn-only template."""
+    kept = _turn_texts(template, total)
+    if len(kept) > _TURN_TEXTS_KEPT:
+        kept.clear()
+    get = kept.get
+    out = []
+    for idx, turn in chosen:
+        text = get(turn)
+        if text is None:
+            text = kept[turn] = template.format(**_turn_values(turn, total))
+        out.append((idx, text))
+    return out
+
+
 def disclose(
     messages: list[Any], template: str, placement: Placement, turn: int, budget: int,
     announced_budget: int | None, earlier: Iterable[Placed] = (),
@@ -95,6 +121,9 @@ def texts(
         if conversation is None:
             return text, []
         chosen = replayable(earlier, conversation)
+    if not told and fields is None and not uses_axes(template):
+        total = announced_budget if announced_budget is not None else budget
+        return text, _earlier_texts(template, total, chosen)
     told = told or {}
     return text, [(idx, told.get(str(t)) or render(template, t, budget, announced_budget,
                                                    fields))
@@ -143,6 +172,9 @@ def joined(content: list[Any], text: str) -> list[Any] | None:
 def _append_text(message: dict[str, Any], text: str) -> dict[str, Any]:
     out = dict(message)
     content = message.get("content")
+    if type(content) is str and content:  # most messages: checked first
+        out["content"] = f"{content}\n\n{text}"
+        return out
     one = joined(content, text) if isinstance(content, list) else None
     if one is not None:
         out["content"] = one

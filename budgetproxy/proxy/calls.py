@@ -2,9 +2,10 @@
 
 from __future__ import annotations
 
-import hashlib
 import time
 from typing import Any
+
+from blake3 import blake3
 
 from budgetproxy.config import UpstreamConfig
 from budgetproxy.core.episode import EpisodeState, Grant, GrantKind, SettleResult
@@ -17,11 +18,12 @@ from budgetproxy.trajectories.records import SCHEMA_VERSION, rfc3339
 
 def turn_hash(route: str, body: bytes) -> str:
     """What makes a resend "the same call": the same route with a byte-identical body."""
-    # SHA-256, not BLAKE2b: CPUs with SHA extensions (most servers now) hash twice as fast
-    # with it, and every episode call hashes its whole body (~60 µs for 100 KB, not ~115).
-    h = hashlib.sha256(route.encode() + b"\0")
+    # BLAKE3: every episode call hashes its whole body, ~50 µs for a 345 KB one against
+    # ~220 µs with SHA-256 (SHA extensions included) and ~400 µs with BLAKE2b. A resend sent
+    # across an upgrade from a version that used SHA-256 is charged as a new turn.
+    h = blake3(route.encode() + b"\0")
     h.update(body)
-    return h.hexdigest()[:32]
+    return h.hexdigest(16)
 
 
 # A call carrying this header is a probe's (budgetproxy probe): it names no episode (one that

@@ -3,9 +3,11 @@ with all of that one's messages, unchanged."""
 
 from __future__ import annotations
 
+import hashlib
 from typing import Any
 
 import orjson
+import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
@@ -96,3 +98,20 @@ def test_string_content_and_one_text_block_are_the_same_message(
         flipped.append(m)
     assert Fingerprint([*flipped, *after]).extends(Fingerprint(before).digest())
     assert Fingerprint([*before, *after]).extends(Fingerprint(flipped).digest())
+
+
+def _sha256_digest(messages: list[Any]) -> str:
+    """A digest as versions before BLAKE3 kept it: "<length>:<SHA-256, 128 bits>"."""
+    blob = orjson.dumps(messages)[:-1]
+    return f"{len(blob)}:{hashlib.sha256(blob).hexdigest()[:32]}"
+
+
+@pytest.mark.parametrize("size", [40, 80_000])  # one pass, and across the kept hash states
+def test_a_digest_an_earlier_version_kept_is_still_compared(size: int) -> None:
+    before = [{"role": "user", "content": "x" * size}]
+    after = [*before, {"role": "assistant", "content": "y"}]
+    old = _sha256_digest(before)
+    assert Fingerprint(after).extends(old)
+    assert not Fingerprint([{"role": "user", "content": "z" * size}, *after[1:]]).extends(old)
+    assert not Fingerprint(after).extends(old[:-1] + ("0" if old[-1] != "0" else "1"))
+    assert "/" in Fingerprint(after).digest()  # new digests: BLAKE3's
