@@ -26,6 +26,7 @@ import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -36,7 +37,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 import soak_report  # noqa: E402
 import targets as tg  # noqa: E402
-from soak_agents import AgentLoad  # noqa: E402
+from soak_agents import AgentLoad, Load  # noqa: E402
 
 MIB = 1024 * 1024
 SOAK_PREFIX = f"bpsoak{os.getpid()}"
@@ -70,13 +71,17 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     return p.parse_args(argv)
 
 
-def start_proxy(workdir: Path, upstream: str, args: argparse.Namespace) -> tg.Target:
+def start_proxy(
+    workdir: Path, upstream: str, args: argparse.Namespace, extra: Sequence[str] = ()
+) -> tg.Target:
+    """`budgetproxy serve` on the disclosed arm; `extra` are further config lines (YAML)."""
     port = tg.free_port()
     config = workdir / "soak.yaml"
     lines = [
         "# bench/soak.py: the defaults, with the disclosed arm",
         "disclosure: {mode: disclosed, placement: last_message, history: keep}",
         "tracing: {enabled: false}",
+        *extra,
     ]
     if args.retention_s is not None:
         lines.append(f"episodes: {{retention_s: {args.retention_s}}}")
@@ -127,7 +132,7 @@ def metric_values(text: str, names: tuple[str, ...]) -> dict[str, float]:
 
 
 async def sample(
-    load: AgentLoad | None, proxy: tg.Target, traj: Path, session: aiohttp.ClientSession,
+    load: Load | None, proxy: tg.Target, traj: Path, session: aiohttp.ClientSession,
     t0: float, last: dict[str, float],
 ) -> dict[str, Any]:
     pid = proxy.pid
@@ -183,6 +188,18 @@ async def drive(
     load = AgentLoad(proxy.base_url, rate=args.rate, slots=args.episodes,
                      stream_share=args.stream_share, seed=args.seed,
                      shutdown_ends_episodes=args.store == "memory")
+    rows = await sample_while(load, args.minutes * 60, args.sample_s, proxy, traj, samples_path)
+    return load, rows
+
+
+async def sample_while(
+    load: Load, seconds: float, sample_s: float, proxy: tg.Target, traj: Path,
+    samples_path: Path, print_every_s: float = 0.0,
+    more: Callable[[], dict[str, Any]] | None = None,
+    describe: Callable[[dict[str, Any]], str] = progress,
+) -> list[dict[str, Any]]:
+    """Run the load for `seconds`, sampling the proxy every `sample_s` (each sample joined by
+    what `more` returns, printed at most every `print_every_s`); the samples."""
     rows: list[dict[str, Any]] = []
     assert proxy.pid is not None
     async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=10)) as session:
@@ -190,25 +207,30 @@ async def drive(
         last = {"t": t0, "cpu": tg.cpu_seconds(proxy.pid)}
         idle = await sample(None, proxy, traj, session, t0, last)
         rows.append(idle)
-        running = asyncio.create_task(load.run(args.minutes * 60))
+        running = asyncio.create_task(load.run(seconds))
+        printed = -print_every_s
         with samples_path.open("w") as log:
             log.write(json.dumps(idle) + "\n")
             next_at = t0
             while not running.done():
-                next_at += args.sample_s
+                next_at += sample_s
                 with contextlib.suppress(TimeoutError):
                     await asyncio.wait_for(asyncio.shield(running),
                                            max(0.0, next_at - time.monotonic()))
-                short = running.done() and time.monotonic() < next_at - args.sample_s / 10
+                short = running.done() and time.monotonic() < next_at - sample_s / 10
                 row = await sample(load, proxy, traj, session, t0, last)
+                if more is not None:
+                    row |= more()
                 if short:  # the load ended inside this window: its rates mean little
                     row["partial"] = True
                 rows.append(row)
                 log.write(json.dumps(row) + "\n")
                 log.flush()
-                print(progress(row) + ("  (partial window)" if short else ""), flush=True)
+                if short or running.done() or row["t_s"] - printed >= print_every_s - 1e-6:
+                    printed = row["t_s"]
+                    print(describe(row) + ("  (partial window)" if short else ""), flush=True)
         await running
-    return load, rows
+    return rows
 
 
 # ---- nothing lost --------------------------------------------------------------------------

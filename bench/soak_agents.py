@@ -17,7 +17,7 @@ import random
 import time
 from array import array
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Protocol
 
 import aiohttp
 import orjson
@@ -62,6 +62,18 @@ class Window:
     errors: int = 0
     unsent: int = 0  # a call was due and no slot was ready
     latencies_ms: list[float] = field(default_factory=list)
+
+
+class Load(Protocol):
+    """What the soak's sampling and figures read from a load generator."""
+
+    totals: Window  # the whole run, latencies not kept
+    all_latencies_ms: array[float]  # (elapsed s, latency ms) pairs, flattened
+    episodes_started: int
+
+    def take_window(self) -> Window: ...
+
+    async def run(self, seconds: float) -> None: ...
 
 
 @dataclass

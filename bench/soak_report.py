@@ -13,7 +13,7 @@ from targets import percentile
 from budgetproxy.analysis.svg import Series, line_chart
 
 if TYPE_CHECKING:
-    from soak_agents import AgentLoad
+    from soak_agents import Load
 
 
 def fit_line(xs: list[float], ys: list[float]) -> tuple[float, float, float]:
@@ -31,7 +31,7 @@ def fit_line(xs: list[float], ys: list[float]) -> tuple[float, float, float]:
     return slope, intercept, math.sqrt(resid / (n - 2) / sxx)
 
 
-def latency(load: AgentLoad, since_s: float) -> dict[str, Any]:
+def latency(load: Load, since_s: float) -> dict[str, Any]:
     pairs = load.all_latencies_ms
     values = sorted(pairs[i + 1] for i in range(0, len(pairs), 2) if pairs[i] >= since_s)
     return {"calls": len(values), "p50_ms": percentile(values, 50, 2),
@@ -41,7 +41,7 @@ def latency(load: AgentLoad, since_s: float) -> dict[str, Any]:
 
 
 def summarize(
-    rows: list[dict[str, Any]], load: AgentLoad, warmup_s: float, duration_s: float,
+    rows: list[dict[str, Any]], load: Load, warmup_s: float, duration_s: float,
     max_slope: float, max_excursion: float,
 ) -> dict[str, Any]:
     loaded = [r for r in rows if "calls_per_s" in r and not r.get("partial")]
