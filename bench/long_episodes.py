@@ -65,7 +65,24 @@ def text(i: int, size: int) -> str:
     return " ".join(out)[:size]
 
 
+ROUTES = {"chat": "/v1/chat/completions", "messages": "/v1/messages"}
+ROUTE = ROUTES["chat"]  # the API the bodies are for (--api)
+_CACHE = {"type": "ephemeral"}
+# Claude Code's tools, in size: about 20 KB of schemas sent with every call
+_TOOLS = [{"name": f"Tool{i}", "description": text(1000 + i, 800),
+           "input_schema": {"type": "object", "properties": {
+               "command": {"type": "string", "description": text(2000 + i, 120)},
+               "timeout": {"type": "number", "maximum": 600000}}, "required": ["command"]}}
+          for i in range(20)]
+
+
 def bodies(turns: int, size: int) -> list[bytes]:
+    """The body of each turn, for the API of ROUTE."""
+    return messages_bodies(turns, size) if ROUTE == ROUTES["messages"] else chat_bodies(
+        turns, size)
+
+
+def chat_bodies(turns: int, size: int) -> list[bytes]:
     """The chat body of each turn: a system prompt, then turn-many user messages with the
     assistant's replies between them."""
     messages: list[dict[str, str]] = [{"role": "system", "content": text(0, size)}]
@@ -74,6 +91,34 @@ def bodies(turns: int, size: int) -> list[bytes]:
         messages.append({"role": "user", "content": text(2 * t, size)})
         out.append(orjson.dumps({"model": "m1", "max_tokens": 16, "messages": messages}))
         messages.append({"role": "assistant", "content": text(2 * t + 1, size)})
+    return out
+
+
+def messages_bodies(turns: int, size: int) -> list[bytes]:
+    """A Claude Code session's Messages bodies: the system prompt as a marked text block and
+    the tools on every call; the first prompt a string on the first call and a marked text
+    block from the second on; each turn an assistant reply of text and a tool call, and the
+    tool's result as the next user message, the newest block marked (`cache_control`)."""
+    system = [{"type": "text", "text": text(0, size), "cache_control": _CACHE}]
+    history: list[dict[str, Any]] = [{"role": "user", "content": text(1, size)}]
+    out = []
+    for t in range(1, turns + 1):
+        wire = list(history)
+        if t > 1:
+            wire[0] = {"role": "user", "content": [
+                {"type": "text", "text": history[0]["content"], "cache_control": _CACHE}]}
+            last = wire[-1]
+            wire[-1] = {"role": "user", "content": [
+                {**last["content"][0], "cache_control": _CACHE}]}
+        out.append(orjson.dumps({"model": "m1", "max_tokens": 32000, "system": system,
+                                 "tools": _TOOLS, "messages": wire}))
+        history.append({"role": "assistant", "content": [
+            {"type": "text", "text": text(3 * t, size // 4)},
+            {"type": "tool_use", "id": f"toolu_{t:04d}", "name": "Tool0",
+             "input": {"command": text(3 * t + 1, 60)}}]})
+        history.append({"role": "user", "content": [
+            {"type": "tool_result", "tool_use_id": f"toolu_{t:04d}",
+             "content": text(3 * t + 2, size)}]})
     return out
 
 
@@ -93,7 +138,7 @@ def measured_call(client: httpx.Client, pid: int, body: bytes, headers: dict[str
     """The proxy's CPU for one call: read before, and once its work after the answer (the
     record, the settle) has had time to run."""
     before = cpu_ns(pid)
-    r = client.post("/v1/chat/completions", content=body, headers=headers)
+    r = client.post(ROUTE, content=body, headers=headers)
     if r.status_code != 200:
         raise SystemExit(f"HTTP {r.status_code}: {r.text[:300]}")
     time.sleep(settle_s)
@@ -113,7 +158,7 @@ def counted_block(client: httpx.Client, pid: int, prefix: Path, bodies_: list[by
     calls and the work they leave behind (the record, the settle)."""
     ins.callgrind_control(pid, "-z")
     for body in bodies_:
-        r = client.post("/v1/chat/completions", content=body, headers=headers)
+        r = client.post(ROUTE, content=body, headers=headers)
         if r.status_code != 200:
             raise SystemExit(f"HTTP {r.status_code}: {r.text[:300]}")
     time.sleep(settle_s)
@@ -132,7 +177,7 @@ def run_store_counted(store: str, url: str, pid: int, prefix: Path,
             episode = {**plain, "X-Episode-Id": f"long-{store}-{n}-{time.time_ns()}"}
             seq = bodies(turns, size)
             for body in seq[:turns - measured]:  # growing the episode to its length
-                r = client.post("/v1/chat/completions", content=body, headers=episode)
+                r = client.post(ROUTE, content=body, headers=episode)
                 if r.status_code != 200:
                     raise SystemExit(f"HTTP {r.status_code}: {r.text[:300]}")
             last = seq[turns - measured:]
@@ -172,7 +217,7 @@ def run_store(store: str, url: str, pid: int, rows: list[tuple[int, int]], measu
             evalsha = [0, 0, 0]
             for t, body in enumerate(seq, 1):
                 if t <= turns - measured:  # growing the episode to its length
-                    r = client.post("/v1/chat/completions", content=body, headers=episode)
+                    r = client.post(ROUTE, content=body, headers=episode)
                     if r.status_code != 200:
                         raise SystemExit(f"HTTP {r.status_code}: {r.text[:300]}")
                     continue
@@ -255,11 +300,15 @@ def main() -> int:
     p.add_argument("--settle-ms", type=float, default=15.0,
                    help="wait after each measured call before reading the proxy's CPU")
     p.add_argument("--stores", default="memory,redis")
+    p.add_argument("--api", choices=sorted(ROUTES), default="chat",
+                   help="chat bodies, or a Claude Code session's Messages bodies")
     p.add_argument("--instructions", action="store_true",
                    help="count the proxy's instructions under callgrind instead of CPU time")
     args = p.parse_args()
     if args.instructions and shutil.which("callgrind_control") is None:
         raise SystemExit("--instructions needs valgrind (Debian: apt-get install valgrind)")
+    global ROUTE
+    ROUTE = ROUTES[args.api]
     rows = [(int(t), args.message_chars) for t in args.turns.split(",") if t]
     if args.large:
         t, _, c = args.large.partition(":")

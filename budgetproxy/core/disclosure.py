@@ -238,15 +238,26 @@ def edit(
     """A new item list with texts appended to items (`appends`: index -> texts, in order) and
     new items inserted before an index (`inserts`; index len(items) is the end). What other
     APIs than chat completions need: each says how a text is appended and what a new item is.
-    Items not touched are the client's own objects."""
-    out: list[Any] = []
+    Items not touched are the client's own objects. (A long episode's calls re-apply a text
+    to every earlier turn: the work follows the texts, not the items.)"""
+    edited = items.copy()
     n = len(items)
-    for i in range(n + 1):
-        for t in inserts.get(i, ()):
-            out.append(new(t))
-        if i < n:
-            item = items[i]
-            for t in appends.get(i, ()):
-                item = append(item, t)
-            out.append(item)
+    for i, texts in appends.items():
+        if not 0 <= i < n:
+            continue
+        item = items[i]
+        for t in texts:
+            item = append(item, t)
+        edited[i] = item
+    if not inserts:
+        return edited
+    out: list[Any] = []
+    start = 0
+    for i in sorted(inserts):
+        if not 0 <= i <= n:
+            continue
+        out += edited[start:i]
+        out += [new(t) for t in inserts[i]]
+        start = i
+    out += edited[start:]
     return out

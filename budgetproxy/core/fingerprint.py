@@ -91,10 +91,22 @@ def canonical(messages: list[Any]) -> list[Any]:
     i = -1
     for m in messages:
         i += 1
-        # Most messages of most turns are {role, content: str}: nothing to look at. Any other
-        # key set (a Responses item's type, a tool output, the system head) is looked at.
-        if type(m) is not dict or (len(m) == 2 and type(m.get("content")) is not list):
+        # Most messages of most turns are {role, content: str} or {role, content: [blocks]}
+        # with no lone text and no nested content: nothing to change. Any other key set (a
+        # Responses item's type, a tool output, the system head) is looked at.
+        if type(m) is not dict:
             continue
+        content = m.get("content")
+        if len(m) == 2 and "role" in m:
+            if type(content) is not list:
+                continue
+            lone = len(content) == 1
+            for block in content:  # no lone text block, no block with a content list: as sent
+                if type(block) is dict and (type(block.get("content")) is list or (
+                        lone and block.get("type") in _TEXT_BLOCKS)):
+                    break
+            else:
+                continue
         c = _canonical_item(m)
         if c is not m:
             if out is None:

@@ -270,3 +270,28 @@ def test_edit_appends_and_inserts_leaving_untouched_items_the_clients() -> None:
 def test_texts_renders_this_turn_and_replays_only_with_a_conversation() -> None:
     assert disclosure.texts("{turn}/{total}", 2, 5, None) == ("2/5", [])
     assert disclosure.texts("{turn}/{total}", 2, 5, 4, [(0, 1, 1, "1:x")], None) == ("2/4", [])
+
+
+def _edit_plainly(items: list[Any], appends: dict[int, list[str]],
+                  inserts: dict[int, list[str]]) -> list[Any]:
+    """edit's rule, item by item: inserts before index i, then item i with its appends."""
+    out: list[Any] = []
+    for i in range(len(items) + 1):
+        out += [("new", t) for t in inserts.get(i, ())]
+        if i < len(items):
+            item = items[i]
+            for t in appends.get(i, ()):
+                item = (item, t)
+            out.append(item)
+    return out
+
+
+@given(items=st.lists(st.integers(), max_size=6),
+       appends=st.dictionaries(st.integers(-2, 8), st.lists(st.text(max_size=2), max_size=2)),
+       inserts=st.dictionaries(st.integers(-2, 8), st.lists(st.text(max_size=2), max_size=2)))
+def test_edit_places_appends_and_inserts_as_the_item_by_item_rule(
+    items: list[Any], appends: dict[int, list[str]], inserts: dict[int, list[str]]
+) -> None:
+    got = disclosure.edit(items, appends, inserts, lambda item, t: (item, t),
+                          lambda t: ("new", t))
+    assert got == _edit_plainly(items, appends, inserts)

@@ -11,7 +11,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from budgetproxy.core.fingerprint import Fingerprint
+from budgetproxy.core.fingerprint import Fingerprint, canonical
 
 # Text values only: messages are equal JSON exactly when they are equal with their keys in
 # the same order (a client that reorders keys has changed its conversation, as far as the
@@ -115,3 +115,47 @@ def test_a_digest_an_earlier_version_kept_is_still_compared(size: int) -> None:
     assert not Fingerprint([{"role": "user", "content": "z" * size}, *after[1:]]).extends(old)
     assert not Fingerprint(after).extends(old[:-1] + ("0" if old[-1] != "0" else "1"))
     assert "/" in Fingerprint(after).digest()  # new digests: BLAKE3's
+
+
+def _canonical_plainly(item: Any) -> Any:
+    """The canonical shape, written plainly: content (or output, or system) that is a list of
+    one text block is its text, blocks' content lists are canonical too, and a Responses
+    item's `type: message` is dropped."""
+    if not isinstance(item, dict):
+        return item
+    out = {k: v for k, v in item.items() if not (k == "type" and v == "message")}
+    for key in ("content", "output", "system"):
+        value = item.get(key)
+        if not isinstance(value, list):
+            continue
+        if (len(value) == 1 and isinstance(value[0], dict)
+                and value[0].get("type") in ("text", "input_text")
+                and isinstance(value[0].get("text"), str)):
+            out[key] = value[0]["text"]
+        else:
+            out[key] = [_canonical_plainly(b) if isinstance(b, dict)
+                        and isinstance(b.get("content"), list) else b for b in value]
+    return out
+
+
+_text_block = st.fixed_dictionaries({"type": st.sampled_from(["text", "input_text"]),
+                                     "text": st.text(max_size=3)},
+                                    optional={"cache_control": st.just({"type": "ephemeral"})})
+_other_block = st.fixed_dictionaries(
+    {"type": st.sampled_from(["tool_use", "tool_result", "image"])},
+    optional={"content": st.text(max_size=3) | st.lists(_text_block, max_size=2),
+              "id": st.text(max_size=2)})
+_blocks = st.lists(_text_block | _other_block, max_size=3)
+_item = st.fixed_dictionaries(
+    {"role": st.sampled_from(["user", "assistant"]), "content": st.text(max_size=3) | _blocks},
+    optional={"type": st.sampled_from(["message", "function_call_output"]),
+              "output": st.text(max_size=2) | _blocks})
+
+
+@given(messages=st.lists(_item | st.fixed_dictionaries({"system": _blocks}), max_size=5))
+def test_canonical_is_the_plain_rule_and_keeps_unchanged_messages(messages: list[Any]) -> None:
+    out = canonical(messages)
+    assert out == [_canonical_plainly(m) for m in messages]
+    for before, after in zip(messages, out, strict=True):
+        if before == _canonical_plainly(before):
+            assert after is before

@@ -6,6 +6,8 @@ from typing import Any
 
 import orjson
 import pytest
+from hypothesis import given
+from hypothesis import strategies as st
 
 from budgetproxy.core.disclosure import Placement
 from budgetproxy.errors import ProxyError
@@ -227,3 +229,47 @@ def test_a_resent_turn_gets_its_text_once(dialect: Any, payload: dict[str, Any])
     index = dialect.placement_index("last_message", conv)
     out = place(dialect, payload, "last_message", [(index, T)])
     assert str(out).count(T) == 1
+
+
+def _markers_dropped(value: Any) -> Any:
+    """The rule, written plainly: every `cache_control` key gone from dicts at any depth
+    reached through lists and message/block `content`."""
+    if isinstance(value, list):
+        return [_markers_dropped(v) for v in value]
+    if not isinstance(value, dict):
+        return value
+    out = {k: v for k, v in value.items() if k != "cache_control"}
+    if isinstance(value.get("content"), list):
+        out["content"] = _markers_dropped(value["content"])
+    return out
+
+
+_leaf = st.one_of(st.text(max_size=3), st.integers(), st.none())
+_marker = st.just({"type": "ephemeral"})
+_block = st.fixed_dictionaries(
+    {"type": st.sampled_from(["text", "tool_result", "tool_use"])},
+    optional={"text": st.text(max_size=3), "cache_control": _marker,
+              "content": st.one_of(st.text(max_size=3),
+                                   st.lists(st.fixed_dictionaries(
+                                       {"type": st.just("text")},
+                                       optional={"cache_control": _marker,
+                                                 "text": st.text(max_size=3)}), max_size=3)),
+              "input": st.dictionaries(st.text(max_size=2), _leaf, max_size=2)})
+_message = st.fixed_dictionaries(
+    {"role": st.sampled_from(["user", "assistant"]),
+     "content": st.one_of(st.text(max_size=3), st.lists(_block, max_size=3))},
+    optional={"cache_control": _marker})
+
+
+@given(messages=st.lists(_message, max_size=5),
+       system=st.one_of(st.none(), st.text(max_size=3), st.lists(_block, max_size=2)))
+def test_messages_conversation_drops_every_marker_and_keeps_unmarked_objects(
+    messages: list[Any], system: Any
+) -> None:
+    conversation = DIALECTS["/v1/messages"].conversation({"system": system,
+                                                           "messages": messages})
+    assert conversation == [{"system": _markers_dropped(system)},
+                            *(_markers_dropped(m) for m in messages)]
+    for sent, seen in zip(messages, conversation[1:], strict=True):
+        if sent == _markers_dropped(sent):  # nothing to drop: the client's own object
+            assert seen is sent

@@ -18,21 +18,41 @@ from budgetproxy.proxy.sse import json_objects
 def _unmarked(value: Any) -> Any:
     """A message or system prompt without its `cache_control` markers (blocks and the blocks
     of tool results): clients move them to the newest message every turn, which is no change
-    to the conversation. Objects without markers are the client's own."""
-    if isinstance(value, list):
-        out = [_unmarked(v) for v in value]
-        return value if all(a is b for a, b in zip(out, value, strict=True)) else out
-    if not isinstance(value, dict):
+    to the conversation. Objects without markers are the client's own. (Every call walks its
+    whole history with this: a list is copied only where something in it changed.)"""
+    kind = type(value)
+    if kind is dict:
+        return _unmarked_dict(value)
+    if kind is not list:
         return value
-    changed = "cache_control" in value
+    out: list[Any] | None = None
+    for i, item in enumerate(value):
+        if type(item) is dict:
+            new = _unmarked_dict(item)
+        elif type(item) is list:
+            new = _unmarked(item)
+        else:
+            continue
+        if new is not item:
+            if out is None:
+                out = value.copy()
+            out[i] = new
+    return value if out is None else out
+
+
+def _unmarked_dict(value: dict[str, Any]) -> dict[str, Any]:
     content = value.get("content")
-    inner = _unmarked(content) if isinstance(content, list) else content
-    if not changed and inner is content:
-        return value
-    out_d = {k: v for k, v in value.items() if k != "cache_control"}
-    if isinstance(content, list):
-        out_d["content"] = inner
-    return out_d
+    inner = _unmarked(content) if type(content) is list else content
+    if "cache_control" not in value:
+        if inner is content:
+            return value
+        out = value.copy()
+        out["content"] = inner
+        return out
+    out = {k: v for k, v in value.items() if k != "cache_control"}
+    if inner is not content:
+        out["content"] = inner
+    return out
 
 
 def _is_user(m: Any) -> bool:
