@@ -4,6 +4,7 @@ holds, so `rollouts.max_bytes` bounds the memory the kept turns take."""
 from __future__ import annotations
 
 import gc
+import sys
 import tracemalloc
 
 import orjson
@@ -80,3 +81,20 @@ async def test_the_log_holds_what_it_counts_within_max_bytes() -> None:
     # the log's lists and dicts, and the episodes' ids, beside the entries it counts
     assert counted <= held <= counted * 1.02 + 64 * 1024, (held, counted)
     assert held <= 1.03 * max_bytes
+
+
+def test_a_small_entry_counts_its_objects() -> None:
+    """Entries of a first turn (about 2.5 KB of bodies): what each holds, traced, is no more
+    than its size, and within 10% of it."""
+    st = EpisodeState(episode_id="ep", budget=10, max_turns=None, disclosure="disclosed")
+    for stream in (True, False):
+        calls = [_call(0, stream) for _ in range(100)]
+        tracemalloc.start()
+        try:
+            base = tracemalloc.get_traced_memory()[0]
+            kept = [KeptTurn.of(call, st, reply, full=True, lazy=True) for call, reply in calls]
+            held = tracemalloc.get_traced_memory()[0] - base - sys.getsizeof(kept)
+        finally:
+            tracemalloc.stop()
+        size = sum(k.size for k in kept)
+        assert 0.9 * size <= held <= size, (type(kept[0]).__name__, held, size)
