@@ -59,6 +59,9 @@ class ServerConfig(_Strict):
     # Globs of request header names forwarded upstream beyond the built-in list
     # (core/forwarded_headers.py), e.g. ["x-my-gateway-*"].
     forward_headers: list[str] = Field(default_factory=list)
+    # glibc only: every this many seconds the C heap's free pages go back to the system
+    # (serve/allocator.py); null: never, and the heap keeps what large bodies freed.
+    malloc_trim_s: float | None = Field(2.0, gt=0)
 
 
 class UpstreamConfig(_Strict):

@@ -12,6 +12,7 @@ from typing import Any
 import uvicorn
 
 from budgetproxy.config import Config
+from budgetproxy.serve.allocator import start_heap_trim
 from budgetproxy.serve.http_limits import BoundedConfig, HttpLimits
 
 
@@ -98,12 +99,19 @@ def tune_gc() -> None:
     gc.set_threshold(GC_GEN0_THRESHOLD, gen1, gen2)
 
 
+def tune_process(config: Config) -> None:
+    """The serving process's collector, and its C heap trimmed (serve/allocator.py)."""
+    tune_gc()
+    if config.server.malloc_trim_s is not None:
+        start_heap_trim(config.server.malloc_trim_s)
+
+
 def run_foreground(config: Config) -> int:
     """Serve until SIGINT/SIGTERM; in-flight calls finish within server.shutdown_timeout_s."""
     from budgetproxy.serve.app import create_app
 
     app = create_app(config)
-    tune_gc()
+    tune_process(config)
     server = _AnnouncingServer(
         uvicorn_config(app, config, host=config.server.host, port=config.server.port), True
     )

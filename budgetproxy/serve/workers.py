@@ -14,11 +14,11 @@ ENV_CONFIG_JSON = "BUDGETPROXY_CONFIG_JSON"
 def app_from_env() -> object:
     """uvicorn factory for worker processes: the validated config travels as JSON in the env."""
     from budgetproxy.serve.app import create_app
-    from budgetproxy.serve.server import tune_gc
+    from budgetproxy.serve.server import tune_process
 
     config = Config.model_validate(orjson.loads(os.environ[ENV_CONFIG_JSON]))
     app = create_app(config)
-    tune_gc()
+    tune_process(config)
     return app
 
 
