@@ -92,9 +92,11 @@ class ModelCall:
         self.answer: Any = None  # its answer parsed, when capture read it (as the client got it)
         # input and output tokens of its usage, once read (None: not read yet)
         self.counts: tuple[int | None, int | None] | None = None
-        self.sent: list[Any] | None = None  # the conversation as the upstream got it
-        # The request body the upstream got: `sent` is the dialect's conversation of it read
-        # back (the turn log keeps it instead of writing `sent` again, proxy/grouping.py).
+        # the payload as the upstream got it, for the conversation it sent: read from it only
+        # when a kept turn needs it (a long episode's conversation is a walk of its history)
+        self.sent: dict[str, Any] | None = None
+        # The request body the upstream got, `sent` written (the memory turn log keeps it and
+        # reads its conversation back when asked, proxy/grouping.py).
         self.upstream_body: bytes | None = None
         # X-Episode-Warning: first-call headers this later call sent that its episode ignored
         self.warning: bytes | None = None

@@ -574,7 +574,7 @@ class ModelCalls:
             body, payload = self._capture(call, upstream, body, payload)
         call.conversation = conversation
         if conversation is not None:
-            call.sent = call.dialect.conversation(payload)  # disclosure texts included
+            call.sent = payload  # (disclosure texts included; read when a kept turn needs it)
         call.span = self.tracing.start(call.kind, call.model, headers, call.episode_id)
         try:
             if not body:

@@ -127,7 +127,8 @@ class KeptTurn:
             assert body is not None
             return cls(head, tail, body=exact(body), read=call.dialect.conversation, full=full)
         kept = cls(head, tail, full=full)
-        kept.data = kept.written(call.sent)
+        kept.data = kept.written(
+            None if call.sent is None else call.dialect.conversation(call.sent))
         return kept
 
 
