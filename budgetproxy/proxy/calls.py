@@ -7,10 +7,11 @@ import time
 from typing import Any
 
 from budgetproxy.config import UpstreamConfig
-from budgetproxy.core.episode import EpisodeState, Grant, GrantKind, SettleResult
+from budgetproxy.core.episode import EpisodeState, Grant, GrantKind
 from budgetproxy.core.fingerprint import Fingerprint
 from budgetproxy.proxy.capture import Capture, Tokens
 from budgetproxy.proxy.dialects import Dialect
+from budgetproxy.proxy.outcome import ANSWERED
 from budgetproxy.telemetry.tracing import CallTrace
 from budgetproxy.trajectories.records import SCHEMA_VERSION, rfc3339
 
@@ -39,12 +40,14 @@ def with_stream_usage(body: bytes) -> bytes:
 
 
 class ModelCall:
-    """One model call's state, carried through the handler (forward.py, upstream_call.py)."""
+    """One model call as forward.py learns it: what admission found (route, model, episode,
+    grant), what the upstream leg returned (upstream_call.py `Leg`) and its `outcome`. The
+    phases return values; forward.py alone writes them here."""
 
     __slots__ = (
         "t0", "route", "dialect", "kind", "model", "stream", "episode_id", "state", "grant",
-        "upstream", "t_upstream", "started", "sent_body", "status", "disclosure_text",
-        "result", "http_status", "ttft", "error_class", "conversation", "data", "events",
+        "upstream", "t_upstream", "started", "sent_body", "outcome", "disclosure_text",
+        "conversation", "data", "events",
         "settled", "span", "prints", "previous_response", "exact", "ended", "probe", "query",
         "payload", "timed_out", "cumulative", "capture", "tokens", "sent", "upstream_body",
         "counts", "answer", "warning", "compaction",
@@ -64,12 +67,10 @@ class ModelCall:
         self.t_upstream = 0.0
         self.started = False
         self.sent_body = False
-        self.status = "ok"
+        # its status, HTTP status and settle result, as proxy/outcome.py decides them; only
+        # forward.py sets it, from what each phase returns
+        self.outcome = ANSWERED
         self.disclosure_text: str | None = None
-        self.result = SettleResult.OK
-        self.http_status = 200
-        self.ttft: float | None = None
-        self.error_class: str | None = None
         self.conversation: list[Any] | None = None
         self.data: bytes | None = None
         self.events: list[bytes] | None = None
@@ -97,13 +98,6 @@ class ModelCall:
         # X-Episode-Warning: first-call headers this later call sent that its episode ignored
         self.warning: bytes | None = None
         self.compaction = False  # a CLI's compaction call (core/compaction.py)
-
-    def refuse(self, http_status: int) -> None:
-        """The proxy answers this forwarded call itself, with `http_status`: its turn is
-        given back, and its record says it was refused."""
-        self.result = SettleResult.REFUNDABLE
-        self.status = "rejected"
-        self.http_status = http_status
 
 
 def micros(seconds: float) -> float:
@@ -158,8 +152,8 @@ def turn_record(
         "model": call.model,
         "route": call.route,
         "stream": call.stream,
-        "status": call.status,
-        "http_status": call.http_status,
+        "status": call.outcome.status,
+        "http_status": call.outcome.http_status,
         **call.dialect.log_fields(msgs, seen),
         "response": response,
         "finish_reason": finish_reason,
@@ -217,8 +211,8 @@ def _call_fields(call: ModelCall, kind: str) -> dict[str, Any]:
         "model": call.model,
         "route": call.route,
         "stream": call.stream,
-        "status": call.status,
-        "http_status": call.http_status,
+        "status": call.outcome.status,
+        "http_status": call.outcome.http_status,
     }
 
 

@@ -8,7 +8,7 @@ import fnmatch
 import logging
 import time
 from collections.abc import Awaitable, Callable
-from typing import Any
+from typing import Any, NamedTuple
 
 import orjson
 
@@ -35,7 +35,7 @@ from budgetproxy.errors import (
     invalid_episode_id,
     invalid_request,
 )
-from budgetproxy.proxy import axis_calls, capture
+from budgetproxy.proxy import axis_calls, capture, outcome
 from budgetproxy.proxy.asgi import (
     ClientGone,
     Receive,
@@ -62,7 +62,7 @@ from budgetproxy.proxy.grouping import RolloutRecorder, group_key, group_size
 from budgetproxy.proxy.refusal import refusal_status
 from budgetproxy.proxy.sse import EventSplitter
 from budgetproxy.proxy.upstream import UpstreamPool
-from budgetproxy.proxy.upstream_call import UpstreamCall
+from budgetproxy.proxy.upstream_call import Leg, UpstreamCall
 from budgetproxy.proxy.wire import (
     encode_exact,
     exact_payload,
@@ -79,6 +79,61 @@ from budgetproxy.trajectories.recorder import Recorder
 log = logging.getLogger("budgetproxy")
 
 STORE_DOWN_LOG_EVERY_S = 10.0
+
+
+class Plan(NamedTuple):
+    """What admission decided for a call it lets through (forward.py `_handle` → `_forward`);
+    the call's route, dialect, model, episode and grant are on its ModelCall."""
+
+    upstream: UpstreamConfig  # the upstream that serves the model (or the arm's model)
+    headers: dict[bytes, bytes]  # the client's request headers
+    body: bytes  # the bytes to send as they are; b"": `payload` was rewritten, encode it
+    payload: dict[str, Any]  # the body as parsed (and rewritten)
+    conversation: list[Any] | None  # the client's conversation for its record (None: none)
+
+
+class _NewEpisode:
+    """The state a call's first turn creates its episode with, which the store asks for inside
+    its atomic open. A new episode that names an experiment raises NeedArm until its arm is
+    drawn (`draw`); only the creation of an episode reads that header."""
+
+    __slots__ = ("calls", "call", "eid", "headers", "now", "drawn", "size")
+
+    def __init__(
+        self, calls: ModelCalls, call: ModelCall, eid: str, headers: dict[bytes, bytes],
+        now: float,
+    ) -> None:
+        self.calls, self.call, self.eid, self.headers, self.now = calls, call, eid, headers, now
+        self.drawn: tuple[EpisodeSpec, Assigned] | None = None
+        self.size: int | None = None  # the group size its first call declared
+
+    def __call__(self) -> EpisodeState:
+        experiments = self.calls.experiments
+        try:
+            if self.drawn is not None:
+                spec, assigned = self.drawn
+            else:
+                spec, assigned = spec_from_headers(self.eid, self.headers), None
+                named = self.headers.get(EXPERIMENT_HEADER)
+                if named:  # a name no experiment has is a 400
+                    if experiments is None:
+                        raise invalid_request("Header X-Episode-Experiment names no "
+                                              "configured experiment", "experiment")
+                    raise NeedArm(experiments.named(named), spec)
+            st = new_episode(spec, self.calls.budget_cfg, self.calls.disc_cfg, self.now)
+        except SpecError as e:
+            raise invalid_request(str(e), e.param) from None
+        st.model = self.call.model
+        if assigned is not None:
+            st.experiment, st.arm = assigned.experiment, assigned.arm.name
+            st.model = assigned.arm.model or st.model
+        self.size = group_size(self.headers)
+        return st
+
+    async def draw(self, need: NeedArm) -> None:
+        """Draw the new episode's arm from the store, for the next try."""
+        assert self.calls.experiments is not None
+        self.drawn = await self.calls.experiments.assign(need.experiment, need.spec)
 
 
 class ModelCalls:
@@ -134,8 +189,7 @@ class ModelCalls:
             pool, metrics, tracing, litellm_call,
             header_policy=HeaderPolicy(config.server.forward_headers,
                                        (*self.id_headers, PROBE_HEADER)),
-            own_keys=self.keys.required, episode_headers=self._episode_headers,
-            settle=self._settle_now)
+            own_keys=self.keys.required, before_head=self._before_head)
 
     # -- entry -------------------------------------------------------------------------------
     async def handle(
@@ -148,16 +202,16 @@ class ModelCalls:
         try:
             await self._handle(call, scope, receive, send, path_episode)
         except ClientGone:
-            call.http_status = 499
+            call.outcome = outcome.unanswered(call.outcome, 499)
         except ProxyError as e:
-            call.http_status = e.status
+            call.outcome = outcome.unanswered(call.outcome, e.status)
             if not call.started:
                 await send_error(send, e, self._episode_headers(call), call.dialect.error_body)
         except asyncio.CancelledError:
             raise
         except Exception:
             log.exception("unexpected error on %s", route)
-            call.http_status = 500
+            call.outcome = outcome.unanswered(call.outcome, 500)
             if not call.started:
                 await send_error(
                     send,
@@ -168,8 +222,8 @@ class ModelCalls:
         finally:
             if self.metrics is not None:
                 total = time.perf_counter() - call.t0
-                duration, overhead, requests = self.metrics.call_children(route,
-                                                                          call.http_status)
+                duration, overhead, requests = self.metrics.call_children(
+                    route, call.outcome.http_status)
                 duration.observe(total)
                 requests.inc()
                 if call.upstream is not None:
@@ -209,23 +263,11 @@ class ModelCalls:
     async def _handle(
         self, call: ModelCall, scope: Scope, receive: Receive, send: Send, path_episode: str | None
     ) -> None:
+        """Admission, one step each: the key, the episode id, the body parsed and validated,
+        the upstream for its model, whether it is counted, its turn opened and the body
+        rewritten (`_take_turn`); the `Plan` it gives is forwarded (`_forward`)."""
         headers: dict[bytes, bytes] = dict(scope["headers"])
-        # A per-episode key names its episode (in its tenant's namespace) and stands for the
-        # key it was minted behind.
-        keyed = None if self.episode_keys is None else self.episode_keys.episode_of(
-            headers.get(b"authorization"))
-        if keyed is not None:
-            who = Principal(tenant=tenant_of(keyed))
-            if path_episode is not None and path_episode != local_id(keyed):
-                raise invalid_episode_id(f"The episode key names episode {local_id(keyed)!r}, "
-                                         f"the path {path_episode!r}")
-            path_episode = local_id(keyed)
-        else:
-            found = self.keys.principal(headers.get(b"authorization"),
-                                        headers.get(b"x-api-key"))  # (x-api-key: Anthropic's)
-            if found is None:
-                raise invalid_api_key()
-            who = found
+        who, path_episode = self._authenticate(headers, path_episode)
         if len(headers) < len(scope["headers"]):  # a header sent twice: the dict kept the last
             self._one_id_each(scope["headers"])
         eid = self._episode_id(headers, path_episode)
@@ -242,6 +284,44 @@ class ModelCalls:
             except ValueError as e:
                 raise invalid_request(str(e), "tenant") from None
         body = await read_body(receive, headers, self.max_body)
+        payload, upstream = self._parse(call, body)
+        if eid is None and self.cfg.episodes.require_id:
+            raise ProxyError(
+                400, "episode_id_required",
+                "This proxy requires an episode id (X-Episode-Id header or /episodes/{id}/v1 "
+                "path prefix)", param="episode_id",
+            )
+        counted, conversation = self._counted(call, eid, payload)
+        call.episode_id = eid
+        plan = Plan(upstream, headers, body, payload, conversation)
+        if not counted:
+            await self._forward(call, self._uncounted(call, plan, probe), receive, send)
+            return
+        turn = await self._take_turn(call, plan, send)
+        if turn is not None:  # (None: answered here, its budget spent)
+            await self._forward(call, turn, receive, send)
+
+    def _authenticate(
+        self, headers: dict[bytes, bytes], path_episode: str | None
+    ) -> tuple[Principal, str | None]:
+        """Who calls, and the episode its path names. A per-episode key names its episode (in
+        its tenant's namespace) and stands for the key it was minted behind."""
+        keyed = None if self.episode_keys is None else self.episode_keys.episode_of(
+            headers.get(b"authorization"))
+        if keyed is None:
+            found = self.keys.principal(headers.get(b"authorization"),
+                                        headers.get(b"x-api-key"))  # (x-api-key: Anthropic's)
+            if found is None:
+                raise invalid_api_key()
+            return found, path_episode
+        if path_episode is not None and path_episode != local_id(keyed):
+            raise invalid_episode_id(f"The episode key names episode {local_id(keyed)!r}, "
+                                     f"the path {path_episode!r}")
+        return Principal(tenant=tenant_of(keyed)), local_id(keyed)
+
+    def _parse(self, call: ModelCall, body: bytes) -> tuple[dict[str, Any], UpstreamConfig]:
+        """The body parsed once and validated by the route's dialect, and the upstream that
+        serves its model."""
         dialect = call.dialect
         payload = parse_payload(body)
         dialect.validate(payload)
@@ -256,15 +336,19 @@ class ModelCalls:
             raise ProxyError(400, "unsupported_api", f"Upstream {upstream.name!r} (kind: "
                              f"litellm) serves chat completions only, not {call.route}",
                              param="model")
-        if eid is None and self.cfg.episodes.require_id:
-            raise ProxyError(
-                400, "episode_id_required",
-                "This proxy requires an episode id (X-Episode-Id header or /episodes/{id}/v1 "
-                "path prefix)", param="episode_id",
-            )
+        return payload, upstream
+
+    def _counted(
+        self, call: ModelCall, eid: str | None, payload: dict[str, Any]
+    ) -> tuple[bool, list[Any]]:
+        """Whether the call is an episode's turn (an episode id, a model not in
+        `uncounted_models`, not an uncounted prompt, not a free compaction call), and its
+        conversation when that had to be read to tell."""
         counted = eid is not None and not (
-            self.uncounted and any(fnmatch.fnmatchcase(model, p) for p in self.uncounted)
+            self.uncounted and any(fnmatch.fnmatchcase(call.model or "", p)
+                                   for p in self.uncounted)
         )
+        dialect = call.dialect
         conversation = dialect.conversation(payload) if counted else []
         if counted and self.uncounted_prompts and (
                 lone_text(conversation, dialect.heads) in self.uncounted_prompts):
@@ -273,109 +357,114 @@ class ModelCalls:
         if counted and marks and compaction.is_compaction(conversation, marks):
             call.compaction = True  # a CLI shortening its history: no step of the task
             counted = not self.compaction_free
-        call.episode_id = eid
-        if not counted:
-            if self.metrics is not None and not call.compaction:
-                m = self.metrics
-                m.child(m.calls_without_episode, call.route).inc()
-            if probe is not None:
-                call.probe = probe.decode("latin-1")
-            await self._forward(call, upstream, headers, body, payload, receive, send,
-                                conversation=conversation if call.compaction
-                                else None if probe is None else dialect.conversation(payload))
-            return
-        assert eid is not None
-        call.previous_response = dialect.continues(payload)
-        grant, st = await self._open_turn(call, eid, headers, body, conversation)
+        return counted, conversation
+
+    def _uncounted(self, call: ModelCall, plan: Plan, probe: bytes | None) -> Plan:
+        """A call no episode counts: forwarded as sent; the conversation kept for the record
+        of a probe's or a compaction's call."""
+        if self.metrics is not None and not call.compaction:
+            m = self.metrics
+            m.child(m.calls_without_episode, call.route).inc()
+        if probe is not None:
+            call.probe = probe.decode("latin-1")
+        conversation = plan.conversation if call.compaction else (
+            None if probe is None else call.dialect.conversation(plan.payload))
+        return Plan(plan.upstream, plan.headers, plan.body, plan.payload, conversation)
+
+    async def _take_turn(self, call: ModelCall, plan: Plan, send: Send) -> Plan | None:
+        """Open the call's turn. A FORWARD grant gives the plan rewritten for it (`_rewrite`);
+        a finished episode or a held budget is refused; a spent budget is answered here (None).
+        A store down under fail_open forwards the call as sent, uncounted."""
+        eid, conversation = call.episode_id, plan.conversation
+        assert eid is not None and conversation is not None
+        call.previous_response = call.dialect.continues(plan.payload)
+        grant, st = await self._open_turn(call, eid, plan.headers, plan.body, conversation)
         if grant is None:  # store down, fail_open
-            await self._forward(call, upstream, headers, body, payload, receive, send,
-                                conversation=None)
-            return
+            return Plan(plan.upstream, plan.headers, plan.body, plan.payload, None)
         if grant.kind is GrantKind.FINISHED:
-            raise episode_finished(local_id(eid), refusal_status(headers))
+            raise episode_finished(local_id(eid), refusal_status(plan.headers))
         if grant.kind is GrantKind.HELD:
             raise axis_calls.held(st)
         if grant.kind is GrantKind.EXHAUSTED:
-            await self._exhausted(call, st, send, conversation,
-                                  refusal_status(headers))
-            return
+            await self._exhausted(call, st, send, conversation, refusal_status(plan.headers))
+            return None
+        return await self._rewrite(call, plan, grant, st)
+
+    async def _rewrite(
+        self, call: ModelCall, plan: Plan, grant: Grant, st: EpisodeState
+    ) -> Plan:
+        """A forwarded turn's body: its output cap clamped to what other budgets leave, its
+        arm's model, its disclosure text. Each rewrite leaves `body` empty: `payload` is
+        encoded then; the hidden arm's turn goes as the client sent it."""
         if grant.hold is not None and grant.hold.cap is not None:
-            payload = axis_calls.clamped(call, self._exact(call, body, payload) or payload,
-                                         grant.hold.cap)
-            conversation = dialect.conversation(payload)
-            body = b""  # re-encode below
+            payload = axis_calls.clamped(
+                call, self._exact(call, plan.body, plan.payload) or plan.payload,
+                grant.hold.cap)
+            plan = Plan(plan.upstream, plan.headers, b"", payload,
+                        call.dialect.conversation(payload))
         if st.arm is not None and self.experiments is not None:
-            arm_model = self.experiments.model_of(st)
-            routed = None if arm_model is None else self.pool.route(arm_model)
-            if routed is not None and routed.kind == "litellm" and not dialect.via_litellm:
-                routed = None  # (a litellm upstream serves chat only: the model asked for)
-            if routed is not None and arm_model != call.model:  # the arm's model instead
-                payload = dict((self._exact(call, body, payload) if body else None) or payload)
-                payload["model"] = call.model = arm_model
-                upstream, body = routed, b""  # re-encode below
-        if st.disclosure == "disclosed" and dialect.discloses:
-            exact = self._exact(call, body, payload) if body else None
-            if exact is not None:
-                payload, conversation = exact, dialect.conversation(exact)
-            # Earlier texts go back only where this conversation still extends the one they
-            # were placed in: a client that rewrote its history gets none on what it replaced.
-            # A call continuing a stored response sends only its new input: the earlier
-            # texts are in what the upstream stored.
-            cfg = self.disc_cfg
-            keep = cfg.history == "keep" and call.previous_response is None
-            # (a template without axis fields renders as on a turn-only episode: cached)
-            fields = axis_calls.template_fields(st, time.time()) if (
-                grant.hold is not None and self.tells_axes) else None
-            template = cfg.template
-            if st.arm is not None and self.experiments is not None:
-                template = self.experiments.template_of(st) or template
-            chosen = (self.replays.replayable(eid, grant.disclosed_at, call.prints)
-                      if keep and call.prints is not None else None)
-            text, again = disclosure.texts(
-                template, grant.turn, st.budget, st.announced_budget, chosen=chosen,
-                fields=fields, told=st.told)
-            if fields is not None and keep:
-                await axis_calls.keep_told(self.store, eid, grant.turn, text)
-            call.disclosure_text = text
-            payload = dialect.place(payload, conversation, cfg.placement, text, again)
-            body = b""  # re-encode below
-        await self._forward(call, upstream, headers, body, payload, receive, send,
-                            conversation=conversation)
+            plan = self._arm_model(call, plan, st)
+        if st.disclosure == "disclosed" and call.dialect.discloses:
+            plan = await self._disclosed(call, plan, grant, st)
+        return plan
+
+    def _arm_model(self, call: ModelCall, plan: Plan, st: EpisodeState) -> Plan:
+        """The model of the episode's experiment arm, when it names one an upstream serves."""
+        assert self.experiments is not None
+        arm_model = self.experiments.model_of(st)
+        routed = None if arm_model is None else self.pool.route(arm_model)
+        if routed is not None and routed.kind == "litellm" and not call.dialect.via_litellm:
+            routed = None  # (a litellm upstream serves chat only: the model asked for)
+        if routed is None or arm_model == call.model:
+            return plan
+        payload = dict((self._exact(call, plan.body, plan.payload) if plan.body else None)
+                       or plan.payload)
+        payload["model"] = call.model = arm_model
+        return Plan(routed, plan.headers, b"", payload, plan.conversation)
+
+    async def _disclosed(
+        self, call: ModelCall, plan: Plan, grant: Grant, st: EpisodeState
+    ) -> Plan:
+        """The disclosed arm: this turn's text, and the earlier ones to re-apply, placed in
+        the conversation by the dialect."""
+        payload, conversation = plan.payload, plan.conversation
+        assert conversation is not None
+        exact = self._exact(call, plan.body, payload) if plan.body else None
+        if exact is not None:
+            payload, conversation = exact, call.dialect.conversation(exact)
+        # Earlier texts go back only where this conversation still extends the one they
+        # were placed in: a client that rewrote its history gets none on what it replaced.
+        # A call continuing a stored response sends only its new input: the earlier
+        # texts are in what the upstream stored.
+        cfg = self.disc_cfg
+        keep = cfg.history == "keep" and call.previous_response is None
+        # (a template without axis fields renders as on a turn-only episode: cached)
+        fields = axis_calls.template_fields(st, time.time()) if (
+            grant.hold is not None and self.tells_axes) else None
+        template = cfg.template
+        if st.arm is not None and self.experiments is not None:
+            template = self.experiments.template_of(st) or template
+        eid = call.episode_id
+        assert eid is not None
+        chosen = (self.replays.replayable(eid, grant.disclosed_at, call.prints)
+                  if keep and call.prints is not None else None)
+        text, again = disclosure.texts(
+            template, grant.turn, st.budget, st.announced_budget, chosen=chosen,
+            fields=fields, told=st.told)
+        if fields is not None and keep:
+            await axis_calls.keep_told(self.store, eid, grant.turn, text)
+        call.disclosure_text = text
+        payload = call.dialect.place(payload, conversation, cfg.placement, text, again)
+        return Plan(plan.upstream, plan.headers, b"", payload, conversation)
 
     async def _open_turn(
         self, call: ModelCall, eid: str, headers: dict[bytes, bytes], body: bytes,
         conversation: list[Any],
     ) -> tuple[Grant | None, EpisodeState]:
+        """Reserve the call's turn in one atomic store step (None for the grant: the store is
+        down and fail_open forwards the call uncounted)."""
         now = time.time()
-
-        size: int | None = None
-        # A new episode that names an experiment: its arm, drawn between two tries (NeedArm).
-        # Only the creation of an episode reads the header: later calls pay nothing for it.
-        drawn: tuple[EpisodeSpec, Assigned] | None = None
-
-        def fresh() -> EpisodeState:
-            nonlocal size
-            try:
-                if drawn is not None:
-                    spec, assigned = drawn
-                else:
-                    spec, assigned = spec_from_headers(eid, headers), None
-                    named = headers.get(EXPERIMENT_HEADER)
-                    if named:  # a name no experiment has is a 400
-                        if self.experiments is None:
-                            raise invalid_request("Header X-Episode-Experiment names no "
-                                                  "configured experiment", "experiment")
-                        raise NeedArm(self.experiments.named(named), spec)
-                st = new_episode(spec, self.budget_cfg, self.disc_cfg, now)
-            except SpecError as e:
-                raise invalid_request(str(e), e.param) from None
-            st.model = call.model
-            if assigned is not None:
-                st.experiment, st.arm = assigned.experiment, assigned.arm.name
-                st.model = assigned.arm.model or st.model
-            size = group_size(headers)
-            return st
-
+        fresh = _NewEpisode(self, call, eid, headers, now)
         count = len(conversation)
         keep = (self.disc_cfg.history == "keep" and call.dialect.discloses
                 and call.previous_response is None)
@@ -401,35 +490,45 @@ class ModelCalls:
             try:
                 opened = await open_turn(self.prices.cached_output_rate(model))
             except NeedArm as need:  # a new episode in an experiment: draw its arm, again
-                assert self.experiments is not None
-                drawn = await self.experiments.assign(need.experiment, need.spec)
+                await fresh.draw(need)
                 opened = await open_turn(self.prices.cached_output_rate(model))
             if opened.grant.kind is GrantKind.NEED_PRICE:  # a cost budget: once per model
                 created = opened.created
                 rate = await axis_calls.output_rate(self.prices, model)
                 opened = axis_calls.reopened(await open_turn(rate), created)
         except StoreUnavailable as e:
-            # A store that is only busy (this process's connections all taken) is never read
-            # as down: fail_open would forward such calls uncounted.
-            fail_open = self.fail_open and not isinstance(e, StoreBusy)
-            policy = "fail_open" if fail_open else "fail_closed"
-            if self.metrics is not None:
-                self.metrics.store_unavailable.labels(policy).inc()
-            if now - self._store_down_logged_at >= STORE_DOWN_LOG_EVERY_S:
-                # once in a while, not per call: an outage would otherwise flood the log
-                self._store_down_logged_at = now
-                log.warning("episode store unavailable: model calls are %s (%s)",
-                            "forwarded without accounting" if fail_open
-                            else "answered 503 store_unavailable", policy)
-            if fail_open:
-                try:
-                    return None, fresh()
-                except NeedArm as need:  # (the store was down before it was asked for one)
-                    assert self.experiments is not None
-                    drawn = await self.experiments.assign(need.experiment, need.spec)
-                    return None, fresh()
+            self._store_down(e, now)  # (a 503 unless fail_open)
+            try:
+                return None, fresh()
+            except NeedArm as need:  # (the store was down before it was asked for one)
+                await fresh.draw(need)
+                return None, fresh()
+        await self._opened(call, opened, headers, fresh.size)
+        return opened.grant, opened.state
+
+    def _store_down(self, e: StoreUnavailable, now: float) -> None:
+        """Count and log a store that did not answer; a 503 unless fail_open forwards."""
+        # A store that is only busy (this process's connections all taken) is never read
+        # as down: fail_open would forward such calls uncounted.
+        fail_open = self.fail_open and not isinstance(e, StoreBusy)
+        policy = "fail_open" if fail_open else "fail_closed"
+        if self.metrics is not None:
+            self.metrics.store_unavailable.labels(policy).inc()
+        if now - self._store_down_logged_at >= STORE_DOWN_LOG_EVERY_S:
+            # once in a while, not per call: an outage would otherwise flood the log
+            self._store_down_logged_at = now
+            log.warning("episode store unavailable: model calls are %s (%s)",
+                        "forwarded without accounting" if fail_open
+                        else "answered 503 store_unavailable", policy)
+        if not fail_open:
             raise ProxyError(503, "store_unavailable",
                              "The episode store is unavailable; try again shortly") from None
+
+    async def _opened(
+        self, call: ModelCall, opened: TurnOpen, headers: dict[bytes, bytes], size: int | None
+    ) -> None:
+        """The turn the store opened: a later call's ignored first-call headers warned of, a
+        new episode announced (and its group declared)."""
         if not opened.created:
             call.warning = ignored_spec_headers(headers, opened.state)
         else:
@@ -440,7 +539,6 @@ class ModelCalls:
             await self.recorder.episode_started(opened.state)
         call.state = opened.state
         call.grant = opened.grant
-        return opened.grant, opened.state
 
     # -- budget spent --------------------------------------------------------------------------
     async def _exhausted(
@@ -450,8 +548,7 @@ class ModelCalls:
         if self.metrics is not None:
             self.metrics.budget_exhausted.labels(tier_label(st.budget, st.max_turns),
                                                  st.disclosure).inc()
-        call.status = "rejected"
-        call.http_status = refused
+        call.outcome = outcome.exhausted(refused)
         if axes.has_axes(st):
             call.cumulative = axes.cumulative(st, time.time())
         try:
@@ -462,7 +559,7 @@ class ModelCalls:
             else:
                 raise budget_exhausted(local_id(st.episode_id), st.budget, refused)
         finally:  # (what the client was answered: the final reply, or none)
-            reply = axis_calls.read_reply(call) if call.status == "synthetic" else None
+            reply = axis_calls.read_reply(call) if call.outcome.status == "synthetic" else None
             await self._record_turn(call, conversation, reply, charged=False)
 
     async def _final_reply(
@@ -475,12 +572,11 @@ class ModelCalls:
         does, for its record."""
         limit = self.budget_cfg.finish_replies
         if limit is not None and not await self._finish_reply_left(st.episode_id, limit):
-            call.status, call.http_status = "rejected", refused
             raise episode_finished(local_id(st.episode_id), refused, limit)
         text = finish_text(self.finish_texts, st, time.time())
         ctype, data = call.dialect.synthetic(call.model or "", self.budget_cfg.finish_reason,
                                              call.stream, call.payload or {}, text)
-        call.status, call.http_status = "synthetic", 200
+        call.outcome = outcome.final_reply(call.outcome)
         if call.stream:
             call.events = EventSplitter().feed(data)
         else:
@@ -510,7 +606,7 @@ class ModelCalls:
     def _refunded(self, call: ModelCall) -> bool:
         """Whether settling gives this call's turn back (core.episode.settle's rule)."""
         return (
-            call.result is SettleResult.REFUNDABLE and call.grant is not None
+            call.outcome.result is SettleResult.REFUNDABLE and call.grant is not None
             and call.grant.charged and not self.budget_cfg.count_failed_turns
         )
 
@@ -541,111 +637,186 @@ class ModelCalls:
                                              else axis_calls.as_settled(self.prices, call, st))
         return out
 
-    async def _forward(
-        self, call: ModelCall, upstream: UpstreamConfig, headers: dict[bytes, bytes], body: bytes,
-        payload: dict[str, Any], receive: Receive, send: Send, *,
-        conversation: list[Any] | None,
-    ) -> None:
-        call.upstream = upstream
-        drop_usage = False
-        if call.stream and upstream.inject_stream_usage and call.dialect.stream_usage:
-            so = payload.get("stream_options")
-            if body and "stream_options" not in payload:
-                # Added to the body's bytes, which stay as sent: no re-encoding, and no walk of
-                # the payload for integers re-encoding would change.
-                body = with_stream_usage(body)
-                payload["stream_options"] = {"include_usage": True}
-                drop_usage = True
-            elif not (isinstance(so, dict) and so.get("include_usage")):
-                exact = self._exact(call, body, payload) if body else None
-                if exact is not None:
-                    payload, so = exact, exact.get("stream_options")
-                    if conversation is not None:
-                        conversation = call.dialect.conversation(exact)
-                payload["stream_options"] = {**(so if isinstance(so, dict) else {}),
-                                             "include_usage": True}
-                drop_usage = True
-                body = b""
-        if upstream.capture_tokens and call.dialect.kind in capture.CAPTURED_KINDS:
-            body, payload = self._capture(call, upstream, body, payload)
-        call.conversation = conversation
-        if conversation is not None:
-            call.sent = call.dialect.conversation(payload)  # disclosure texts included
-        call.span = self.tracing.start(call.kind, call.model, headers, call.episode_id)
+    async def _forward(self, call: ModelCall, plan: Plan, receive: Receive, send: Send) -> None:
+        """Forward the call as `plan` says, then settle and record it (`_conclude`), on every
+        path out: errors and cancellation included."""
+        call.upstream = plan.upstream
+        plan, drop_usage = self._stream_usage(call, plan)
+        if plan.upstream.capture_tokens and call.dialect.kind in capture.CAPTURED_KINDS:
+            plan = self._capture(call, plan)
+        call.conversation = plan.conversation
+        if plan.conversation is not None:
+            call.sent = call.dialect.conversation(plan.payload)  # disclosure texts included
+        call.span = self.tracing.start(call.kind, call.model, plan.headers, call.episode_id)
         try:
-            if not body:
-                body = self._encode(call, payload)
+            body = plan.body or self._encode(call, plan.payload)
             call.upstream_body = body
-            grant = call.grant
-            # (a deadline past the upstream's own timeout cannot end this call: no timer)
-            if grant is not None and grant.hold is not None and grant.hold.deadline and (
-                    upstream.kind == "litellm"
-                    or grant.hold.deadline - time.time() < upstream.timeout_s):
-                sent = body
-                await axis_calls.within_deadline(
-                    call, grant.hold.deadline, lambda out: self._upstream_leg(
-                        call, upstream, headers, sent, payload, receive, out, drop_usage),
-                    send, lambda c, out: axis_calls.time_up(
-                        c, out, self.metrics, refusal_status(headers),
-                        self._final_reply if self.budget_cfg.on_exhausted == "finish"
-                        else None))
-            else:
-                await self._upstream_leg(call, upstream, headers, body, payload, receive,
-                                         send, drop_usage)
+            leg = await self._leg(call, plan, body, receive, send, drop_usage)
+            if leg is not None:
+                self._take(call, leg)
+                if leg.error is not None:  # (settled and recorded before it is answered)
+                    raise leg.error
         except asyncio.CancelledError:
             # The server cancels calls still running at its shutdown deadline; one whose answer
             # had not begun gets a 503 (app.py) and, like an upstream failure, its turn back.
             if not call.started:
-                call.refuse(503)
+                call.outcome = outcome.refused(503)
             raise
         finally:
-            early = axis_calls.read_reply(call) if (
-                call.grant is not None and call.grant.hold is not None) else None
-            closing = await self._settle(call, early)
-            try:
-                reply = await self._after(call, early)
-            finally:
-                if closing is not None:  # a turn-only call's settle, answered after its record
-                    await self._closed(call, closing)
-            if call.probe is not None and self.recorder.keeps_turns:
-                await self.recorder.probe(probe_record(call, reply))
-            elif call.compaction and call.grant is None and self.recorder.writes_turns:
-                await self.recorder.probe(compaction_record(call, reply))
-            if call.ended is not None:  # after its last turn's record
-                await self.recorder.episode_ended(call.ended)
-            if call.span is not None and call.span.sampled:
-                grant = call.grant
-                charged, remaining = self._settled(call, grant is not None and grant.charged)
-                self.tracing.finish(
-                    call.span, kind=call.kind, model=call.model, upstream=upstream,
-                    episode_id=call.episode_id, state=call.state, grant=grant,
-                    charged=charged, remaining=remaining,
-                    status=call.http_status, error_class=call.error_class, reply=reply,
-                    conversation=conversation,
-                )
+            await self._conclude(call, plan)
 
-    def _capture(
-        self, call: ModelCall, upstream: UpstreamConfig, body: bytes, payload: dict[str, Any]
-    ) -> tuple[bytes, dict[str, Any]]:
+    def _stream_usage(self, call: ModelCall, plan: Plan) -> tuple[Plan, bool]:
+        """A stream's body asking for the usage chunk the client did not ask for (the proxy
+        reads it, and drops it from what the client gets: True)."""
+        upstream, payload, body = plan.upstream, plan.payload, plan.body
+        if not (call.stream and upstream.inject_stream_usage and call.dialect.stream_usage):
+            return plan, False
+        so = payload.get("stream_options")
+        if body and "stream_options" not in payload:
+            # Added to the body's bytes, which stay as sent: no re-encoding, and no walk of
+            # the payload for integers re-encoding would change.
+            payload["stream_options"] = {"include_usage": True}
+            return Plan(upstream, plan.headers, with_stream_usage(body), payload,
+                        plan.conversation), True
+        if isinstance(so, dict) and so.get("include_usage"):
+            return plan, False
+        conversation = plan.conversation
+        exact = self._exact(call, body, payload) if body else None
+        if exact is not None:
+            payload, so = exact, exact.get("stream_options")
+            if conversation is not None:
+                conversation = call.dialect.conversation(exact)
+        payload["stream_options"] = {**(so if isinstance(so, dict) else {}),
+                                     "include_usage": True}
+        return Plan(upstream, plan.headers, b"", payload, conversation), True
+
+    def _capture(self, call: ModelCall, plan: Plan) -> Plan:
         """Ask for token ids and logprobs the client did not ask for (capture_tokens)."""
-        cap, add = capture.plan(payload, call.dialect.kind, upstream.token_server)
+        body, payload = plan.body, plan.payload
+        cap, add = capture.plan(payload, call.dialect.kind, plan.upstream.token_server)
         call.capture = cap
         if not add:
-            return body, payload
+            return plan
         if body and not add.keys().isdisjoint(payload):  # re-encoded: integers stay exact
             exact = self._exact(call, body, payload)
             if exact is not None:
                 payload = exact
-        return capture.add_fields(body, payload, add, cap.members), payload
+        return Plan(plan.upstream, plan.headers,
+                    capture.add_fields(body, payload, add, cap.members), payload,
+                    plan.conversation)
 
-    async def _upstream_leg(
-        self, call: ModelCall, upstream: UpstreamConfig, headers: dict[bytes, bytes],
-        body: bytes, payload: dict[str, Any], receive: Receive, send: Send, drop_usage: bool,
+    async def _leg(
+        self, call: ModelCall, plan: Plan, body: bytes, receive: Receive, send: Send,
+        drop_usage: bool,
+    ) -> Leg | None:
+        """The upstream leg, within the episode's time budget when that ends before the
+        upstream's own timeout (None: the budget ended it before its head, answered here)."""
+        grant, upstream = call.grant, plan.upstream
+        # (a deadline past the upstream's own timeout cannot end this call: no timer)
+        if grant is not None and grant.hold is not None and grant.hold.deadline and (
+                upstream.kind == "litellm"
+                or grant.hold.deadline - time.time() < upstream.timeout_s):
+            ran = await axis_calls.within_deadline(
+                grant.hold.deadline, lambda out: self._upstream_leg(
+                    call, plan, body, receive, out, drop_usage), send)
+            if isinstance(ran, axis_calls.Cut):
+                await self._out_of_time(call, ran, send, refusal_status(plan.headers))
+                return None
+            return ran
+        return await self._upstream_leg(call, plan, body, receive, send, drop_usage)
+
+    def _upstream_leg(
+        self, call: ModelCall, plan: Plan, body: bytes, receive: Receive, send: Send,
+        drop_usage: bool,
+    ) -> Awaitable[Leg]:
+        if plan.upstream.kind == "litellm":
+            return self.upstream.litellm(call, plan.upstream, plan.payload, send)
+        return self.upstream.http(call, plan.upstream, plan.headers, body, receive, send,
+                                  drop_usage)
+
+    async def _out_of_time(
+        self, call: ModelCall, cut: axis_calls.Cut, send: Send, refused: int
     ) -> None:
-        if upstream.kind == "litellm":
-            await self.upstream.litellm(call, upstream, payload, send)
-        else:
-            await self.upstream.http(call, upstream, headers, body, receive, send, drop_usage)
+        """The episode's time budget ended the leg. Mid-answer, the answer stands as far as it
+        went (charged if any of its body reached the client). Before it: answered as a spent
+        budget (a refusal, or in finish mode the final reply), its turn given back; the turn
+        record follows as for every forwarded call."""
+        call.timed_out = True
+        if cut.started:
+            call.started, call.sent_body = True, cut.sent_body
+            call.outcome = outcome.deadline_cut(call.outcome, cut.sent_body)
+            return
+        st = call.state
+        assert st is not None
+        st.exhausted_by = st.exhausted_by or "time"
+        if self.metrics is not None:
+            self.metrics.budget_exhausted.labels(tier_label(st.budget, st.max_turns),
+                                                 st.disclosure).inc()
+        call.outcome = outcome.out_of_time(refused)
+        if self.budget_cfg.on_exhausted != "finish":
+            raise axis_calls.axis_exhausted(st, refused)
+        await self._final_reply(call, st, send, refused)
+
+    @staticmethod
+    def _take(call: ModelCall, leg: Leg) -> None:
+        """Keep what the upstream leg returned on the call (its record and headers read it)."""
+        call.outcome = leg.outcome
+        call.started, call.sent_body, call.t_upstream = leg.started, leg.sent_body, leg.t_upstream
+        call.data, call.events = leg.data, leg.events
+        if leg.tokens is not None:
+            call.tokens, call.answer = leg.tokens, leg.answer
+
+    async def _before_head(
+        self, call: ModelCall, leg: Leg
+    ) -> list[tuple[bytes, bytes]]:
+        """The upstream leg's one hook (upstream_call.py `BeforeHead`), called before an
+        answer's head is sent, with the leg so far: the X-Episode-* headers, and rule 1 of
+        `_conclude`: a refundable answer's turn is settled now, before the client can see it."""
+        self._take(call, leg)
+        headers = self._episode_headers(call)
+        if leg.outcome.result is SettleResult.REFUNDABLE:
+            closing = await self._settle(call)
+            if closing is not None:
+                await self._closed(call, closing)
+        return headers
+
+    async def _conclude(self, call: ModelCall, plan: Plan) -> None:
+        """Settle the call's turn, then write its records, once the leg is over (or failed).
+
+        The two ordering rules of the model-call path:
+        1. A refundable answer's turn is given back before the client has the answer, when its
+           head was not sent yet, so a retry sent at once finds the turn free: a whole answer
+           is settled in `_before_head`; a failure (the leg's `error`, a refusal) is settled
+           here, before `handle` answers the error.
+        2. The turn record is written before the episode's end record: an episode ended while
+           this turn was in flight is ended by this turn's settle (`call.ended`), and its
+           `episode` record follows the turn's own.
+        A turn-only call's settle is awaited after its record (`_settle`); a call with other
+        budgets awaits it first, for the spend its record carries."""
+        early = axis_calls.read_reply(call) if (
+            call.grant is not None and call.grant.hold is not None) else None
+        closing = await self._settle(call, early)
+        try:
+            reply = await self._after(call, early)
+        finally:
+            if closing is not None:  # a turn-only call's settle, answered after its record
+                await self._closed(call, closing)
+        if call.probe is not None and self.recorder.keeps_turns:
+            await self.recorder.probe(probe_record(call, reply))
+        elif call.compaction and call.grant is None and self.recorder.writes_turns:
+            await self.recorder.probe(compaction_record(call, reply))
+        if call.ended is not None:  # after its last turn's record (rule 2)
+            await self.recorder.episode_ended(call.ended)
+        if call.span is not None and call.span.sampled:
+            grant = call.grant
+            charged, remaining = self._settled(call, grant is not None and grant.charged)
+            self.tracing.finish(
+                call.span, kind=call.kind, model=call.model, upstream=plan.upstream,
+                episode_id=call.episode_id, state=call.state, grant=grant,
+                charged=charged, remaining=remaining, status=call.outcome.http_status,
+                error_class=call.outcome.error_class, reply=reply,
+                conversation=plan.conversation,
+            )
 
     @staticmethod
     def _exact(call: ModelCall, body: bytes, payload: dict[str, Any]) -> dict[str, Any] | None:
@@ -667,7 +838,7 @@ class ModelCalls:
         if call.exact:  # integers past 64 bits, which only the standard library writes
             with contextlib.suppress(ValueError, RecursionError):
                 return encode_exact(payload)
-        call.refuse(400)
+        call.outcome = outcome.refused(400)
         raise invalid_request("Request body nests arrays and objects too deeply to be "
                               "rewritten (at most 254 levels)")
 
@@ -689,7 +860,7 @@ class ModelCalls:
             spend = axis_calls.spend(self.prices, call, reply) if (
                 grant.hold is not None) else None
             closing = self.store.close_turn(
-                call.episode_id, grant, call.result, now,
+                call.episode_id, grant, call.outcome.result, now,
                 count_failed=self.budget_cfg.count_failed_turns,
                 spend=spend, timed_out=call.timed_out,
             )
@@ -702,12 +873,6 @@ class ModelCalls:
         except StoreUnavailable:
             log.warning("store unavailable while settling turn of %s", call.episode_id)
         return None
-
-    async def _settle_now(self, call: ModelCall) -> None:
-        """Settle before the client has the answer (a refund a retry must find)."""
-        closing = await self._settle(call)
-        if closing is not None:
-            await self._closed(call, closing)
 
     async def _closed(self, call: ModelCall, closing: Awaitable[TurnClose]) -> None:
         try:
@@ -758,5 +923,5 @@ class ModelCalls:
         if rec.writes_turns:  # the trajectory log's record
             charged, remaining = self._settled(call, charged)
             await rec.turn(turn_record(call, st, conversation, reply, charged, remaining))
-        if call.status == "ok" and isinstance(rec, RolloutRecorder):  # the trajectory API's
+        if call.outcome.status == "ok" and isinstance(rec, RolloutRecorder):  # the trajectory API's
             await rec.keep(call, st, reply)
