@@ -48,68 +48,81 @@ async def relay_stream(
     `ends` tells the event that ends the stream in its API (chat's `[DONE]`, Messages'
     `message_stop`).
 
-    A client disconnect cancels the upstream read at once. On a break before any event was
-    sent, nothing has been sent at all, so the caller can still answer with an error.
+    A client disconnect ends the upstream read at once: a watcher task expires `cut`, the
+    `asyncio.timeout` the relay runs in, whose cancel and uncancel the standard library keeps
+    balanced (as for the episode's deadline around it, or a server's cancellation, which pass
+    through). The relay never cancels its own task. On a break before any event was sent,
+    nothing has been sent at all, so the caller can still answer with an error.
     """
     out = Relayed()
-    splitter = EventSplitter()
-    task = asyncio.current_task()
-    gone = False
-
-    async def watch() -> None:
-        nonlocal gone
-        while True:
-            msg = await receive()
-            if msg["type"] == "http.disconnect":
-                gone = True
-                if task is not None:
-                    task.cancel()
-                return
-
-    watcher = asyncio.create_task(watch())
     try:
-        async for data in resp.iter_any():
-            chunk = []
-            for ev in splitter.feed(data):
-                out.events.append(ev)
-                if drop_usage and is_usage_only(ev):
-                    continue
-                if transform is not None:  # what the client gets of it (None: nothing)
-                    out_ev = transform(ev)
-                    if out_ev is not None:
-                        chunk.append(out_ev)
-                    continue
-                chunk.append(ev)
-            if not chunk:
+        async with asyncio.timeout(None) as cut:
+            watcher = asyncio.create_task(_watch(receive, cut))
+            try:
+                await _pump(resp, send, head, out, drop_usage, ends, transform)
+            finally:
+                watcher.cancel()
+    except TimeoutError:
+        if cut.expired():  # the client left
+            # A client that hangs up once it has the last event got the whole answer.
+            out.end = StreamEnd.COMPLETE if out.done_sent else StreamEnd.CLIENT_GONE
+        else:  # the upstream's read timed out
+            await _broken(send, out)
+    except (aiohttp.ClientError, OSError):
+        await _broken(send, out)
+    return out
+
+
+async def _watch(receive: Receive, cut: asyncio.Timeout) -> None:
+    """Wait for the client's disconnect, and end the relay then (`cut` expires at once)."""
+    while True:
+        msg = await receive()
+        if msg["type"] == "http.disconnect":
+            cut.reschedule(0.0)  # (a time past: expires on the loop's next turn)
+            return
+
+
+async def _pump(
+    resp: UpstreamResponse, send: Send, head: list[tuple[bytes, bytes]], out: Relayed,
+    drop_usage: bool, ends: Callable[[bytes], bool],
+    transform: Callable[[bytes], bytes | None] | None,
+) -> None:
+    """The relay itself: each chunk's whole events go out in one body message."""
+    splitter = EventSplitter()
+    async for data in resp.iter_any():
+        chunk = []
+        for ev in splitter.feed(data):
+            out.events.append(ev)
+            if drop_usage and is_usage_only(ev):
                 continue
-            if not out.started:
-                out.started = True
-                out.first_sent_at = time.perf_counter()
-                await send({"type": "http.response.start", "status": 200, "headers": head})
-            body = b"".join(chunk)
-            await send({"type": "http.response.body", "body": body, "more_body": True})
-            out.sent_body = True
-            if ends(chunk[-1]):
-                out.done_sent = True
-        rest = splitter.rest()
-        if rest:
-            out.events.append(rest)
+            if transform is not None:  # what the client gets of it (None: nothing)
+                out_ev = transform(ev)
+                if out_ev is not None:
+                    chunk.append(out_ev)
+                continue
+            chunk.append(ev)
+        if not chunk:
+            continue
         if not out.started:
             out.started = True
+            out.first_sent_at = time.perf_counter()
             await send({"type": "http.response.start", "status": 200, "headers": head})
-        await send({"type": "http.response.body", "body": rest, "more_body": False})
-    except asyncio.CancelledError:
-        if not gone:
-            raise
-        # A client that hangs up once it has the last event got the whole answer.
-        out.end = StreamEnd.COMPLETE if out.done_sent else StreamEnd.CLIENT_GONE
-    except (TimeoutError, aiohttp.ClientError, OSError):
-        out.end = StreamEnd.BROKEN
-        if out.started:
-            with contextlib.suppress(Exception):
-                await send({"type": "http.response.body", "body": b"", "more_body": False})
-    finally:
-        watcher.cancel()
-        if gone and task is not None:
-            task.uncancel()
-    return out
+        await send({"type": "http.response.body", "body": b"".join(chunk), "more_body": True})
+        out.sent_body = True
+        if ends(chunk[-1]):
+            out.done_sent = True
+    rest = splitter.rest()
+    if rest:
+        out.events.append(rest)
+    if not out.started:
+        out.started = True
+        await send({"type": "http.response.start", "status": 200, "headers": head})
+    await send({"type": "http.response.body", "body": rest, "more_body": False})
+
+
+async def _broken(send: Send, out: Relayed) -> None:
+    """The upstream failed mid-stream: a response begun is ended where it stands."""
+    out.end = StreamEnd.BROKEN
+    if out.started:
+        with contextlib.suppress(Exception):
+            await send({"type": "http.response.body", "body": b"", "more_body": False})
