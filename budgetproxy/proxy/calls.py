@@ -127,15 +127,8 @@ def turn_record(
         seen, digest, turn = st.messages_seen, st.messages_digest, st.turns_used + 1
     attempt = 1 if grant is None else grant.attempt
     msgs = conversation or []
-    # Only what is new since the previous turn, while the conversation grows append-only;
-    # one rewritten or shrunk is logged whole, from 0. So is the input of a call that
-    # continues a stored response: the client sends only what is new, all of it. And so is
-    # a retry (a later attempt of a turn), which would otherwise log nothing new: each
-    # record reads on its own.
-    prints = call.prints
-    if seen and (attempt > 1 or prints is None or call.previous_response is not None
-                 or seen > len(msgs) or not prints.extends(digest)):
-        seen = 0
+    if seen:
+        seen = _logged_from(call, seen, digest, attempt, msgs)
     if reply is None:
         response = finish_reason = usage = None
     else:
@@ -177,6 +170,21 @@ def turn_record(
     if call.tokens is not None:
         record.update(call.tokens.fields())
     return record
+
+
+def _logged_from(
+    call: ModelCall, seen: int, digest: str | None, attempt: int, msgs: list[Any]
+) -> int:
+    """Where a turn record's messages start: only what is new since the previous turn (its
+    `seen` messages), while the conversation grows append-only; one rewritten or shrunk is
+    logged whole, from 0. So is the input of a call that continues a stored response: the
+    client sends only what is new, all of it. And so is a retry (a later attempt of a turn),
+    which would otherwise log nothing new: each record reads on its own."""
+    prints = call.prints
+    if (attempt > 1 or prints is None or call.previous_response is not None
+            or seen > len(msgs) or not prints.extends(digest)):
+        return 0
+    return seen
 
 
 def compaction_record(call: ModelCall, reply: dict[str, Any]) -> dict[str, Any]:
