@@ -46,7 +46,7 @@ class ModelCall:
 
     __slots__ = (
         "t0", "route", "dialect", "kind", "model", "stream", "episode_id", "state", "grant",
-        "upstream", "t_upstream", "started", "sent_body", "outcome", "disclosure_text",
+        "upstream", "t_upstream", "started", "outcome", "disclosure_text",
         "conversation", "data", "events",
         "settled", "span", "prints", "previous_response", "exact", "ended", "probe", "query",
         "payload", "timed_out", "cumulative", "capture", "tokens", "sent", "upstream_body",
@@ -66,7 +66,6 @@ class ModelCall:
         self.upstream: UpstreamConfig | None = None
         self.t_upstream = 0.0
         self.started = False
-        self.sent_body = False
         # its status, HTTP status and settle result, as proxy/outcome.py decides them; only
         # forward.py sets it, from what each phase returns
         self.outcome = ANSWERED

@@ -15,7 +15,7 @@ import orjson
 from budgetproxy.config import Config, UpstreamConfig
 from budgetproxy.core import axes, compaction, disclosure
 from budgetproxy.core.budget import tier_label
-from budgetproxy.core.episode import EpisodeState, Grant, GrantKind, SettleResult
+from budgetproxy.core.episode import EpisodeState, Grant, GrantKind
 from budgetproxy.core.fingerprint import Fingerprint
 from budgetproxy.core.finish import finish_text
 from budgetproxy.core.forwarded_headers import HeaderPolicy
@@ -25,7 +25,6 @@ from budgetproxy.core.prices import PriceTable
 from budgetproxy.core.replays import Replays
 from budgetproxy.core.spec import EpisodeSpec, SpecError, new_episode
 from budgetproxy.core.tenants import TENANT_HEADER, local_id, qualified, tenant_for, tenant_of
-from budgetproxy.core.usage import token_counts
 from budgetproxy.errors import (
     ProxyError,
     budget_exhausted,
@@ -48,18 +47,16 @@ from budgetproxy.proxy.asgi import (
 from budgetproxy.proxy.calls import (
     PROBE_HEADER,
     ModelCall,
-    compaction_record,
-    probe_record,
     turn_hash,
-    turn_record,
     with_stream_usage,
 )
-from budgetproxy.proxy.dialects import DIALECTS, Reply
+from budgetproxy.proxy.dialects import DIALECTS
 from budgetproxy.proxy.dialects.base import lone_text
 from budgetproxy.proxy.episode_keys import EpisodeKeys
 from budgetproxy.proxy.experiments import EXPERIMENT_HEADER, Assigned, Experiments, NeedArm
-from budgetproxy.proxy.grouping import RolloutRecorder, group_key, group_size
+from budgetproxy.proxy.grouping import group_key, group_size
 from budgetproxy.proxy.refusal import refusal_status
+from budgetproxy.proxy.settlement import Settlement, keep_leg
 from budgetproxy.proxy.sse import EventSplitter
 from budgetproxy.proxy.upstream import UpstreamPool
 from budgetproxy.proxy.upstream_call import Leg, UpstreamCall
@@ -70,7 +67,7 @@ from budgetproxy.proxy.wire import (
     parse_payload,
     spec_from_headers,
 )
-from budgetproxy.store.base import EpisodeStore, StoreBusy, StoreUnavailable, TurnClose, TurnOpen
+from budgetproxy.store.base import EpisodeStore, StoreBusy, StoreUnavailable, TurnOpen
 from budgetproxy.store.groups import GroupStore
 from budgetproxy.telemetry.metrics import Metrics
 from budgetproxy.telemetry.tracing import Tracing
@@ -185,11 +182,12 @@ class ModelCalls:
         self.max_body = config.server.max_body_bytes
         self.fail_open = config.store.on_unavailable == "fail_open"
         self.prices = PriceTable({g: p.model_dump() for g, p in config.prices.items()})
+        self.settlement = Settlement(config, store, recorder, metrics, tracing, self.prices)
         self.upstream = UpstreamCall(
             pool, metrics, tracing, litellm_call,
             header_policy=HeaderPolicy(config.server.forward_headers,
                                        (*self.id_headers, PROBE_HEADER)),
-            own_keys=self.keys.required, before_head=self._before_head)
+            own_keys=self.keys.required, before_head=self.settlement.before_head)
 
     # -- entry -------------------------------------------------------------------------------
     async def handle(
@@ -206,7 +204,8 @@ class ModelCalls:
         except ProxyError as e:
             call.outcome = outcome.unanswered(call.outcome, e.status)
             if not call.started:
-                await send_error(send, e, self._episode_headers(call), call.dialect.error_body)
+                await send_error(send, e, self.settlement.episode_headers(call),
+                                 call.dialect.error_body)
         except asyncio.CancelledError:
             raise
         except Exception:
@@ -560,7 +559,7 @@ class ModelCalls:
                 raise budget_exhausted(local_id(st.episode_id), st.budget, refused)
         finally:  # (what the client was answered: the final reply, or none)
             reply = axis_calls.read_reply(call) if call.outcome.status == "synthetic" else None
-            await self._record_turn(call, conversation, reply, charged=False)
+            await self.settlement.record_turn(call, conversation, reply, charged=False)
 
     async def _final_reply(
         self, call: ModelCall, st: EpisodeState, send: Send, refused: int
@@ -582,7 +581,8 @@ class ModelCalls:
         else:
             call.data = data
         call.started = True
-        await send_response(send, 200, [(b"content-type", ctype), *self._episode_headers(call),
+        head = self.settlement.episode_headers(call)
+        await send_response(send, 200, [(b"content-type", ctype), *head,
                                         (b"x-episode-exhausted", b"true")], data)
 
     async def _finish_reply_left(self, episode_id: str, limit: int) -> bool:
@@ -593,53 +593,9 @@ class ModelCalls:
             return True
 
     # -- forwarding ----------------------------------------------------------------------------
-    def _settled(self, call: ModelCall, charged: bool) -> tuple[bool, int | None]:
-        """Whether a turn reserved as `charged` stays charged once settled (a refunded one does
-        not), and the turns its episode has left after it: what its log record and span say."""
-        st = call.state
-        if st is None:
-            return charged, None
-        if charged and self._refunded(call):
-            return False, min(st.budget, st.remaining + 1)
-        return charged, st.remaining
-
-    def _refunded(self, call: ModelCall) -> bool:
-        """Whether settling gives this call's turn back (core.episode.settle's rule)."""
-        return (
-            call.outcome.result is SettleResult.REFUNDABLE and call.grant is not None
-            and call.grant.charged and not self.budget_cfg.count_failed_turns
-        )
-
-    def _episode_headers(self, call: ModelCall) -> list[tuple[bytes, bytes]]:
-        st, grant = call.state, call.grant
-        if st is None or call.episode_id is None:
-            return []
-        out = [(b"x-episode-id", local_id(call.episode_id).encode())]
-        # Only a turn taken has a number: a call refused (or answered by the proxy's final
-        # reply) took none (its log record says which it would have been).
-        if grant is not None and grant.kind is GrantKind.FORWARD:
-            out.append((b"x-episode-turn", b"%d" % grant.turn))
-        if call.warning is not None:
-            out.append((b"x-episode-warning", call.warning))
-        if st.arm is not None:
-            out.append((b"x-episode-arm", st.arm.encode()))
-        mode = self.cfg.episodes.budget_headers
-        if mode == "always" or (mode == "disclosed_only" and st.disclosure == "disclosed"):
-            remaining = st.remaining
-            if self._refunded(call):
-                remaining = min(st.budget, remaining + 1)
-            out.append((b"x-episode-budget", b"%d" % st.budget))
-            out.append((b"x-episode-remaining", b"%d" % remaining))
-            # (none on a turn-only episode; a forwarded call's whole answer, read before its
-            # head, reports what is left once it settles)
-            axis_calls.add_remaining_headers(out, st if grant is None or grant.hold is None
-                                             or call.data is None
-                                             else axis_calls.as_settled(self.prices, call, st))
-        return out
-
     async def _forward(self, call: ModelCall, plan: Plan, receive: Receive, send: Send) -> None:
-        """Forward the call as `plan` says, then settle and record it (`_conclude`), on every
-        path out: errors and cancellation included."""
+        """Forward the call as `plan` says, then settle and record it (settlement.py
+        `Settlement.conclude`) on every path out: errors and cancellation included."""
         call.upstream = plan.upstream
         plan, drop_usage = self._stream_usage(call, plan)
         if plan.upstream.capture_tokens and call.dialect.kind in capture.CAPTURED_KINDS:
@@ -653,7 +609,7 @@ class ModelCalls:
             call.upstream_body = body
             leg = await self._leg(call, plan, body, receive, send, drop_usage)
             if leg is not None:
-                self._take(call, leg)
+                keep_leg(call, leg)
                 if leg.error is not None:  # (settled and recorded before it is answered)
                     raise leg.error
         except asyncio.CancelledError:
@@ -663,7 +619,7 @@ class ModelCalls:
                 call.outcome = outcome.refused(503)
             raise
         finally:
-            await self._conclude(call, plan)
+            await self.settlement.conclude(call, plan.upstream, plan.conversation)
 
     def _stream_usage(self, call: ModelCall, plan: Plan) -> tuple[Plan, bool]:
         """A stream's body asking for the usage chunk the client did not ask for (the proxy
@@ -743,7 +699,7 @@ class ModelCalls:
         record follows as for every forwarded call."""
         call.timed_out = True
         if cut.started:
-            call.started, call.sent_body = True, cut.sent_body
+            call.started = True
             call.outcome = outcome.deadline_cut(call.outcome, cut.sent_body)
             return
         st = call.state
@@ -756,67 +712,6 @@ class ModelCalls:
         if self.budget_cfg.on_exhausted != "finish":
             raise axis_calls.axis_exhausted(st, refused)
         await self._final_reply(call, st, send, refused)
-
-    @staticmethod
-    def _take(call: ModelCall, leg: Leg) -> None:
-        """Keep what the upstream leg returned on the call (its record and headers read it)."""
-        call.outcome = leg.outcome
-        call.started, call.sent_body, call.t_upstream = leg.started, leg.sent_body, leg.t_upstream
-        call.data, call.events = leg.data, leg.events
-        if leg.tokens is not None:
-            call.tokens, call.answer = leg.tokens, leg.answer
-
-    async def _before_head(
-        self, call: ModelCall, leg: Leg
-    ) -> list[tuple[bytes, bytes]]:
-        """The upstream leg's one hook (upstream_call.py `BeforeHead`), called before an
-        answer's head is sent, with the leg so far: the X-Episode-* headers, and rule 1 of
-        `_conclude`: a refundable answer's turn is settled now, before the client can see it."""
-        self._take(call, leg)
-        headers = self._episode_headers(call)
-        if leg.outcome.result is SettleResult.REFUNDABLE:
-            closing = await self._settle(call)
-            if closing is not None:
-                await self._closed(call, closing)
-        return headers
-
-    async def _conclude(self, call: ModelCall, plan: Plan) -> None:
-        """Settle the call's turn, then write its records, once the leg is over (or failed).
-
-        The two ordering rules of the model-call path:
-        1. A refundable answer's turn is given back before the client has the answer, when its
-           head was not sent yet, so a retry sent at once finds the turn free: a whole answer
-           is settled in `_before_head`; a failure (the leg's `error`, a refusal) is settled
-           here, before `handle` answers the error.
-        2. The turn record is written before the episode's end record: an episode ended while
-           this turn was in flight is ended by this turn's settle (`call.ended`), and its
-           `episode` record follows the turn's own.
-        A turn-only call's settle is awaited after its record (`_settle`); a call with other
-        budgets awaits it first, for the spend its record carries."""
-        early = axis_calls.read_reply(call) if (
-            call.grant is not None and call.grant.hold is not None) else None
-        closing = await self._settle(call, early)
-        try:
-            reply = await self._after(call, early)
-        finally:
-            if closing is not None:  # a turn-only call's settle, answered after its record
-                await self._closed(call, closing)
-        if call.probe is not None and self.recorder.keeps_turns:
-            await self.recorder.probe(probe_record(call, reply))
-        elif call.compaction and call.grant is None and self.recorder.writes_turns:
-            await self.recorder.probe(compaction_record(call, reply))
-        if call.ended is not None:  # after its last turn's record (rule 2)
-            await self.recorder.episode_ended(call.ended)
-        if call.span is not None and call.span.sampled:
-            grant = call.grant
-            charged, remaining = self._settled(call, grant is not None and grant.charged)
-            self.tracing.finish(
-                call.span, kind=call.kind, model=call.model, upstream=plan.upstream,
-                episode_id=call.episode_id, state=call.state, grant=grant,
-                charged=charged, remaining=remaining, status=call.outcome.http_status,
-                error_class=call.outcome.error_class, reply=reply,
-                conversation=plan.conversation,
-            )
 
     @staticmethod
     def _exact(call: ModelCall, body: bytes, payload: dict[str, Any]) -> dict[str, Any] | None:
@@ -842,86 +737,3 @@ class ModelCalls:
         raise invalid_request("Request body nests arrays and objects too deeply to be "
                               "rewritten (at most 254 levels)")
 
-    # -- after the response --------------------------------------------------------------------
-    async def _settle(
-        self, call: ModelCall, reply: Reply | None = None
-    ) -> Awaitable[TurnClose] | None:
-        """Settle the call's turn. A turn-only call's settle is returned unawaited: the turn's
-        record needs nothing from it, and the Redis store has sent it already (its reply and
-        the record's writes share a round trip); `_closed` awaits it after the record."""
-        grant = call.grant
-        if grant is None or call.episode_id is None or grant.kind is not GrantKind.FORWARD:
-            return None
-        if call.settled:
-            return None
-        call.settled = True
-        try:
-            now = time.time()
-            spend = axis_calls.spend(self.prices, call, reply) if (
-                grant.hold is not None) else None
-            closing = self.store.close_turn(
-                call.episode_id, grant, call.outcome.result, now,
-                count_failed=self.budget_cfg.count_failed_turns,
-                spend=spend, timed_out=call.timed_out,
-            )
-            if grant.hold is None:
-                return closing
-            closed = await closing
-            call.cumulative = closed.spent
-            if closed.ended:  # the episode ended meanwhile and waited for this turn
-                call.ended = closed.state
-        except StoreUnavailable:
-            log.warning("store unavailable while settling turn of %s", call.episode_id)
-        return None
-
-    async def _closed(self, call: ModelCall, closing: Awaitable[TurnClose]) -> None:
-        try:
-            closed = await closing
-        except StoreUnavailable:
-            log.warning("store unavailable while settling turn of %s", call.episode_id)
-            return
-        if closed.ended:  # the episode ended meanwhile and waited for this turn
-            call.ended = closed.state
-
-    async def _after(self, call: ModelCall, reply: Reply | None = None) -> Reply:
-        """Read the reply back for tokens and the log (unless `reply` is it, read before
-        settling); runs once the client has its answer."""
-        if reply is None:
-            reply = axis_calls.read_reply(call)
-        if call.capture is not None and call.tokens is None:
-            call.tokens = (capture.read_events(call.events) if call.events is not None
-                           else capture.read_body(call.data) if call.data else None)
-        usage = reply.get("usage")
-        m = self.metrics
-        if m is not None and isinstance(usage, dict):
-            tokens_in, tokens_out = m.token_children(call.model)
-            tin, tout = call.counts or token_counts(usage)
-            if tin is not None:
-                tokens_in.inc(tin)
-            if tout is not None:
-                tokens_out.inc(tout)
-        grant, st = call.grant, call.state
-        if grant is None or st is None:
-            return reply
-        charged = grant.charged and not self._refunded(call)
-        if charged and m is not None:
-            m.turns_child(st.budget, st.max_turns, st.disclosure).inc()
-            tenant = m.tenant_label(st.episode_id)
-            if tenant is not None:
-                m.tenant_turns.labels(tenant).inc()
-        await self._record_turn(call, call.conversation, reply, charged=grant.charged)
-        return reply
-
-    async def _record_turn(
-        self, call: ModelCall, conversation: list[Any] | None, reply: dict[str, Any] | None,
-        *, charged: bool,
-    ) -> None:
-        st = call.state
-        rec = self.recorder
-        if st is None or call.episode_id is None or not rec.keeps_turns:
-            return
-        if rec.writes_turns:  # the trajectory log's record
-            charged, remaining = self._settled(call, charged)
-            await rec.turn(turn_record(call, st, conversation, reply, charged, remaining))
-        if call.outcome.status == "ok" and isinstance(rec, RolloutRecorder):  # the trajectory API's
-            await rec.keep(call, st, reply)

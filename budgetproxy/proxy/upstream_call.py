@@ -122,12 +122,13 @@ class UpstreamCall:
             sent, tokens, answer = strip_body(data, cap)
         # (tokens read on the way: the reply is read from the smaller body the client got)
         # Known before the head: its remaining-budget headers read the usage in it.
-        leg = Leg(answered(resp.status), True, False, t_upstream,
-                  sent if tokens is not None else data, None, tokens, answer)
+        kept = sent if tokens is not None else data
+        result = answered(resp.status)
         out = self._response_headers(resp)
-        out.extend(await self.before_head(call, leg))
+        out.extend(await self.before_head(
+            call, Leg(result, True, False, t_upstream, kept, None, tokens, answer)))
         await send_response(send, resp.status, out, sent)
-        leg = leg._replace(sent_body=True)
+        leg = Leg(result, True, True, t_upstream, kept, None, tokens, answer)
         self._observe_upstream(upstream, leg)
         return leg
 
@@ -138,13 +139,13 @@ class UpstreamCall:
             raise ProxyError(500, "litellm_unavailable", "litellm upstream is not set up")
         t = time.perf_counter()
         status, data = await self.litellm_call(upstream, payload, call.stream)
-        leg = Leg(answered(status), True, False, time.perf_counter() - t,
-                  None if call.stream else data,  # (before the head, as on the HTTP path)
-                  EventSplitter().feed(data) if call.stream else None)
+        result, t_upstream = answered(status), time.perf_counter() - t
+        body, events = (None, EventSplitter().feed(data)) if call.stream else (data, None)
         ctype = b"text/event-stream" if call.stream and status == 200 else b"application/json"
-        await send_response(send, status, [(b"content-type", ctype),
-                                           *await self.before_head(call, leg)], data)
-        leg = leg._replace(sent_body=True)
+        # (its body known before the head, as on the HTTP path)
+        head = await self.before_head(call, Leg(result, True, False, t_upstream, body, events))
+        await send_response(send, status, [(b"content-type", ctype), *head], data)
+        leg = Leg(result, True, True, t_upstream, body, events)
         self._observe_upstream(upstream, leg)
         return leg
 
