@@ -387,9 +387,15 @@ class ModelCalls:
         if grant.kind is GrantKind.EXHAUSTED:
             await self._exhausted(call, st, send, conversation, refusal_status(plan.headers))
             return None
-        return await self._rewrite(call, plan, grant, st)
+        plan = self._rewrite(call, plan, grant, st)
+        text = call.disclosure_text
+        if text is not None and grant.hold is not None and self.tells_axes and (
+                self.disc_cfg.history == "keep" and call.previous_response is None):
+            # Kept for later turns to re-apply as it was: its axis fields change every turn.
+            await axis_calls.keep_told(self.store, eid, grant.turn, text)
+        return plan
 
-    async def _rewrite(
+    def _rewrite(
         self, call: ModelCall, plan: Plan, grant: Grant, st: EpisodeState
     ) -> Plan:
         """A forwarded turn's body: its output cap clamped to what other budgets leave, its
@@ -404,7 +410,7 @@ class ModelCalls:
         if st.arm is not None and self.experiments is not None:
             plan = self._arm_model(call, plan, st)
         if st.disclosure == "disclosed" and call.dialect.discloses:
-            plan = await self._disclosed(call, plan, grant, st)
+            plan = self._disclosed(call, plan, grant, st)
         return plan
 
     def _arm_model(self, call: ModelCall, plan: Plan, st: EpisodeState) -> Plan:
@@ -421,7 +427,7 @@ class ModelCalls:
         payload["model"] = call.model = arm_model
         return Plan(routed, plan.headers, b"", payload, plan.conversation)
 
-    async def _disclosed(
+    def _disclosed(
         self, call: ModelCall, plan: Plan, grant: Grant, st: EpisodeState
     ) -> Plan:
         """The disclosed arm: this turn's text, and the earlier ones to re-apply, placed in
@@ -450,8 +456,6 @@ class ModelCalls:
         text, again = disclosure.texts(
             template, grant.turn, st.budget, st.announced_budget, chosen=chosen,
             fields=fields, told=st.told)
-        if fields is not None and keep:
-            await axis_calls.keep_told(self.store, eid, grant.turn, text)
         call.disclosure_text = text
         payload = call.dialect.place(payload, conversation, cfg.placement, text, again)
         return Plan(plan.upstream, plan.headers, b"", payload, conversation)
@@ -502,7 +506,12 @@ class ModelCalls:
             except NeedArm as need:  # (the store was down before it was asked for one)
                 await fresh.draw(need)
                 return None, fresh()
-        await self._opened(call, opened, headers, fresh.size)
+        if opened.created:
+            await self._created(opened.state, fresh.size)
+        else:
+            call.warning = ignored_spec_headers(headers, opened.state)
+        call.state = opened.state
+        call.grant = opened.grant
         return opened.grant, opened.state
 
     def _store_down(self, e: StoreUnavailable, now: float) -> None:
@@ -523,21 +532,13 @@ class ModelCalls:
             raise ProxyError(503, "store_unavailable",
                              "The episode store is unavailable; try again shortly") from None
 
-    async def _opened(
-        self, call: ModelCall, opened: TurnOpen, headers: dict[bytes, bytes], size: int | None
-    ) -> None:
-        """The turn the store opened: a later call's ignored first-call headers warned of, a
-        new episode announced (and its group declared)."""
-        if not opened.created:
-            call.warning = ignored_spec_headers(headers, opened.state)
-        else:
-            key = group_key(opened.state)
-            if size is not None and key is not None and self.groups is not None:
-                with contextlib.suppress(StoreUnavailable):  # the group API can declare it
-                    await self.groups.declare(key, size)
-            await self.recorder.episode_started(opened.state)
-        call.state = opened.state
-        call.grant = opened.grant
+    async def _created(self, st: EpisodeState, size: int | None) -> None:
+        """A new episode: announced to the recorder, and its group declared with its size."""
+        key = group_key(st)
+        if size is not None and key is not None and self.groups is not None:
+            with contextlib.suppress(StoreUnavailable):  # the group API can declare it
+                await self.groups.declare(key, size)
+        await self.recorder.episode_started(st)
 
     # -- budget spent --------------------------------------------------------------------------
     async def _exhausted(
@@ -661,25 +662,33 @@ class ModelCalls:
                     capture.add_fields(body, payload, add, cap.members), payload,
                     plan.conversation)
 
-    async def _leg(
+    def _leg(
         self, call: ModelCall, plan: Plan, body: bytes, receive: Receive, send: Send,
         drop_usage: bool,
-    ) -> Leg | None:
+    ) -> Awaitable[Leg | None]:
         """The upstream leg, within the episode's time budget when that ends before the
-        upstream's own timeout (None: the budget ended it before its head, answered here)."""
+        upstream's own timeout (`_leg_in_time`)."""
         grant, upstream = call.grant, plan.upstream
         # (a deadline past the upstream's own timeout cannot end this call: no timer)
         if grant is not None and grant.hold is not None and grant.hold.deadline and (
                 upstream.kind == "litellm"
                 or grant.hold.deadline - time.time() < upstream.timeout_s):
-            ran = await axis_calls.within_deadline(
-                grant.hold.deadline, lambda out: self._upstream_leg(
-                    call, plan, body, receive, out, drop_usage), send)
-            if isinstance(ran, axis_calls.Cut):
-                await self._out_of_time(call, ran, send, refusal_status(plan.headers))
-                return None
-            return ran
-        return await self._upstream_leg(call, plan, body, receive, send, drop_usage)
+            return self._leg_in_time(call, plan, body, receive, send, drop_usage,
+                                     grant.hold.deadline)
+        return self._upstream_leg(call, plan, body, receive, send, drop_usage)
+
+    async def _leg_in_time(
+        self, call: ModelCall, plan: Plan, body: bytes, receive: Receive, send: Send,
+        drop_usage: bool, deadline: float,
+    ) -> Leg | None:
+        """The leg until the episode's time budget ends (None: it ended before the answer's
+        head, and the call is answered here)."""
+        ran = await axis_calls.within_deadline(deadline, lambda out: self._upstream_leg(
+            call, plan, body, receive, out, drop_usage), send)
+        if isinstance(ran, axis_calls.Cut):
+            await self._out_of_time(call, ran, send, refusal_status(plan.headers))
+            return None
+        return ran
 
     def _upstream_leg(
         self, call: ModelCall, plan: Plan, body: bytes, receive: Receive, send: Send,

@@ -72,62 +72,44 @@ class UpstreamCall:
         receive: Receive, send: Send, drop_usage: bool,
     ) -> Leg:
         t_up = time.perf_counter()
-        name = upstream.name
         try:
             out_headers = self.request_headers(headers, upstream, call)
             self.tracing.inject(call.span, out_headers)
             resp = await self.pool.post(upstream, call.route, call.query, out_headers, body)
-        except (TimeoutError, aiohttp.ServerTimeoutError):
-            return self._failed(upstream, "timeout", t_up, ProxyError(
-                504, "upstream_timeout", f"Upstream {name!r} timed out"))
-        except UpstreamProtocolError as e:
-            return self._failed(upstream, "protocol", t_up, ProxyError(
-                502, "upstream_error", f"Upstream {name!r} answered badly: {e}"))
-        except (aiohttp.ClientError, OSError, ValueError) as e:
-            return self._failed(upstream, "connect", t_up, ProxyError(
-                502, "upstream_unreachable", f"Upstream {name!r} is unreachable: {e}"))
+        except (aiohttp.ClientError, OSError, ValueError) as e:  # (TimeoutError is an OSError)
+            return self._unanswered(upstream, e, t_up)
         try:
-            if not 200 <= resp.status <= 599:  # (aiohttp reads any three digits)
+            status = resp.status
+            if not 200 <= status <= 599:  # (aiohttp reads any three digits)
                 return self._failed(upstream, "protocol", t_up, ProxyError(
-                    502, "upstream_error", f"Upstream {name!r} answered status "
-                    f"{resp.status}, which HTTP does not allow here"))
-            if 300 <= resp.status < 400:
+                    502, "upstream_error", f"Upstream {upstream.name!r} answered status "
+                    f"{status}, which HTTP does not allow here"))
+            if 300 <= status < 400:
                 return self._failed(upstream, "redirect", t_up,
-                                    upstream_redirect(name, resp.status))
+                                    upstream_redirect(upstream.name, status))
             ctype = resp.header("content-type") or ""
-            if call.stream and resp.status == 200 and ctype.startswith("text/event-stream"):
+            if call.stream and status == 200 and ctype.startswith("text/event-stream"):
                 return await self._relay_stream(call, upstream, resp, receive, send,
                                                 drop_usage, t_up)
-            return await self._whole(call, upstream, resp, send, t_up)
+            try:
+                data = await resp.read()
+            except (aiohttp.ClientError, OSError) as e:  # (its record says the status here)
+                return self._unanswered(upstream, e, t_up, " mid-response")
+            t_upstream = time.perf_counter() - t_up
+            cap = call.capture
+            sent, tokens, answer = data, None, None
+            if cap is not None and cap.strips and status == 200:
+                sent, tokens, answer = strip_body(data, cap)
+            # (tokens read on the way: the reply is read from the smaller body the client got)
+            # Known before the head: its remaining-budget headers read the usage in it.
+            kept = sent if tokens is not None else data
+            result = answered(status)
+            out = self._response_headers(resp)
+            out.extend(await self.before_head(
+                call, Leg(result, True, False, t_upstream, kept, None, tokens, answer)))
+            await send_response(send, status, out, sent)
         finally:
             resp.release()
-
-    async def _whole(
-        self, call: ModelCall, upstream: UpstreamConfig, resp: UpstreamResponse, send: Send,
-        t_up: float,
-    ) -> Leg:
-        try:
-            data = await resp.read()
-        except (TimeoutError, aiohttp.ClientError, OSError) as e:
-            if isinstance(e, TimeoutError):  # (its record says the status answered here)
-                return self._failed(upstream, "timeout", t_up, ProxyError(
-                    504, "upstream_timeout", f"Upstream {upstream.name!r} timed out "
-                    "mid-response"))
-            return self._failed(upstream, "connect", t_up, ProxyError(
-                502, "upstream_unreachable", f"Upstream {upstream.name!r} failed mid-response"))
-        t_upstream = time.perf_counter() - t_up
-        cap = call.capture
-        sent, tokens, answer = data, None, None
-        if cap is not None and cap.strips and resp.status == 200:
-            sent, tokens, answer = strip_body(data, cap)
-        # (tokens read on the way: the reply is read from the smaller body the client got)
-        # Known before the head: its remaining-budget headers read the usage in it.
-        kept = sent if tokens is not None else data
-        result = answered(resp.status)
-        out = self._response_headers(resp)
-        out.extend(await self.before_head(
-            call, Leg(result, True, False, t_upstream, kept, None, tokens, answer)))
-        await send_response(send, resp.status, out, sent)
         leg = Leg(result, True, True, t_upstream, kept, None, tokens, answer)
         self._observe_upstream(upstream, leg)
         return leg
@@ -200,6 +182,22 @@ class UpstreamCall:
             for k, v in resp.headers
             if k not in DROP_RESPONSE_HEADERS
         ]
+
+    def _unanswered(
+        self, upstream: UpstreamConfig, e: Exception, t_up: float, when: str = ""
+    ) -> Leg:
+        """The upstream sent no answer (or broke off reading it, `when` mid-response): timed
+        out, a protocol error (before the answer only), or unreachable."""
+        name = upstream.name
+        if isinstance(e, TimeoutError | aiohttp.ServerTimeoutError):
+            return self._failed(upstream, "timeout", t_up, ProxyError(
+                504, "upstream_timeout", f"Upstream {name!r} timed out{when}"))
+        if isinstance(e, UpstreamProtocolError) and not when:
+            return self._failed(upstream, "protocol", t_up, ProxyError(
+                502, "upstream_error", f"Upstream {name!r} answered badly: {e}"))
+        return self._failed(upstream, "connect", t_up, ProxyError(
+            502, "upstream_unreachable", f"Upstream {name!r} "
+            + (f"failed{when}" if when else f"is unreachable: {e}")))
 
     def _failed(
         self, upstream: UpstreamConfig, cls: str, t_up: float, error: ProxyError
