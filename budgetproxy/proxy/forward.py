@@ -371,7 +371,7 @@ class ModelCalls:
         return Plan(plan.upstream, plan.headers, plan.body, plan.payload, conversation)
 
     async def _take_turn(self, call: ModelCall, plan: Plan, send: Send) -> Plan | None:
-        """Open the call's turn. A FORWARD grant gives the plan rewritten for it (`_rewrite`);
+        """Open the call's turn. A FORWARD grant gives the plan rewritten for it;
         a finished episode or a held budget is refused; a spent budget is answered here (None).
         A store down under fail_open forwards the call as sent, uncounted."""
         eid, conversation = call.episode_id, plan.conversation
@@ -387,7 +387,15 @@ class ModelCalls:
         if grant.kind is GrantKind.EXHAUSTED:
             await self._exhausted(call, st, send, conversation, refusal_status(plan.headers))
             return None
-        plan = self._rewrite(call, plan, grant, st)
+        # The turn's body: its output cap clamped to what other budgets leave, its arm's
+        # model, its disclosure text. Each rewrite leaves `body` empty (`payload` is encoded
+        # then); the hidden arm's turn goes as the client sent it.
+        if grant.hold is not None and grant.hold.cap is not None:
+            plan = self._clamped(call, plan, grant.hold.cap)
+        if st.arm is not None and self.experiments is not None:
+            plan = self._arm_model(call, plan, st)
+        if st.disclosure == "disclosed" and call.dialect.discloses:
+            plan = self._disclosed(call, plan, grant, st)
         text = call.disclosure_text
         if text is not None and grant.hold is not None and self.tells_axes and (
                 self.disc_cfg.history == "keep" and call.previous_response is None):
@@ -395,23 +403,11 @@ class ModelCalls:
             await axis_calls.keep_told(self.store, eid, grant.turn, text)
         return plan
 
-    def _rewrite(
-        self, call: ModelCall, plan: Plan, grant: Grant, st: EpisodeState
-    ) -> Plan:
-        """A forwarded turn's body: its output cap clamped to what other budgets leave, its
-        arm's model, its disclosure text. Each rewrite leaves `body` empty: `payload` is
-        encoded then; the hidden arm's turn goes as the client sent it."""
-        if grant.hold is not None and grant.hold.cap is not None:
-            payload = axis_calls.clamped(
-                call, self._exact(call, plan.body, plan.payload) or plan.payload,
-                grant.hold.cap)
-            plan = Plan(plan.upstream, plan.headers, b"", payload,
-                        call.dialect.conversation(payload))
-        if st.arm is not None and self.experiments is not None:
-            plan = self._arm_model(call, plan, st)
-        if st.disclosure == "disclosed" and call.dialect.discloses:
-            plan = self._disclosed(call, plan, grant, st)
-        return plan
+    def _clamped(self, call: ModelCall, plan: Plan, cap: int) -> Plan:
+        """The output cap clamped to what the episode's other budgets leave."""
+        payload = axis_calls.clamped(
+            call, self._exact(call, plan.body, plan.payload) or plan.payload, cap)
+        return Plan(plan.upstream, plan.headers, b"", payload, call.dialect.conversation(payload))
 
     def _arm_model(self, call: ModelCall, plan: Plan, st: EpisodeState) -> Plan:
         """The model of the episode's experiment arm, when it names one an upstream serves."""
@@ -598,7 +594,9 @@ class ModelCalls:
         """Forward the call as `plan` says, then settle and record it (settlement.py
         `Settlement.conclude`) on every path out: errors and cancellation included."""
         call.upstream = plan.upstream
-        plan, drop_usage = self._stream_usage(call, plan)
+        drop_usage = False
+        if call.stream and plan.upstream.inject_stream_usage and call.dialect.stream_usage:
+            plan, drop_usage = self._stream_usage(call, plan)
         if plan.upstream.capture_tokens and call.dialect.kind in capture.CAPTURED_KINDS:
             plan = self._capture(call, plan)
         call.conversation = plan.conversation
@@ -626,8 +624,6 @@ class ModelCalls:
         """A stream's body asking for the usage chunk the client did not ask for (the proxy
         reads it, and drops it from what the client gets: True)."""
         upstream, payload, body = plan.upstream, plan.payload, plan.body
-        if not (call.stream and upstream.inject_stream_usage and call.dialect.stream_usage):
-            return plan, False
         so = payload.get("stream_options")
         if body and "stream_options" not in payload:
             # Added to the body's bytes, which stay as sent: no re-encoding, and no walk of
@@ -666,8 +662,8 @@ class ModelCalls:
         self, call: ModelCall, plan: Plan, body: bytes, receive: Receive, send: Send,
         drop_usage: bool,
     ) -> Awaitable[Leg | None]:
-        """The upstream leg, within the episode's time budget when that ends before the
-        upstream's own timeout (`_leg_in_time`)."""
+        """The upstream leg (the upstream's own client, or litellm), within the episode's time
+        budget when that ends before the upstream's own timeout (`_leg_in_time`)."""
         grant, upstream = call.grant, plan.upstream
         # (a deadline past the upstream's own timeout cannot end this call: no timer)
         if grant is not None and grant.hold is not None and grant.hold.deadline and (
@@ -675,7 +671,9 @@ class ModelCalls:
                 or grant.hold.deadline - time.time() < upstream.timeout_s):
             return self._leg_in_time(call, plan, body, receive, send, drop_usage,
                                      grant.hold.deadline)
-        return self._upstream_leg(call, plan, body, receive, send, drop_usage)
+        if upstream.kind == "litellm":
+            return self.upstream.litellm(call, upstream, plan.payload, send)
+        return self.upstream.http(call, upstream, plan.headers, body, receive, send, drop_usage)
 
     async def _leg_in_time(
         self, call: ModelCall, plan: Plan, body: bytes, receive: Receive, send: Send,
@@ -683,21 +681,19 @@ class ModelCalls:
     ) -> Leg | None:
         """The leg until the episode's time budget ends (None: it ended before the answer's
         head, and the call is answered here)."""
-        ran = await axis_calls.within_deadline(deadline, lambda out: self._upstream_leg(
-            call, plan, body, receive, out, drop_usage), send)
+        upstream = plan.upstream
+
+        def leg(out: Send) -> Awaitable[Leg]:
+            if upstream.kind == "litellm":
+                return self.upstream.litellm(call, upstream, plan.payload, out)
+            return self.upstream.http(call, upstream, plan.headers, body, receive, out,
+                                      drop_usage)
+
+        ran = await axis_calls.within_deadline(deadline, leg, send)
         if isinstance(ran, axis_calls.Cut):
             await self._out_of_time(call, ran, send, refusal_status(plan.headers))
             return None
         return ran
-
-    def _upstream_leg(
-        self, call: ModelCall, plan: Plan, body: bytes, receive: Receive, send: Send,
-        drop_usage: bool,
-    ) -> Awaitable[Leg]:
-        if plan.upstream.kind == "litellm":
-            return self.upstream.litellm(call, plan.upstream, plan.payload, send)
-        return self.upstream.http(call, plan.upstream, plan.headers, body, receive, send,
-                                  drop_usage)
 
     async def _out_of_time(
         self, call: ModelCall, cut: axis_calls.Cut, send: Send, refused: int

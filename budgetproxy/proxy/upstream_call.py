@@ -31,8 +31,8 @@ class Leg(NamedTuple):
     the call, then settles and records the call from it)."""
 
     outcome: Outcome
-    started: bool = False  # the answer's head was sent
-    sent_body: bool = False  # some of its body reached the client
+    started: bool = False  # the answer's head was sent (a whole answer's: is being sent)
+    sent_body: bool = False  # some of its body reached the client (or is being sent)
     t_upstream: float = 0.0  # seconds from the request to the answer's end
     data: bytes | None = None  # a whole answer (as the client got it when capture read it)
     events: list[bytes] | None = None  # a stream's events, dropped ones included
@@ -102,15 +102,15 @@ class UpstreamCall:
                 sent, tokens, answer = strip_body(data, cap)
             # (tokens read on the way: the reply is read from the smaller body the client got)
             # Known before the head: its remaining-budget headers read the usage in it.
-            kept = sent if tokens is not None else data
-            result = answered(status)
+            # A whole answer's leg is complete before its head: `before_head` gets the one
+            # returned.
+            leg = Leg(answered(status), True, True, t_upstream,
+                      sent if tokens is not None else data, None, tokens, answer)
             out = self._response_headers(resp)
-            out.extend(await self.before_head(
-                call, Leg(result, True, False, t_upstream, kept, None, tokens, answer)))
+            out.extend(await self.before_head(call, leg))
             await send_response(send, status, out, sent)
         finally:
             resp.release()
-        leg = Leg(result, True, True, t_upstream, kept, None, tokens, answer)
         self._observe_upstream(upstream, leg)
         return leg
 
@@ -121,13 +121,12 @@ class UpstreamCall:
             raise ProxyError(500, "litellm_unavailable", "litellm upstream is not set up")
         t = time.perf_counter()
         status, data = await self.litellm_call(upstream, payload, call.stream)
-        result, t_upstream = answered(status), time.perf_counter() - t
         body, events = (None, EventSplitter().feed(data)) if call.stream else (data, None)
         ctype = b"text/event-stream" if call.stream and status == 200 else b"application/json"
-        # (its body known before the head, as on the HTTP path)
-        head = await self.before_head(call, Leg(result, True, False, t_upstream, body, events))
+        # (complete before its head, as a whole answer's on the HTTP path)
+        leg = Leg(answered(status), True, True, time.perf_counter() - t, body, events)
+        head = await self.before_head(call, leg)
         await send_response(send, status, [(b"content-type", ctype), *head], data)
-        leg = Leg(result, True, True, t_upstream, body, events)
         self._observe_upstream(upstream, leg)
         return leg
 

@@ -14,7 +14,6 @@ from budgetproxy.proxy.asgi import Scope
 from budgetproxy.proxy.wire import MODEL_ROUTES
 
 _FOLDED = {route.lower(): route for route in MODEL_ROUTES}
-_MODEL_RAW = frozenset(r.encode() for r in MODEL_ROUTES)
 
 
 class Destination(NamedTuple):
@@ -31,14 +30,18 @@ class Destination(NamedTuple):
     refused: ProxyError | None = None
 
 
+# A model route's usual spelling goes as it is, to a destination made once.
+_AS_IS = {route.encode(): Destination(route) for route in MODEL_ROUTES}
+
+
 def destination(scope: Scope) -> Destination:
     """Route a request once: a POST whose raw path is a model route goes as it is; any other
     path is made canonical (`request_path`, a refused spelling is a 400), its
     `/rollout/{rid}/attempt/{aid}` or `/episodes/{id}` prefix taken off, and what is left is
     a model route or the API's path."""
     post = scope["method"] == "POST"
-    if post and scope.get("raw_path") in _MODEL_RAW:  # the usual spelling, as is
-        return Destination(scope["path"])
+    if post and (as_is := _AS_IS.get(scope.get("raw_path"))) is not None:  # type: ignore[arg-type]
+        return as_is
     try:
         path = request_path(scope)
     except PathRefused as e:
