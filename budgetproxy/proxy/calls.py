@@ -50,7 +50,7 @@ class ModelCall:
         "conversation", "data", "events",
         "settled", "span", "prints", "previous_response", "exact", "ended", "probe", "query",
         "payload", "timed_out", "cumulative", "capture", "tokens", "sent", "upstream_body",
-        "counts", "answer", "warning", "compaction",
+        "counts", "answer", "warning", "compaction", "leg",
     )
 
     def __init__(self, route: str, dialect: Dialect) -> None:
@@ -97,6 +97,7 @@ class ModelCall:
         # X-Episode-Warning: first-call headers this later call sent that its episode ignored
         self.warning: bytes | None = None
         self.compaction = False  # a CLI's compaction call (core/compaction.py)
+        self.leg: Any = None  # the upstream leg's Leg, once kept (settlement.py keep_leg)
 
 
 def micros(seconds: float) -> float:
@@ -118,7 +119,10 @@ def turn_record(
     reply: dict[str, Any] | None, charged: bool, remaining: int | None,
 ) -> dict[str, Any]:
     """The call's turn record (docs/trajectories.md), with `charged` and `remaining` as
-    its turn settled."""
+    its turn settled. Its messages are only what is new since the previous turn, while the
+    conversation grows append-only; one rewritten or shrunk is logged whole, from 0. So is the
+    input of a call that continues a stored response (the client sends only what is new, all
+    of it), and a retry (a later attempt of a turn): each record reads on its own."""
     grant = call.grant
     if grant is not None and grant.kind is GrantKind.FORWARD:
         seen, digest, turn = grant.messages_seen, grant.messages_digest, grant.turn
@@ -126,13 +130,12 @@ def turn_record(
         seen, digest, turn = st.messages_seen, st.messages_digest, st.turns_used + 1
     attempt = 1 if grant is None else grant.attempt
     msgs = conversation or []
-    if seen:
-        seen = _logged_from(call, seen, digest, attempt, msgs)
-    if reply is None:
-        response = finish_reason = usage = None
-    else:
-        response, finish_reason, usage = (
-            reply.get("message"), reply.get("finish_reason"), reply.get("usage"))
+    prints = call.prints
+    if seen and (attempt > 1 or prints is None or call.previous_response is not None
+                 or seen > len(msgs) or not prints.extends(digest)):
+        seen = 0
+    response, finish_reason, usage = (None, None, None) if reply is None else (
+        reply.get("message"), reply.get("finish_reason"), reply.get("usage"))
     record: dict[str, Any] = {
         "schema": SCHEMA_VERSION,
         "type": "turn",
@@ -169,21 +172,6 @@ def turn_record(
     if call.tokens is not None:
         record.update(call.tokens.fields())
     return record
-
-
-def _logged_from(
-    call: ModelCall, seen: int, digest: str | None, attempt: int, msgs: list[Any]
-) -> int:
-    """Where a turn record's messages start: only what is new since the previous turn (its
-    `seen` messages), while the conversation grows append-only; one rewritten or shrunk is
-    logged whole, from 0. So is the input of a call that continues a stored response: the
-    client sends only what is new, all of it. And so is a retry (a later attempt of a turn),
-    which would otherwise log nothing new: each record reads on its own."""
-    prints = call.prints
-    if (attempt > 1 or prints is None or call.previous_response is not None
-            or seen > len(msgs) or not prints.extends(digest)):
-        return 0
-    return seen
 
 
 def compaction_record(call: ModelCall, reply: dict[str, Any]) -> dict[str, Any]:

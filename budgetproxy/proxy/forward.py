@@ -8,6 +8,7 @@ import fnmatch
 import logging
 import time
 from collections.abc import Awaitable, Callable
+from functools import partial
 from typing import Any, NamedTuple
 
 import orjson
@@ -87,50 +88,6 @@ class Plan(NamedTuple):
     body: bytes  # the bytes to send as they are; b"": `payload` was rewritten, encode it
     payload: dict[str, Any]  # the body as parsed (and rewritten)
     conversation: list[Any] | None  # the client's conversation for its record (None: none)
-
-
-class _NewEpisode:
-    """The state a call's first turn creates its episode with, which the store asks for inside
-    its atomic open. A new episode that names an experiment raises NeedArm until its arm is
-    drawn (`draw`); only the creation of an episode reads that header."""
-
-    __slots__ = ("calls", "call", "eid", "headers", "now", "drawn", "size")
-
-    def __init__(
-        self, calls: ModelCalls, call: ModelCall, eid: str, headers: dict[bytes, bytes],
-        now: float,
-    ) -> None:
-        self.calls, self.call, self.eid, self.headers, self.now = calls, call, eid, headers, now
-        self.drawn: tuple[EpisodeSpec, Assigned] | None = None
-        self.size: int | None = None  # the group size its first call declared
-
-    def __call__(self) -> EpisodeState:
-        experiments = self.calls.experiments
-        try:
-            if self.drawn is not None:
-                spec, assigned = self.drawn
-            else:
-                spec, assigned = spec_from_headers(self.eid, self.headers), None
-                named = self.headers.get(EXPERIMENT_HEADER)
-                if named:  # a name no experiment has is a 400
-                    if experiments is None:
-                        raise invalid_request("Header X-Episode-Experiment names no "
-                                              "configured experiment", "experiment")
-                    raise NeedArm(experiments.named(named), spec)
-            st = new_episode(spec, self.calls.budget_cfg, self.calls.disc_cfg, self.now)
-        except SpecError as e:
-            raise invalid_request(str(e), e.param) from None
-        st.model = self.call.model
-        if assigned is not None:
-            st.experiment, st.arm = assigned.experiment, assigned.arm.name
-            st.model = assigned.arm.model or st.model
-        self.size = group_size(self.headers)
-        return st
-
-    async def draw(self, need: NeedArm) -> None:
-        """Draw the new episode's arm from the store, for the next try."""
-        assert self.calls.experiments is not None
-        self.drawn = await self.calls.experiments.assign(need.experiment, need.spec)
 
 
 class ModelCalls:
@@ -266,7 +223,16 @@ class ModelCalls:
         the upstream for its model, whether it is counted, its turn opened and the body
         rewritten (`_take_turn`); the `Plan` it gives is forwarded (`_forward`)."""
         headers: dict[bytes, bytes] = dict(scope["headers"])
-        who, path_episode = self._authenticate(headers, path_episode)
+        keyed = None if self.episode_keys is None else self.episode_keys.episode_of(
+            headers.get(b"authorization"))
+        if keyed is not None:
+            who, path_episode = self._keyed(keyed, path_episode)
+        else:
+            found = self.keys.principal(headers.get(b"authorization"),
+                                        headers.get(b"x-api-key"))  # (x-api-key: Anthropic's)
+            if found is None:
+                raise invalid_api_key()
+            who = found
         if len(headers) < len(scope["headers"]):  # a header sent twice: the dict kept the last
             self._one_id_each(scope["headers"])
         eid = self._episode_id(headers, path_episode)
@@ -300,19 +266,10 @@ class ModelCalls:
         if turn is not None:  # (None: answered here, its budget spent)
             await self._forward(call, turn, receive, send)
 
-    def _authenticate(
-        self, headers: dict[bytes, bytes], path_episode: str | None
-    ) -> tuple[Principal, str | None]:
-        """Who calls, and the episode its path names. A per-episode key names its episode (in
-        its tenant's namespace) and stands for the key it was minted behind."""
-        keyed = None if self.episode_keys is None else self.episode_keys.episode_of(
-            headers.get(b"authorization"))
-        if keyed is None:
-            found = self.keys.principal(headers.get(b"authorization"),
-                                        headers.get(b"x-api-key"))  # (x-api-key: Anthropic's)
-            if found is None:
-                raise invalid_api_key()
-            return found, path_episode
+    @staticmethod
+    def _keyed(keyed: str, path_episode: str | None) -> tuple[Principal, str | None]:
+        """A per-episode key names its episode (in its tenant's namespace) and stands for the
+        key it was minted behind; a path naming another episode is a 400."""
         if path_episode is not None and path_episode != local_id(keyed):
             raise invalid_episode_id(f"The episode key names episode {local_id(keyed)!r}, "
                                      f"the path {path_episode!r}")
@@ -463,7 +420,8 @@ class ModelCalls:
         """Reserve the call's turn in one atomic store step (None for the grant: the store is
         down and fail_open forwards the call uncounted)."""
         now = time.time()
-        fresh = _NewEpisode(self, call, eid, headers, now)
+        # The state a first call creates its episode with, asked for within the store's open.
+        fresh = partial(self._new_episode, call, eid, headers, now, None)
         count = len(conversation)
         keep = (self.disc_cfg.history == "keep" and call.dialect.discloses
                 and call.previous_response is None)
@@ -489,7 +447,7 @@ class ModelCalls:
             try:
                 opened = await open_turn(self.prices.cached_output_rate(model))
             except NeedArm as need:  # a new episode in an experiment: draw its arm, again
-                await fresh.draw(need)
+                fresh = partial(self._new_episode, call, eid, headers, now, await self._draw(need))
                 opened = await open_turn(self.prices.cached_output_rate(model))
             if opened.grant.kind is GrantKind.NEED_PRICE:  # a cost budget: once per model
                 created = opened.created
@@ -500,15 +458,46 @@ class ModelCalls:
             try:
                 return None, fresh()
             except NeedArm as need:  # (the store was down before it was asked for one)
-                await fresh.draw(need)
-                return None, fresh()
+                return None, self._new_episode(call, eid, headers, now, await self._draw(need))
         if opened.created:
-            await self._created(opened.state, fresh.size)
+            await self._created(opened.state, group_size(headers))
         else:
             call.warning = ignored_spec_headers(headers, opened.state)
         call.state = opened.state
         call.grant = opened.grant
         return opened.grant, opened.state
+
+    def _new_episode(
+        self, call: ModelCall, eid: str, headers: dict[bytes, bytes], now: float,
+        drawn: tuple[EpisodeSpec, Assigned] | None,
+    ) -> EpisodeState:
+        """The state a call's first turn creates its episode with. A new episode that names an
+        experiment raises NeedArm until its arm is `drawn`; only the creation of an episode
+        reads that header."""
+        try:
+            if drawn is not None:
+                spec, assigned = drawn
+            else:
+                spec, assigned = spec_from_headers(eid, headers), None
+                named = headers.get(EXPERIMENT_HEADER)
+                if named:  # a name no experiment has is a 400
+                    if self.experiments is None:
+                        raise invalid_request("Header X-Episode-Experiment names no "
+                                              "configured experiment", "experiment")
+                    raise NeedArm(self.experiments.named(named), spec)
+            st = new_episode(spec, self.budget_cfg, self.disc_cfg, now)
+        except SpecError as e:
+            raise invalid_request(str(e), e.param) from None
+        st.model = call.model
+        if assigned is not None:
+            st.experiment, st.arm = assigned.experiment, assigned.arm.name
+            st.model = assigned.arm.model or st.model
+        return st
+
+    async def _draw(self, need: NeedArm) -> tuple[EpisodeSpec, Assigned]:
+        """A new episode's experiment arm (and its spec with the arm), drawn from the store."""
+        assert self.experiments is not None
+        return await self.experiments.assign(need.experiment, need.spec)
 
     def _store_down(self, e: StoreUnavailable, now: float) -> None:
         """Count and log a store that did not answer; a 503 unless fail_open forwards."""
@@ -608,7 +597,8 @@ class ModelCalls:
             call.upstream_body = body
             leg = await self._leg(call, plan, body, receive, send, drop_usage)
             if leg is not None:
-                keep_leg(call, leg)
+                if call.leg is not leg:  # (a whole answer's was kept before its head)
+                    keep_leg(call, leg)
                 if leg.error is not None:  # (settled and recorded before it is answered)
                     raise leg.error
         except asyncio.CancelledError:

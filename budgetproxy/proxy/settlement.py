@@ -32,6 +32,7 @@ log = logging.getLogger("budgetproxy")
 
 def keep_leg(call: ModelCall, leg: Leg) -> None:
     """Keep what the upstream leg returned on the call (its record and headers read it)."""
+    call.leg = leg
     call.outcome = leg.outcome
     call.started, call.t_upstream = leg.started, leg.t_upstream
     call.data, call.events = leg.data, leg.events
