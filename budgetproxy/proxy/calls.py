@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import hashlib
 import time
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from budgetproxy.config import UpstreamConfig
 from budgetproxy.core.episode import EpisodeState, Grant, GrantKind
@@ -14,6 +14,9 @@ from budgetproxy.proxy.dialects import Dialect
 from budgetproxy.proxy.outcome import ANSWERED
 from budgetproxy.telemetry.tracing import CallTrace
 from budgetproxy.trajectories.records import SCHEMA_VERSION, rfc3339
+
+if TYPE_CHECKING:  # (upstream_call.py imports this module)
+    from budgetproxy.proxy.upstream_call import Leg
 
 
 def turn_hash(route: str, body: bytes) -> str:
@@ -97,7 +100,7 @@ class ModelCall:
         # X-Episode-Warning: first-call headers this later call sent that its episode ignored
         self.warning: bytes | None = None
         self.compaction = False  # a CLI's compaction call (core/compaction.py)
-        self.leg: Any = None  # the upstream leg's Leg, once kept (settlement.py keep_leg)
+        self.leg: Leg | None = None  # the upstream leg's, once kept (settlement.py keep_leg)
 
 
 def micros(seconds: float) -> float:

@@ -1,4 +1,5 @@
-"""Model calls: parse, open a turn, rewrite for disclosure, forward (upstream_call.py), record."""
+"""Model calls: admission (parse, open a turn, rewrite) gives a Plan, forwarded through the upstream
+leg (upstream_call.py); the call is settled and recorded by settlement.py."""
 
 from __future__ import annotations
 
