@@ -1,5 +1,4 @@
-"""Model calls: admission (parse, open a turn, rewrite) gives a Plan, forwarded through the upstream
-leg (upstream_call.py); the call is settled and recorded by settlement.py."""
+"""Model calls' admission (parse, open a turn, rewrite) into a Plan, and its forwarding."""
 
 from __future__ import annotations
 
