@@ -57,7 +57,7 @@ from budgetproxy.proxy.episode_keys import EpisodeKeys
 from budgetproxy.proxy.experiments import EXPERIMENT_HEADER, Assigned, Experiments, NeedArm
 from budgetproxy.proxy.grouping import group_key, group_size
 from budgetproxy.proxy.refusal import refusal_status
-from budgetproxy.proxy.settlement import Settlement, keep_leg
+from budgetproxy.proxy.settlement import Settlement
 from budgetproxy.proxy.sse import EventSplitter
 from budgetproxy.proxy.upstream import UpstreamPool
 from budgetproxy.proxy.upstream_call import Leg, UpstreamCall
@@ -144,7 +144,7 @@ class ModelCalls:
             pool, metrics, tracing, litellm_call,
             header_policy=HeaderPolicy(config.server.forward_headers,
                                        (*self.id_headers, PROBE_HEADER)),
-            own_keys=self.keys.required, before_head=self.settlement.before_head)
+            own_keys=self.keys.required)
 
     # -- entry -------------------------------------------------------------------------------
     async def handle(
@@ -258,13 +258,13 @@ class ModelCalls:
             )
         counted, conversation = self._counted(call, eid, payload)
         call.episode_id = eid
-        plan = Plan(upstream, headers, body, payload, conversation)
         if not counted:
-            await self._forward(call, self._uncounted(call, plan, probe), receive, send)
+            kept = self._uncounted(call, payload, conversation, probe)
+            await self._forward(call, Plan(upstream, headers, body, payload, kept), receive, send)
             return
-        turn = await self._take_turn(call, plan, send)
-        if turn is not None:  # (None: answered here, its budget spent)
-            await self._forward(call, turn, receive, send)
+        plan = await self._take_turn(call, upstream, headers, body, payload, conversation, send)
+        if plan is not None:  # (None: answered here, its budget spent)
+            await self._forward(call, plan, receive, send)
 
     @staticmethod
     def _keyed(keyed: str, path_episode: str | None) -> tuple[Principal, str | None]:
@@ -315,79 +315,85 @@ class ModelCalls:
             counted = not self.compaction_free
         return counted, conversation
 
-    def _uncounted(self, call: ModelCall, plan: Plan, probe: bytes | None) -> Plan:
+    def _uncounted(
+        self, call: ModelCall, payload: dict[str, Any], conversation: list[Any],
+        probe: bytes | None,
+    ) -> list[Any] | None:
         """A call no episode counts: forwarded as sent; the conversation kept for the record
-        of a probe's or a compaction's call."""
+        of a probe's or a compaction's call (None: no record reads it)."""
         if self.metrics is not None and not call.compaction:
             m = self.metrics
             m.child(m.calls_without_episode, call.route).inc()
         if probe is not None:
             call.probe = probe.decode("latin-1")
-        conversation = plan.conversation if call.compaction else (
-            None if probe is None else call.dialect.conversation(plan.payload))
-        return Plan(plan.upstream, plan.headers, plan.body, plan.payload, conversation)
+        return conversation if call.compaction else (
+            None if probe is None else call.dialect.conversation(payload))
 
-    async def _take_turn(self, call: ModelCall, plan: Plan, send: Send) -> Plan | None:
-        """Open the call's turn. A FORWARD grant gives the plan rewritten for it;
-        a finished episode or a held budget is refused; a spent budget is answered here (None).
-        A store down under fail_open forwards the call as sent, uncounted."""
-        eid, conversation = call.episode_id, plan.conversation
-        assert eid is not None and conversation is not None
-        call.previous_response = call.dialect.continues(plan.payload)
-        grant, st = await self._open_turn(call, eid, plan.headers, plan.body, conversation)
+    async def _take_turn(
+        self, call: ModelCall, upstream: UpstreamConfig, headers: dict[bytes, bytes],
+        body: bytes, payload: dict[str, Any], conversation: list[Any], send: Send,
+    ) -> Plan | None:
+        """Open the call's turn. A FORWARD grant gives the call's plan, its body rewritten for
+        the turn; a finished episode or a held budget is refused; a spent budget is answered
+        here (None). A store down under fail_open forwards the call as sent, uncounted."""
+        eid = call.episode_id
+        assert eid is not None
+        call.previous_response = call.dialect.continues(payload)
+        grant, st = await self._open_turn(call, eid, headers, body, conversation)
         if grant is None:  # store down, fail_open
-            return Plan(plan.upstream, plan.headers, plan.body, plan.payload, None)
+            return Plan(upstream, headers, body, payload, None)
         if grant.kind is GrantKind.FINISHED:
-            raise episode_finished(local_id(eid), refusal_status(plan.headers))
+            raise episode_finished(local_id(eid), refusal_status(headers))
         if grant.kind is GrantKind.HELD:
             raise axis_calls.held(st)
         if grant.kind is GrantKind.EXHAUSTED:
-            await self._exhausted(call, st, send, conversation, refusal_status(plan.headers))
+            await self._exhausted(call, st, send, conversation, refusal_status(headers))
             return None
         # The turn's body: its output cap clamped to what other budgets leave, its arm's
         # model, its disclosure text. Each rewrite leaves `body` empty (`payload` is encoded
         # then); the hidden arm's turn goes as the client sent it.
         if grant.hold is not None and grant.hold.cap is not None:
-            plan = self._clamped(call, plan, grant.hold.cap)
+            payload = axis_calls.clamped(
+                call, self._exact(call, body, payload) or payload, grant.hold.cap)
+            conversation, body = call.dialect.conversation(payload), b""
         if st.arm is not None and self.experiments is not None:
-            plan = self._arm_model(call, plan, st)
+            routed = self._arm_upstream(call, st)
+            if routed is not None:  # the arm's model instead
+                upstream, arm_model = routed
+                payload = dict((self._exact(call, body, payload) if body else None) or payload)
+                payload["model"] = call.model = arm_model
+                body = b""
         if st.disclosure == "disclosed" and call.dialect.discloses:
-            plan = self._disclosed(call, plan, grant, st)
+            payload, conversation = self._disclosed(call, body, payload, conversation, grant, st)
+            body = b""
         text = call.disclosure_text
         if text is not None and grant.hold is not None and self.tells_axes and (
                 self.disc_cfg.history == "keep" and call.previous_response is None):
             # Kept for later turns to re-apply as it was: its axis fields change every turn.
             await axis_calls.keep_told(self.store, eid, grant.turn, text)
-        return plan
+        return Plan(upstream, headers, body, payload, conversation)
 
-    def _clamped(self, call: ModelCall, plan: Plan, cap: int) -> Plan:
-        """The output cap clamped to what the episode's other budgets leave."""
-        payload = axis_calls.clamped(
-            call, self._exact(call, plan.body, plan.payload) or plan.payload, cap)
-        return Plan(plan.upstream, plan.headers, b"", payload, call.dialect.conversation(payload))
-
-    def _arm_model(self, call: ModelCall, plan: Plan, st: EpisodeState) -> Plan:
-        """The model of the episode's experiment arm, when it names one an upstream serves."""
+    def _arm_upstream(
+        self, call: ModelCall, st: EpisodeState
+    ) -> tuple[UpstreamConfig, str] | None:
+        """The upstream and model of the episode's experiment arm, when it names a model other
+        than the one asked for, which an upstream serves (None: the call's own)."""
         assert self.experiments is not None
         arm_model = self.experiments.model_of(st)
         routed = None if arm_model is None else self.pool.route(arm_model)
         if routed is not None and routed.kind == "litellm" and not call.dialect.via_litellm:
             routed = None  # (a litellm upstream serves chat only: the model asked for)
-        if routed is None or arm_model == call.model:
-            return plan
-        payload = dict((self._exact(call, plan.body, plan.payload) if plan.body else None)
-                       or plan.payload)
-        payload["model"] = call.model = arm_model
-        return Plan(routed, plan.headers, b"", payload, plan.conversation)
+        if routed is None or arm_model is None or arm_model == call.model:
+            return None
+        return routed, arm_model
 
     def _disclosed(
-        self, call: ModelCall, plan: Plan, grant: Grant, st: EpisodeState
-    ) -> Plan:
+        self, call: ModelCall, body: bytes, payload: dict[str, Any], conversation: list[Any],
+        grant: Grant, st: EpisodeState,
+    ) -> tuple[dict[str, Any], list[Any]]:
         """The disclosed arm: this turn's text, and the earlier ones to re-apply, placed in
-        the conversation by the dialect."""
-        payload, conversation = plan.payload, plan.conversation
-        assert conversation is not None
-        exact = self._exact(call, plan.body, payload) if plan.body else None
+        the conversation by the dialect (the payload to send, and its conversation)."""
+        exact = self._exact(call, body, payload) if body else None
         if exact is not None:
             payload, conversation = exact, call.dialect.conversation(exact)
         # Earlier texts go back only where this conversation still extends the one they
@@ -410,8 +416,7 @@ class ModelCalls:
             template, grant.turn, st.budget, st.announced_budget, chosen=chosen,
             fields=fields, told=st.told)
         call.disclosure_text = text
-        payload = call.dialect.place(payload, conversation, cfg.placement, text, again)
-        return Plan(plan.upstream, plan.headers, b"", payload, conversation)
+        return call.dialect.place(payload, conversation, cfg.placement, text, again), conversation
 
     async def _open_turn(
         self, call: ModelCall, eid: str, headers: dict[bytes, bytes], body: bytes,
@@ -580,25 +585,32 @@ class ModelCalls:
 
     # -- forwarding ----------------------------------------------------------------------------
     async def _forward(self, call: ModelCall, plan: Plan, receive: Receive, send: Send) -> None:
-        """Forward the call as `plan` says, then settle and record it (settlement.py
-        `Settlement.conclude`) on every path out: errors and cancellation included."""
-        call.upstream = plan.upstream
+        """Forward the call as `plan` says, keep what its leg returns, then send a whole answer,
+        settle and record it (settlement.py `Settlement.conclude`) on every path out: errors
+        and cancellation included."""
+        upstream, headers, body, payload, conversation = plan
+        call.upstream = upstream
         drop_usage = False
-        if call.stream and plan.upstream.inject_stream_usage and call.dialect.stream_usage:
-            plan, drop_usage = self._stream_usage(call, plan)
-        if plan.upstream.capture_tokens and call.dialect.kind in capture.CAPTURED_KINDS:
-            plan = self._capture(call, plan)
-        call.conversation = plan.conversation
-        if plan.conversation is not None:
-            call.sent = call.dialect.conversation(plan.payload)  # disclosure texts included
-        call.span = self.tracing.start(call.kind, call.model, plan.headers, call.episode_id)
+        if call.stream and upstream.inject_stream_usage and call.dialect.stream_usage:
+            body, payload, conversation, drop_usage = self._stream_usage(
+                call, body, payload, conversation)
+        if upstream.capture_tokens and call.dialect.kind in capture.CAPTURED_KINDS:
+            body, payload = self._capture(call, upstream, body, payload)
+        call.conversation = conversation
+        if conversation is not None:
+            call.sent = call.dialect.conversation(payload)  # disclosure texts included
+        call.span = self.tracing.start(call.kind, call.model, headers, call.episode_id)
         try:
-            body = plan.body or self._encode(call, plan.payload)
+            body = body or self._encode(call, payload)
             call.upstream_body = body
-            leg = await self._leg(call, plan, body, receive, send, drop_usage)
-            if leg is not None:
-                if call.leg is not leg:  # (a whole answer's was kept before its head)
-                    keep_leg(call, leg)
+            leg = await self._leg(call, upstream, headers, body, payload, receive, send,
+                                  drop_usage)
+            if leg is not None:  # kept on the call: its record, headers and settle read it
+                call.leg, call.outcome = leg, leg.outcome
+                call.started, call.t_upstream = leg.started, leg.t_upstream
+                call.data, call.events = leg.data, leg.events
+                if leg.tokens is not None:
+                    call.tokens, call.answer = leg.tokens, leg.answer
                 if leg.error is not None:  # (settled and recorded before it is answered)
                     raise leg.error
         except asyncio.CancelledError:
@@ -608,22 +620,22 @@ class ModelCalls:
                 call.outcome = outcome.refused(503)
             raise
         finally:
-            await self.settlement.conclude(call, plan.upstream, plan.conversation)
+            await self.settlement.conclude(call, upstream, conversation, send)
 
-    def _stream_usage(self, call: ModelCall, plan: Plan) -> tuple[Plan, bool]:
+    def _stream_usage(
+        self, call: ModelCall, body: bytes, payload: dict[str, Any],
+        conversation: list[Any] | None,
+    ) -> tuple[bytes, dict[str, Any], list[Any] | None, bool]:
         """A stream's body asking for the usage chunk the client did not ask for (the proxy
         reads it, and drops it from what the client gets: True)."""
-        upstream, payload, body = plan.upstream, plan.payload, plan.body
         so = payload.get("stream_options")
         if body and "stream_options" not in payload:
             # Added to the body's bytes, which stay as sent: no re-encoding, and no walk of
             # the payload for integers re-encoding would change.
             payload["stream_options"] = {"include_usage": True}
-            return Plan(upstream, plan.headers, with_stream_usage(body), payload,
-                        plan.conversation), True
+            return with_stream_usage(body), payload, conversation, True
         if isinstance(so, dict) and so.get("include_usage"):
-            return plan, False
-        conversation = plan.conversation
+            return body, payload, conversation, False
         exact = self._exact(call, body, payload) if body else None
         if exact is not None:
             payload, so = exact, exact.get("stream_options")
@@ -631,57 +643,60 @@ class ModelCalls:
                 conversation = call.dialect.conversation(exact)
         payload["stream_options"] = {**(so if isinstance(so, dict) else {}),
                                      "include_usage": True}
-        return Plan(upstream, plan.headers, b"", payload, conversation), True
+        return b"", payload, conversation, True
 
-    def _capture(self, call: ModelCall, plan: Plan) -> Plan:
+    def _capture(
+        self, call: ModelCall, upstream: UpstreamConfig, body: bytes, payload: dict[str, Any]
+    ) -> tuple[bytes, dict[str, Any]]:
         """Ask for token ids and logprobs the client did not ask for (capture_tokens)."""
-        body, payload = plan.body, plan.payload
-        cap, add = capture.plan(payload, call.dialect.kind, plan.upstream.token_server)
+        cap, add = capture.plan(payload, call.dialect.kind, upstream.token_server)
         call.capture = cap
         if not add:
-            return plan
+            return body, payload
         if body and not add.keys().isdisjoint(payload):  # re-encoded: integers stay exact
             exact = self._exact(call, body, payload)
             if exact is not None:
                 payload = exact
-        return Plan(plan.upstream, plan.headers,
-                    capture.add_fields(body, payload, add, cap.members), payload,
-                    plan.conversation)
+        return capture.add_fields(body, payload, add, cap.members), payload
 
     def _leg(
-        self, call: ModelCall, plan: Plan, body: bytes, receive: Receive, send: Send,
-        drop_usage: bool,
+        self, call: ModelCall, upstream: UpstreamConfig, headers: dict[bytes, bytes],
+        body: bytes, payload: dict[str, Any], receive: Receive, send: Send, drop_usage: bool,
     ) -> Awaitable[Leg | None]:
         """The upstream leg (the upstream's own client, or litellm), within the episode's time
-        budget when that ends before the upstream's own timeout (`_leg_in_time`)."""
-        grant, upstream = call.grant, plan.upstream
+        budget when that ends before the upstream's own timeout (`_leg_in_time`). A stream's
+        head carries the X-Episode-* headers, read before it; a whole answer comes back unsent."""
+        grant = call.grant
         # (a deadline past the upstream's own timeout cannot end this call: no timer)
         if grant is not None and grant.hold is not None and grant.hold.deadline and (
                 upstream.kind == "litellm"
                 or grant.hold.deadline - time.time() < upstream.timeout_s):
-            return self._leg_in_time(call, plan, body, receive, send, drop_usage,
-                                     grant.hold.deadline)
+            return self._leg_in_time(call, upstream, headers, body, payload, receive, send,
+                                     drop_usage, grant.hold.deadline)
         if upstream.kind == "litellm":
-            return self.upstream.litellm(call, upstream, plan.payload, send)
-        return self.upstream.http(call, upstream, plan.headers, body, receive, send, drop_usage)
+            return self.upstream.litellm(call, upstream, payload)
+        return self.upstream.http(
+            call, upstream, headers, body, receive, send, drop_usage,
+            self.settlement.episode_headers(call) if call.stream else None)
 
     async def _leg_in_time(
-        self, call: ModelCall, plan: Plan, body: bytes, receive: Receive, send: Send,
-        drop_usage: bool, deadline: float,
+        self, call: ModelCall, upstream: UpstreamConfig, headers: dict[bytes, bytes],
+        body: bytes, payload: dict[str, Any], receive: Receive, send: Send, drop_usage: bool,
+        deadline: float,
     ) -> Leg | None:
         """The leg until the episode's time budget ends (None: it ended before the answer's
         head, and the call is answered here)."""
-        upstream = plan.upstream
+        episode_head = self.settlement.episode_headers(call) if call.stream else None
 
         def leg(out: Send) -> Awaitable[Leg]:
             if upstream.kind == "litellm":
-                return self.upstream.litellm(call, upstream, plan.payload, out)
-            return self.upstream.http(call, upstream, plan.headers, body, receive, out,
-                                      drop_usage)
+                return self.upstream.litellm(call, upstream, payload)
+            return self.upstream.http(call, upstream, headers, body, receive, out,
+                                      drop_usage, episode_head)
 
         ran = await axis_calls.within_deadline(deadline, leg, send)
         if isinstance(ran, axis_calls.Cut):
-            await self._out_of_time(call, ran, send, refusal_status(plan.headers))
+            await self._out_of_time(call, ran, send, refusal_status(headers))
             return None
         return ran
 

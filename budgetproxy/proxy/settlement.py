@@ -1,8 +1,9 @@
 """A model call's end: its turn settled and its records written, in the order the path keeps.
 
-forward.py calls `Settlement.conclude` once the upstream leg is over (or failed), and the leg
-calls `Settlement.before_head` before an answer's head; both take what the call's phases
-returned (its grant, the leg's `Leg` and `Outcome`), kept on its ModelCall.
+forward.py calls `Settlement.conclude` once the upstream leg is over (or failed), with what the
+call's phases returned (its grant, the leg's `Leg` and `Outcome`) kept on its ModelCall; a
+whole answer, which the leg returns unsent, is sent there, after its turn's settle when that
+gives the turn back.
 """
 
 from __future__ import annotations
@@ -18,26 +19,16 @@ from budgetproxy.core.prices import PriceTable
 from budgetproxy.core.tenants import local_id
 from budgetproxy.core.usage import token_counts
 from budgetproxy.proxy import axis_calls, capture
+from budgetproxy.proxy.asgi import Send, send_response
 from budgetproxy.proxy.calls import ModelCall, compaction_record, probe_record, turn_record
 from budgetproxy.proxy.dialects import Reply
 from budgetproxy.proxy.grouping import RolloutRecorder
-from budgetproxy.proxy.upstream_call import Leg
 from budgetproxy.store.base import EpisodeStore, StoreUnavailable, TurnClose
 from budgetproxy.telemetry.metrics import Metrics
 from budgetproxy.telemetry.tracing import Tracing
 from budgetproxy.trajectories.recorder import Recorder
 
 log = logging.getLogger("budgetproxy")
-
-
-def keep_leg(call: ModelCall, leg: Leg) -> None:
-    """Keep what the upstream leg returned on the call (its record and headers read it)."""
-    call.leg = leg
-    call.outcome = leg.outcome
-    call.started, call.t_upstream = leg.started, leg.t_upstream
-    call.data, call.events = leg.data, leg.events
-    if leg.tokens is not None:
-        call.tokens, call.answer = leg.tokens, leg.answer
 
 
 class Settlement:
@@ -58,58 +49,57 @@ class Settlement:
         self.budget_headers = config.episodes.budget_headers
 
     async def conclude(
-        self, call: ModelCall, upstream: UpstreamConfig, conversation: list[Any] | None
+        self, call: ModelCall, upstream: UpstreamConfig, conversation: list[Any] | None,
+        send: Send,
     ) -> None:
-        """Settle the call's turn, then write its records, once the leg is over (or failed).
+        """Send a whole answer the leg returned unsent, settle the call's turn, then write its
+        records, once the leg is over (or failed).
 
         The two ordering rules of the model-call path:
         1. A refundable answer's turn is given back before the client has the answer, when its
-           head was not sent yet, so a retry sent at once finds the turn free: a whole answer
-           is settled in `before_head`; a failure (the leg's `error`, a refusal) is settled
-           here, before forward.py's `handle` answers the error.
+           head was not sent yet, so a retry sent at once finds the turn free: a whole answer's
+           turn is settled here before it is sent; a failure (the leg's `error`, a refusal) is
+           settled here, before forward.py's `handle` answers the error.
         2. The turn record is written before the episode's end record: an episode ended while
            this turn was in flight is ended by this turn's settle (`call.ended`), and its
            `episode` record follows the turn's own.
         A turn-only call's settle is awaited after its record (`_settle`); a call with other
         budgets awaits it first, for the spend its record carries."""
-        early = axis_calls.read_reply(call) if (
-            call.grant is not None and call.grant.hold is not None) else None
-        closing = await self._settle(call, early)
         try:
-            reply = await self._after(call, early)
+            leg = call.leg
+            if leg is not None and leg.head is not None:  # a whole answer, not yet sent
+                head = leg.head
+                head.extend(self.episode_headers(call))  # (as left once it settles)
+                if leg.outcome.result is SettleResult.REFUNDABLE:  # rule 1
+                    closing = await self._settle(call)
+                    if closing is not None:
+                        await self._closed(call, closing)
+                await send_response(send, leg.outcome.http_status, head, leg.body)
         finally:
-            if closing is not None:  # a turn-only call's settle, answered after its record
-                await self._closed(call, closing)
-        if call.probe is not None and self.recorder.keeps_turns:
-            await self.recorder.probe(probe_record(call, reply))
-        elif call.compaction and call.grant is None and self.recorder.writes_turns:
-            await self.recorder.probe(compaction_record(call, reply))
-        if call.ended is not None:  # after its last turn's record (rule 2)
-            await self.recorder.episode_ended(call.ended)
-        if call.span is not None and call.span.sampled:
-            grant = call.grant
-            charged, remaining = self._settled(call, grant is not None and grant.charged)
-            self.tracing.finish(
-                call.span, kind=call.kind, model=call.model, upstream=upstream,
-                episode_id=call.episode_id, state=call.state, grant=grant,
-                charged=charged, remaining=remaining, status=call.outcome.http_status,
-                error_class=call.outcome.error_class, reply=reply,
-                conversation=conversation,
-            )
-
-    async def before_head(
-        self, call: ModelCall, leg: Leg
-    ) -> list[tuple[bytes, bytes]]:
-        """The upstream leg's one hook (upstream_call.py `BeforeHead`), called before an
-        answer's head is sent, with the leg so far: the X-Episode-* headers, and rule 1 of
-        `conclude`: a refundable answer's turn is settled now, before the client can see it."""
-        keep_leg(call, leg)
-        headers = self.episode_headers(call)
-        if leg.outcome.result is SettleResult.REFUNDABLE:
-            closing = await self._settle(call)
-            if closing is not None:
-                await self._closed(call, closing)
-        return headers
+            early = axis_calls.read_reply(call) if (
+                call.grant is not None and call.grant.hold is not None) else None
+            closing = await self._settle(call, early)
+            try:
+                reply = await self._after(call, early)
+            finally:
+                if closing is not None:  # a turn-only call's settle, answered after its record
+                    await self._closed(call, closing)
+            if call.probe is not None and self.recorder.keeps_turns:
+                await self.recorder.probe(probe_record(call, reply))
+            elif call.compaction and call.grant is None and self.recorder.writes_turns:
+                await self.recorder.probe(compaction_record(call, reply))
+            if call.ended is not None:  # after its last turn's record (rule 2)
+                await self.recorder.episode_ended(call.ended)
+            if call.span is not None and call.span.sampled:
+                grant = call.grant
+                charged, remaining = self._settled(call, grant is not None and grant.charged)
+                self.tracing.finish(
+                    call.span, kind=call.kind, model=call.model, upstream=upstream,
+                    episode_id=call.episode_id, state=call.state, grant=grant,
+                    charged=charged, remaining=remaining, status=call.outcome.http_status,
+                    error_class=call.outcome.error_class, reply=reply,
+                    conversation=conversation,
+                )
 
     def episode_headers(self, call: ModelCall) -> list[tuple[bytes, bytes]]:
         """The X-Episode-* headers of the call's answer (or error): what is left is reported as

@@ -4,7 +4,7 @@ answer relayed to the client, streams event by event as they arrive."""
 from __future__ import annotations
 
 import time
-from collections.abc import Awaitable, Callable
+from collections.abc import Callable
 from functools import partial
 from typing import Any, NamedTuple
 
@@ -13,7 +13,7 @@ import aiohttp
 from budgetproxy.config import UpstreamConfig
 from budgetproxy.core.forwarded_headers import HeaderPolicy
 from budgetproxy.errors import ProxyError, upstream_redirect
-from budgetproxy.proxy.asgi import Receive, Send, send_response
+from budgetproxy.proxy.asgi import Receive, Send
 from budgetproxy.proxy.calls import ModelCall
 from budgetproxy.proxy.capture import Tokens, strip_body, strip_event
 from budgetproxy.proxy.h1 import UpstreamProtocolError
@@ -39,25 +39,21 @@ class Leg(NamedTuple):
     tokens: Tokens | None = None  # what it sampled, read as capture stripped the answer
     answer: Any = None  # the answer parsed, when capture stripped it
     error: ProxyError | None = None  # the error to answer with (no head was sent)
-
-
-# The head of a stream is sent before its outcome is known: as an answer so far.
-_STREAMING = Leg(ANSWERED)
-
-# The one hook the leg calls before sending an answer's head: it gets the leg so far (its
-# outcome and whole body, when it has one), settles a refundable call's turn then (a retry the
-# client sends at once must find the turn given back) and returns the X-Episode-* headers.
-BeforeHead = Callable[[ModelCall, Leg], Awaitable[list[tuple[bytes, bytes]]]]
+    # A whole answer is returned unsent: its head (the upstream's headers; the X-Episode-*
+    # ones are added when it is sent, settlement.py `Settlement.conclude`) and the bytes the
+    # client gets. None: nothing left to send (a stream, relayed as it came, or an error).
+    head: list[tuple[bytes, bytes]] | None = None
+    body: bytes = b""
 
 
 class UpstreamCall:
-    """Sends model calls upstream and relays the answers; what a call comes to on the way is
-    the `Leg` it returns. `before_head` runs once before the answer's head is sent."""
+    """Sends model calls upstream and relays streams; what a call comes to on the way is the
+    `Leg` it returns, a whole answer's unsent. The leg calls nothing back."""
 
     def __init__(
         self, pool: UpstreamPool, metrics: Metrics | None, tracing: Tracing,
         litellm_call: Callable[..., Any] | None, *, header_policy: HeaderPolicy,
-        own_keys: bool, before_head: BeforeHead,
+        own_keys: bool,
     ) -> None:
         self.pool = pool
         self.metrics = metrics
@@ -65,12 +61,15 @@ class UpstreamCall:
         self.litellm_call = litellm_call
         self.header_policy = header_policy
         self.own_keys = own_keys  # the proxy checks keys of its own: never sent upstream
-        self.before_head = before_head
 
     async def http(
         self, call: ModelCall, upstream: UpstreamConfig, headers: dict[bytes, bytes], body: bytes,
         receive: Receive, send: Send, drop_usage: bool,
+        episode_head: list[tuple[bytes, bytes]] | None,
     ) -> Leg:
+        """The call sent upstream. A stream is relayed to the client as it arrives, its head
+        carrying `episode_head` (the X-Episode-* headers, given for a stream); a whole answer
+        is read and returned unsent."""
         t_up = time.perf_counter()
         try:
             out_headers = self.request_headers(headers, upstream, call)
@@ -90,7 +89,7 @@ class UpstreamCall:
             ctype = resp.header("content-type") or ""
             if call.stream and status == 200 and ctype.startswith("text/event-stream"):
                 return await self._relay_stream(call, upstream, resp, receive, send,
-                                                drop_usage, t_up)
+                                                drop_usage, t_up, episode_head or [])
             try:
                 data = await resp.read()
             except (aiohttp.ClientError, OSError) as e:  # (its record says the status here)
@@ -102,20 +101,17 @@ class UpstreamCall:
                 sent, tokens, answer = strip_body(data, cap)
             # (tokens read on the way: the reply is read from the smaller body the client got)
             # Known before the head: its remaining-budget headers read the usage in it.
-            # A whole answer's leg is complete before its head: `before_head` gets the one
-            # returned.
-            leg = Leg(answered(status), True, True, t_upstream,
-                      sent if tokens is not None else data, None, tokens, answer)
-            out = self._response_headers(resp)
-            out.extend(await self.before_head(call, leg))
-            await send_response(send, status, out, sent)
+            # (ANSWERED: `answered`'s own for a 200, without the call)
+            leg = Leg(ANSWERED if status == 200 else answered(status), True, True, t_upstream,
+                      sent if tokens is not None else data, None, tokens, answer, None,
+                      self._response_headers(resp), sent)
         finally:
             resp.release()
         self._observe_upstream(upstream, leg)
         return leg
 
     async def litellm(
-        self, call: ModelCall, upstream: UpstreamConfig, payload: dict[str, Any], send: Send
+        self, call: ModelCall, upstream: UpstreamConfig, payload: dict[str, Any]
     ) -> Leg:
         if self.litellm_call is None:
             raise ProxyError(500, "litellm_unavailable", "litellm upstream is not set up")
@@ -123,10 +119,9 @@ class UpstreamCall:
         status, data = await self.litellm_call(upstream, payload, call.stream)
         body, events = (None, EventSplitter().feed(data)) if call.stream else (data, None)
         ctype = b"text/event-stream" if call.stream and status == 200 else b"application/json"
-        # (complete before its head, as a whole answer's on the HTTP path)
-        leg = Leg(answered(status), True, True, time.perf_counter() - t, body, events)
-        head = await self.before_head(call, leg)
-        await send_response(send, status, [(b"content-type", ctype), *head], data)
+        # (returned unsent, as a whole answer on the HTTP path)
+        leg = Leg(answered(status), True, True, time.perf_counter() - t, body, events,
+                  head=[(b"content-type", ctype)], body=data)
         self._observe_upstream(upstream, leg)
         return leg
 
@@ -154,9 +149,10 @@ class UpstreamCall:
     async def _relay_stream(
         self, call: ModelCall, upstream: UpstreamConfig, resp: UpstreamResponse,
         receive: Receive, send: Send, drop_usage: bool, t_up: float,
+        episode_head: list[tuple[bytes, bytes]],
     ) -> Leg:
         head = self._response_headers(resp)
-        head.extend(await self.before_head(call, _STREAMING))
+        head.extend(episode_head)
         cap = call.capture
         transform = partial(strip_event, cap=cap) if cap is not None and cap.strips else None
         relayed = await relay_stream(resp, receive, send, head, drop_usage=drop_usage,
