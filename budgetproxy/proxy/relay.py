@@ -32,6 +32,25 @@ class Relayed:
     done_sent: bool = False  # the stream's last event (chat's `data: [DONE]`) reached the client
 
 
+class ClientLeft:
+    """The relay's one cancellation, balanced in one place. When the client disconnects, the
+    watcher (`_watch`) cancels the relaying task once and says so here (`cut`); as the relay
+    leaves, `relay_stream` takes back exactly that one cancel (`Task.uncancel`) and reads the
+    CancelledError it raised as the client gone. A cancellation it did not make (a deadline
+    around the relay, the server's shutdown) is neither taken back nor caught: it passes."""
+
+    __slots__ = ("task", "cut")
+
+    def __init__(self, task: asyncio.Task[object] | None) -> None:
+        self.task = task
+        self.cut = False  # the watcher cancelled the task (once)
+
+    def cancel(self) -> None:
+        if self.task is not None:
+            self.cut = True
+            self.task.cancel()
+
+
 async def relay_stream(
     resp: UpstreamResponse,
     receive: Receive,
@@ -42,82 +61,69 @@ async def relay_stream(
     ends: Callable[[bytes], bool] = lambda ev: event_data(ev) == b"[DONE]",
     transform: Callable[[bytes], bytes | None] | None = None,
 ) -> Relayed:
-    """Send `resp`'s events to the client as they arrive; nothing is held back but a partial
-    event. With `drop_usage`, the usage-only chunk the proxy asked for is not passed on;
-    `transform` rewrites each event the client gets (None: it gets none of it).
-    `ends` tells the event that ends the stream in its API (chat's `[DONE]`, Messages'
-    `message_stop`).
-
-    A client disconnect ends the upstream read at once: a watcher task expires `cut`, the
-    `asyncio.timeout` the relay runs in, whose cancel and uncancel the standard library keeps
-    balanced (as for the episode's deadline around it, or a server's cancellation, which pass
-    through). The relay never cancels its own task. On a break before any event was sent,
-    nothing has been sent at all, so the caller can still answer with an error.
-    """
+    """Send `resp`'s events to the client as they arrive, each chunk's whole events in one body
+    message; nothing is held back but a partial event. With `drop_usage`, the usage-only chunk
+    the proxy asked for is not passed on; `transform` rewrites each event the client gets
+    (None: it gets none of it). `ends` tells the event that ends the stream in its API (chat's
+    `[DONE]`, Messages' `message_stop`). A client disconnect ends the upstream read at once,
+    through `ClientLeft`. On a break before any event was sent, nothing has been sent at all,
+    so the caller can still answer with an error."""
     out = Relayed()
+    splitter = EventSplitter()
+    left = ClientLeft(asyncio.current_task())
+    watcher = asyncio.create_task(_watch(receive, left))
     try:
-        async with asyncio.timeout(None) as cut:
-            watcher = asyncio.create_task(_watch(receive, cut))
-            try:
-                await _pump(resp, send, head, out, drop_usage, ends, transform)
-            finally:
-                watcher.cancel()
-    except TimeoutError:
-        if cut.expired():  # the client left
-            # A client that hangs up once it has the last event got the whole answer.
-            out.end = StreamEnd.COMPLETE if out.done_sent else StreamEnd.CLIENT_GONE
-        else:  # the upstream's read timed out
-            await _broken(send, out)
-    except (aiohttp.ClientError, OSError):
+        async for data in resp.iter_any():
+            chunk = []
+            for ev in splitter.feed(data):
+                out.events.append(ev)
+                if drop_usage and is_usage_only(ev):
+                    continue
+                if transform is not None:  # what the client gets of it (None: nothing)
+                    out_ev = transform(ev)
+                    if out_ev is not None:
+                        chunk.append(out_ev)
+                    continue
+                chunk.append(ev)
+            if not chunk:
+                continue
+            if not out.started:
+                out.started = True
+                out.first_sent_at = time.perf_counter()
+                await send({"type": "http.response.start", "status": 200, "headers": head})
+            await send({"type": "http.response.body", "body": b"".join(chunk), "more_body": True})
+            out.sent_body = True
+            if ends(chunk[-1]):
+                out.done_sent = True
+        rest = splitter.rest()
+        if rest:
+            out.events.append(rest)
+        if not out.started:
+            out.started = True
+            await send({"type": "http.response.start", "status": 200, "headers": head})
+        await send({"type": "http.response.body", "body": rest, "more_body": False})
+    except asyncio.CancelledError:
+        if not left.cut:  # (not ours: passes)
+            raise
+        # A client that hangs up once it has the last event got the whole answer.
+        out.end = StreamEnd.COMPLETE if out.done_sent else StreamEnd.CLIENT_GONE
+    except (TimeoutError, aiohttp.ClientError, OSError):
+        watcher.cancel()  # (first: no cut while the response is ended)
         await _broken(send, out)
+    finally:
+        watcher.cancel()
+        if left.cut:  # the watcher's one cancel, taken back
+            left.task.uncancel()  # type: ignore[union-attr]
     return out
 
 
-async def _watch(receive: Receive, cut: asyncio.Timeout) -> None:
-    """Wait for the client's disconnect, and end the relay then (`cut` expires at once)."""
+async def _watch(receive: Receive, left: ClientLeft) -> None:
+    """Wait for the client's disconnect, and end the relay then (`left.cancel`)."""
     while True:
         msg = await receive()
         if msg["type"] == "http.disconnect":
-            cut.reschedule(0.0)  # (a time past: expires on the loop's next turn)
+            left.cancel()
             return
-
-
-async def _pump(
-    resp: UpstreamResponse, send: Send, head: list[tuple[bytes, bytes]], out: Relayed,
-    drop_usage: bool, ends: Callable[[bytes], bool],
-    transform: Callable[[bytes], bytes | None] | None,
-) -> None:
-    """The relay itself: each chunk's whole events go out in one body message."""
-    splitter = EventSplitter()
-    async for data in resp.iter_any():
-        chunk = []
-        for ev in splitter.feed(data):
-            out.events.append(ev)
-            if drop_usage and is_usage_only(ev):
-                continue
-            if transform is not None:  # what the client gets of it (None: nothing)
-                out_ev = transform(ev)
-                if out_ev is not None:
-                    chunk.append(out_ev)
-                continue
-            chunk.append(ev)
-        if not chunk:
-            continue
-        if not out.started:
-            out.started = True
-            out.first_sent_at = time.perf_counter()
-            await send({"type": "http.response.start", "status": 200, "headers": head})
-        await send({"type": "http.response.body", "body": b"".join(chunk), "more_body": True})
-        out.sent_body = True
-        if ends(chunk[-1]):
-            out.done_sent = True
-    rest = splitter.rest()
-    if rest:
-        out.events.append(rest)
-    if not out.started:
-        out.started = True
-        await send({"type": "http.response.start", "status": 200, "headers": head})
-    await send({"type": "http.response.body", "body": rest, "more_body": False})
 
 
 async def _broken(send: Send, out: Relayed) -> None:
