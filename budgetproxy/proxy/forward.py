@@ -603,8 +603,22 @@ class ModelCalls:
         try:
             body = body or self._encode(call, payload)
             call.upstream_body = body
-            leg = await self._leg(call, upstream, headers, body, payload, receive, send,
-                                  drop_usage)
+            # The leg: the upstream's own client, or litellm, or either within the episode's
+            # time budget when that ends before the upstream's own timeout (`_leg_in_time`;
+            # a deadline past it cannot end this call: no timer). A stream's head carries the
+            # X-Episode-* headers, read before it; a whole answer comes back unsent.
+            grant = call.grant
+            if grant is not None and grant.hold is not None and grant.hold.deadline and (
+                    upstream.kind == "litellm"
+                    or grant.hold.deadline - time.time() < upstream.timeout_s):
+                leg = await self._leg_in_time(call, upstream, headers, body, payload, receive,
+                                              send, drop_usage, grant.hold.deadline)
+            elif upstream.kind == "litellm":
+                leg = await self.upstream.litellm(call, upstream, payload)
+            else:
+                leg = await self.upstream.http(
+                    call, upstream, headers, body, receive, send, drop_usage,
+                    self.settlement.episode_headers(call) if call.stream else None)
             if leg is not None:  # kept on the call: its record, headers and settle read it
                 call.leg, call.outcome = leg, leg.outcome
                 call.started, call.t_upstream = leg.started, leg.t_upstream
@@ -658,26 +672,6 @@ class ModelCalls:
             if exact is not None:
                 payload = exact
         return capture.add_fields(body, payload, add, cap.members), payload
-
-    def _leg(
-        self, call: ModelCall, upstream: UpstreamConfig, headers: dict[bytes, bytes],
-        body: bytes, payload: dict[str, Any], receive: Receive, send: Send, drop_usage: bool,
-    ) -> Awaitable[Leg | None]:
-        """The upstream leg (the upstream's own client, or litellm), within the episode's time
-        budget when that ends before the upstream's own timeout (`_leg_in_time`). A stream's
-        head carries the X-Episode-* headers, read before it; a whole answer comes back unsent."""
-        grant = call.grant
-        # (a deadline past the upstream's own timeout cannot end this call: no timer)
-        if grant is not None and grant.hold is not None and grant.hold.deadline and (
-                upstream.kind == "litellm"
-                or grant.hold.deadline - time.time() < upstream.timeout_s):
-            return self._leg_in_time(call, upstream, headers, body, payload, receive, send,
-                                     drop_usage, grant.hold.deadline)
-        if upstream.kind == "litellm":
-            return self.upstream.litellm(call, upstream, payload)
-        return self.upstream.http(
-            call, upstream, headers, body, receive, send, drop_usage,
-            self.settlement.episode_headers(call) if call.stream else None)
 
     async def _leg_in_time(
         self, call: ModelCall, upstream: UpstreamConfig, headers: dict[bytes, bytes],

@@ -52,13 +52,8 @@ class ClientLeft:
 
 
 async def relay_stream(
-    resp: UpstreamResponse,
-    receive: Receive,
-    send: Send,
-    head: list[tuple[bytes, bytes]],
-    *,
-    drop_usage: bool,
-    ends: Callable[[bytes], bool] = lambda ev: event_data(ev) == b"[DONE]",
+    resp: UpstreamResponse, receive: Receive, send: Send, head: list[tuple[bytes, bytes]], *,
+    drop_usage: bool, ends: Callable[[bytes], bool] = lambda ev: event_data(ev) == b"[DONE]",
     transform: Callable[[bytes], bytes | None] | None = None,
 ) -> Relayed:
     """Send `resp`'s events to the client as they arrive, each chunk's whole events in one body

@@ -128,11 +128,7 @@ class UpstreamCall:
     def request_headers(
         self, headers: dict[bytes, bytes], upstream: UpstreamConfig, call: ModelCall
     ) -> dict[str, str]:
-        out: dict[str, str] = {}
-        forwarded = self.header_policy.forwarded
-        for k, v in headers.items():
-            if forwarded(k):
-                out[k.decode("latin-1")] = v.decode("latin-1")
+        out = self.header_policy.selected(headers)
         out["content-type"] = "application/json"
         if upstream.api_key:  # where the call's API carries it (Messages: x-api-key)
             name, value = call.dialect.upstream_key_header(upstream.api_key)
@@ -157,8 +153,11 @@ class UpstreamCall:
         transform = partial(strip_event, cap=cap) if cap is not None and cap.strips else None
         relayed = await relay_stream(resp, receive, send, head, drop_usage=drop_usage,
                                      ends=call.dialect.ends_stream, transform=transform)
-        broke_early = relayed.end is StreamEnd.BROKEN and not relayed.started
-        leg = Leg(stream_ended(relayed.end, relayed.started, relayed.sent_body),
+        end = relayed.end
+        broke_early = end is StreamEnd.BROKEN and not relayed.started
+        # (ANSWERED: `stream_ended`'s own for a whole stream, without the call)
+        leg = Leg(ANSWERED if end is StreamEnd.COMPLETE
+                  else stream_ended(end, relayed.started, relayed.sent_body),
                   relayed.started, relayed.sent_body, time.perf_counter() - t_up,
                   events=relayed.events,
                   error=ProxyError(502, "upstream_unreachable",
