@@ -249,14 +249,7 @@ class ModelCalls:
             except ValueError as e:
                 raise invalid_request(str(e), "tenant") from None
         body = await read_body(receive, headers, self.max_body)
-        payload, upstream = self._parse(call, body)
-        if eid is None and self.cfg.episodes.require_id:
-            raise ProxyError(
-                400, "episode_id_required",
-                "This proxy requires an episode id (X-Episode-Id header or /episodes/{id}/v1 "
-                "path prefix)", param="episode_id",
-            )
-        counted, conversation = self._counted(call, eid, payload)
+        payload, upstream, counted, conversation = self._parse(call, body, eid)
         call.episode_id = eid
         if not counted:
             kept = self._uncounted(call, payload, conversation, probe)
@@ -275,9 +268,13 @@ class ModelCalls:
                                      f"the path {path_episode!r}")
         return Principal(tenant=tenant_of(keyed)), local_id(keyed)
 
-    def _parse(self, call: ModelCall, body: bytes) -> tuple[dict[str, Any], UpstreamConfig]:
-        """The body parsed once and validated by the route's dialect, and the upstream that
-        serves its model."""
+    def _parse(
+        self, call: ModelCall, body: bytes, eid: str | None
+    ) -> tuple[dict[str, Any], UpstreamConfig, bool, list[Any]]:
+        """The body parsed once and validated by the route's dialect, the upstream that serves
+        its model, and whether the call is an episode's turn (an episode id, required when
+        configured, a model not in `uncounted_models`, not an uncounted prompt, not a free
+        compaction call), with its conversation when that had to be read to tell."""
         dialect = call.dialect
         payload = parse_payload(body)
         dialect.validate(payload)
@@ -292,19 +289,14 @@ class ModelCalls:
             raise ProxyError(400, "unsupported_api", f"Upstream {upstream.name!r} (kind: "
                              f"litellm) serves chat completions only, not {call.route}",
                              param="model")
-        return payload, upstream
-
-    def _counted(
-        self, call: ModelCall, eid: str | None, payload: dict[str, Any]
-    ) -> tuple[bool, list[Any]]:
-        """Whether the call is an episode's turn (an episode id, a model not in
-        `uncounted_models`, not an uncounted prompt, not a free compaction call), and its
-        conversation when that had to be read to tell."""
+        if eid is None and self.cfg.episodes.require_id:
+            raise ProxyError(
+                400, "episode_id_required",
+                "This proxy requires an episode id (X-Episode-Id header or /episodes/{id}/v1 "
+                "path prefix)", param="episode_id",
+            )
         counted = eid is not None and not (
-            self.uncounted and any(fnmatch.fnmatchcase(call.model or "", p)
-                                   for p in self.uncounted)
-        )
-        dialect = call.dialect
+            self.uncounted and any(fnmatch.fnmatchcase(model, p) for p in self.uncounted))
         conversation = dialect.conversation(payload) if counted else []
         if counted and self.uncounted_prompts and (
                 lone_text(conversation, dialect.heads) in self.uncounted_prompts):
@@ -313,7 +305,7 @@ class ModelCalls:
         if counted and marks and compaction.is_compaction(conversation, marks):
             call.compaction = True  # a CLI shortening its history: no step of the task
             counted = not self.compaction_free
-        return counted, conversation
+        return payload, upstream, counted, conversation
 
     def _uncounted(
         self, call: ModelCall, payload: dict[str, Any], conversation: list[Any],

@@ -171,11 +171,11 @@ class UpstreamCall:
 
     @staticmethod
     def _response_headers(resp: UpstreamResponse) -> list[tuple[bytes, bytes]]:
-        return [
-            (k.encode("latin-1"), v.encode("latin-1"))
-            for k, v in resp.headers
-            if k not in DROP_RESPONSE_HEADERS
-        ]
+        out = []  # (a loop, not a comprehension: no frame of its own)
+        for k, v in resp.headers:
+            if k not in DROP_RESPONSE_HEADERS:
+                out.append((k.encode("latin-1"), v.encode("latin-1")))
+        return out
 
     def _unanswered(
         self, upstream: UpstreamConfig, e: Exception, t_up: float, when: str = ""
