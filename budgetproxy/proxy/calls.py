@@ -100,7 +100,7 @@ class ModelCall:
         # X-Episode-Warning: first-call headers this later call sent that its episode ignored
         self.warning: bytes | None = None
         self.compaction = False  # a CLI's compaction call (core/compaction.py)
-        self.leg: Leg | None = None  # the upstream leg's, once kept (settlement.py keep_leg)
+        self.leg: Leg | None = None  # the upstream leg's, once kept (forward.py `_forward`)
 
 
 def micros(seconds: float) -> float:
