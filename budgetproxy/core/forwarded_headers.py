@@ -47,3 +47,16 @@ class HeaderPolicy:
         if len(self._seen) < _CACHE_MAX:
             self._seen[name] = ok
         return ok
+
+    def selected(self, headers: dict[bytes, bytes]) -> dict[str, str]:
+        """The headers of a request that are forwarded, as str (latin-1): `forwarded`'s
+        decision for each, read from its cache in one pass."""
+        seen = self._seen
+        out: dict[str, str] = {}
+        for name, value in headers.items():
+            ok = seen.get(name)
+            if ok is None:
+                ok = self.forwarded(name)
+            if ok:
+                out[name.decode("latin-1")] = value.decode("latin-1")
+        return out

@@ -8,12 +8,11 @@ import contextlib
 import logging
 import time
 from collections.abc import Awaitable, Callable
-from typing import Any
+from typing import Any, NamedTuple, TypeVar
 
 import orjson
 
 from budgetproxy.core import axes
-from budgetproxy.core.budget import tier_label
 from budgetproxy.core.episode import EpisodeState, SettleResult
 from budgetproxy.core.prices import PriceTable
 from budgetproxy.core.tenants import local_id
@@ -24,9 +23,9 @@ from budgetproxy.proxy.asgi import Message, Send
 from budgetproxy.proxy.calls import ModelCall
 from budgetproxy.proxy.dialects import Reply
 from budgetproxy.store.base import EpisodeStore, StoreUnavailable, TurnOpen
-from budgetproxy.telemetry.metrics import Metrics
 
 log = logging.getLogger("budgetproxy")
+T = TypeVar("T")
 
 _CODES = {"tokens": "token_budget_exhausted", "cost": "cost_budget_exhausted",
           "time": "time_budget_exhausted"}
@@ -87,25 +86,6 @@ def held(st: EpisodeState) -> ProxyError:
         type_="rate_limit_error", headers={"retry-after": "1"})
 
 
-async def time_up(
-    call: ModelCall, send: Send, metrics: Metrics | None, refused: int,
-    final: Callable[[ModelCall, EpisodeState, Send, int], Awaitable[None]] | None,
-) -> None:
-    """A call its episode's time budget ran out on before any byte was sent: answered as an
-    exhausted episode's (a refusal, or in finish mode `final`'s reply), nothing more from
-    upstream, its turn given back; the turn record follows as for every forwarded call."""
-    st = call.state
-    assert st is not None
-    st.exhausted_by = st.exhausted_by or "time"
-    if metrics is not None:
-        metrics.budget_exhausted.labels(tier_label(st.budget, st.max_turns),
-                                        st.disclosure).inc()
-    call.refuse(refused)
-    if final is None:
-        raise axis_exhausted(st, refused)
-    await final(call, st, send, refused)
-
-
 def read_reply(call: ModelCall) -> Reply:
     """The reply read back from what the upstream sent (an odd one: an empty reply). A
     captured answer's body is parsed once, for the reply and its tokens (`call.tokens`), here
@@ -160,7 +140,7 @@ def as_settled(prices: PriceTable, call: ModelCall, st: EpisodeState) -> Episode
             call.answer = obj
     out = st.snapshot()
     axes.settle(out, grant.hold, spend(prices, call, read_reply(call)),
-                call.result is SettleResult.REFUNDABLE)
+                call.outcome.result is SettleResult.REFUNDABLE)
     return out
 
 
@@ -205,13 +185,21 @@ def template_fields(st: EpisodeState, now: float) -> dict[str, Any]:
     return out
 
 
+class Cut(NamedTuple):
+    """An upstream leg the episode's time budget ended: whether the answer's head, and some of
+    its body, had gone out by then."""
+
+    started: bool
+    sent_body: bool
+
+
 async def within_deadline(
-    call: ModelCall, deadline: float, leg: Callable[[Send], Awaitable[None]], send: Send,
-    time_up: Callable[[ModelCall, Send], Awaitable[None]],
-) -> None:
-    """Run the upstream leg until the episode's time budget ends. Cut before the answer began:
-    `time_up` answers the call as exhausted. Cut mid-answer: the response is closed cleanly
-    where it stands (the client has a well-ended HTTP body) and the turn is charged."""
+    deadline: float, leg: Callable[[Send], Awaitable[T]], send: Send,
+) -> T | Cut:
+    """Run the upstream leg until the episode's time budget ends, and return what it returns.
+    Cut mid-answer, the response is closed cleanly where it stands (the client has a well-ended
+    HTTP body); cut before the answer began, nothing was sent: the caller answers (forward.py
+    `_out_of_time`)."""
     sent = {"start": False, "body": False, "closed": False}
 
     async def tracked(message: Message) -> None:
@@ -224,16 +212,9 @@ async def within_deadline(
 
     try:
         async with asyncio.timeout(max(0.0, deadline - time.time())):
-            await leg(tracked)
+            return await leg(tracked)
     except TimeoutError:
-        call.timed_out = True
-        call.error_class = "time_budget"
-        if not sent["start"]:
-            await time_up(call, send)
-            return
-        call.started = True
-        call.sent_body = sent["body"]
-        call.result = SettleResult.BROKEN if sent["body"] else SettleResult.REFUNDABLE
-        if not sent["closed"]:
+        if sent["start"] and not sent["closed"]:
             with contextlib.suppress(Exception):
                 await send({"type": "http.response.body", "body": b"", "more_body": False})
+        return Cut(sent["start"], sent["body"])

@@ -3,17 +3,21 @@
 from __future__ import annotations
 
 import time
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from blake3 import blake3
 
 from budgetproxy.config import UpstreamConfig
-from budgetproxy.core.episode import EpisodeState, Grant, GrantKind, SettleResult
+from budgetproxy.core.episode import EpisodeState, Grant, GrantKind
 from budgetproxy.core.fingerprint import Fingerprint
 from budgetproxy.proxy.capture import Capture, Tokens
 from budgetproxy.proxy.dialects import Dialect
+from budgetproxy.proxy.outcome import ANSWERED
 from budgetproxy.telemetry.tracing import CallTrace
 from budgetproxy.trajectories.records import SCHEMA_VERSION, rfc3339
+
+if TYPE_CHECKING:  # (upstream_call.py imports this module)
+    from budgetproxy.proxy.upstream_call import Leg
 
 
 def turn_hash(route: str, body: bytes) -> str:
@@ -41,15 +45,17 @@ def with_stream_usage(body: bytes) -> bytes:
 
 
 class ModelCall:
-    """One model call's state, carried through the handler (forward.py, upstream_call.py)."""
+    """One model call as forward.py learns it: what admission found (route, model, episode,
+    grant), what the upstream leg returned (upstream_call.py `Leg`) and its `outcome`. The
+    phases return values; forward.py alone writes them here."""
 
     __slots__ = (
         "t0", "route", "dialect", "kind", "model", "stream", "episode_id", "state", "grant",
-        "upstream", "t_upstream", "started", "sent_body", "status", "disclosure_text",
-        "result", "http_status", "ttft", "error_class", "conversation", "data", "events",
+        "upstream", "t_upstream", "started", "outcome", "disclosure_text",
+        "conversation", "data", "events",
         "settled", "span", "prints", "previous_response", "exact", "ended", "probe", "query",
         "payload", "timed_out", "cumulative", "capture", "tokens", "sent", "upstream_body",
-        "counts", "answer", "warning", "compaction",
+        "counts", "answer", "warning", "compaction", "leg",
     )
 
     def __init__(self, route: str, dialect: Dialect) -> None:
@@ -65,13 +71,10 @@ class ModelCall:
         self.upstream: UpstreamConfig | None = None
         self.t_upstream = 0.0
         self.started = False
-        self.sent_body = False
-        self.status = "ok"
+        # its status, HTTP status and settle result, as proxy/outcome.py decides them; only
+        # forward.py sets it, from what each phase returns
+        self.outcome = ANSWERED
         self.disclosure_text: str | None = None
-        self.result = SettleResult.OK
-        self.http_status = 200
-        self.ttft: float | None = None
-        self.error_class: str | None = None
         self.conversation: list[Any] | None = None
         self.data: bytes | None = None
         self.events: list[bytes] | None = None
@@ -101,13 +104,7 @@ class ModelCall:
         # X-Episode-Warning: first-call headers this later call sent that its episode ignored
         self.warning: bytes | None = None
         self.compaction = False  # a CLI's compaction call (core/compaction.py)
-
-    def refuse(self, http_status: int) -> None:
-        """The proxy answers this forwarded call itself, with `http_status`: its turn is
-        given back, and its record says it was refused."""
-        self.result = SettleResult.REFUNDABLE
-        self.status = "rejected"
-        self.http_status = http_status
+        self.leg: Leg | None = None  # the upstream leg's, once kept (forward.py `_forward`)
 
 
 def micros(seconds: float) -> float:
@@ -129,7 +126,10 @@ def turn_record(
     reply: dict[str, Any] | None, charged: bool, remaining: int | None,
 ) -> dict[str, Any]:
     """The call's turn record (docs/trajectories.md), with `charged` and `remaining` as
-    its turn settled."""
+    its turn settled. Its messages are only what is new since the previous turn, while the
+    conversation grows append-only; one rewritten or shrunk is logged whole, from 0. So is the
+    input of a call that continues a stored response (the client sends only what is new, all
+    of it), and a retry (a later attempt of a turn): each record reads on its own."""
     grant = call.grant
     if grant is not None and grant.kind is GrantKind.FORWARD:
         seen, digest, turn = grant.messages_seen, grant.messages_digest, grant.turn
@@ -137,20 +137,12 @@ def turn_record(
         seen, digest, turn = st.messages_seen, st.messages_digest, st.turns_used + 1
     attempt = 1 if grant is None else grant.attempt
     msgs = conversation or []
-    # Only what is new since the previous turn, while the conversation grows append-only;
-    # one rewritten or shrunk is logged whole, from 0. So is the input of a call that
-    # continues a stored response: the client sends only what is new, all of it. And so is
-    # a retry (a later attempt of a turn), which would otherwise log nothing new: each
-    # record reads on its own.
     prints = call.prints
     if seen and (attempt > 1 or prints is None or call.previous_response is not None
                  or seen > len(msgs) or not prints.extends(digest)):
         seen = 0
-    if reply is None:
-        response = finish_reason = usage = None
-    else:
-        response, finish_reason, usage = (
-            reply.get("message"), reply.get("finish_reason"), reply.get("usage"))
+    response, finish_reason, usage = (None, None, None) if reply is None else (
+        reply.get("message"), reply.get("finish_reason"), reply.get("usage"))
     record: dict[str, Any] = {
         "schema": SCHEMA_VERSION,
         "type": "turn",
@@ -162,8 +154,8 @@ def turn_record(
         "model": call.model,
         "route": call.route,
         "stream": call.stream,
-        "status": call.status,
-        "http_status": call.http_status,
+        "status": call.outcome.status,
+        "http_status": call.outcome.http_status,
         **call.dialect.log_fields(msgs, seen),
         "response": response,
         "finish_reason": finish_reason,
@@ -221,8 +213,8 @@ def _call_fields(call: ModelCall, kind: str) -> dict[str, Any]:
         "model": call.model,
         "route": call.route,
         "stream": call.stream,
-        "status": call.status,
-        "http_status": call.http_status,
+        "status": call.outcome.status,
+        "http_status": call.outcome.http_status,
     }
 
 

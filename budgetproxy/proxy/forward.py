@@ -1,4 +1,4 @@
-"""Model calls: parse, open a turn, rewrite for disclosure, forward (upstream_call.py), record."""
+"""Model calls' admission (parse, open a turn, rewrite) into a Plan, and its forwarding."""
 
 from __future__ import annotations
 
@@ -8,14 +8,15 @@ import fnmatch
 import logging
 import time
 from collections.abc import Awaitable, Callable
-from typing import Any
+from functools import partial
+from typing import Any, NamedTuple
 
 import orjson
 
 from budgetproxy.config import Config, UpstreamConfig
 from budgetproxy.core import axes, compaction, disclosure
 from budgetproxy.core.budget import tier_label
-from budgetproxy.core.episode import EpisodeState, Grant, GrantKind, SettleResult
+from budgetproxy.core.episode import EpisodeState, Grant, GrantKind
 from budgetproxy.core.fingerprint import Fingerprint
 from budgetproxy.core.finish import finish_text
 from budgetproxy.core.forwarded_headers import HeaderPolicy
@@ -25,7 +26,6 @@ from budgetproxy.core.prices import PriceTable
 from budgetproxy.core.replays import Replays
 from budgetproxy.core.spec import EpisodeSpec, SpecError, new_episode
 from budgetproxy.core.tenants import TENANT_HEADER, local_id, qualified, tenant_for, tenant_of
-from budgetproxy.core.usage import token_counts
 from budgetproxy.errors import (
     ProxyError,
     budget_exhausted,
@@ -35,7 +35,7 @@ from budgetproxy.errors import (
     invalid_episode_id,
     invalid_request,
 )
-from budgetproxy.proxy import axis_calls, capture
+from budgetproxy.proxy import axis_calls, capture, outcome
 from budgetproxy.proxy.asgi import (
     ClientGone,
     Receive,
@@ -48,21 +48,19 @@ from budgetproxy.proxy.asgi import (
 from budgetproxy.proxy.calls import (
     PROBE_HEADER,
     ModelCall,
-    compaction_record,
-    probe_record,
     turn_hash,
-    turn_record,
     with_stream_usage,
 )
-from budgetproxy.proxy.dialects import DIALECTS, Reply
+from budgetproxy.proxy.dialects import DIALECTS
 from budgetproxy.proxy.dialects.base import lone_text
 from budgetproxy.proxy.episode_keys import EpisodeKeys
 from budgetproxy.proxy.experiments import EXPERIMENT_HEADER, Assigned, Experiments, NeedArm
-from budgetproxy.proxy.grouping import RolloutRecorder, group_key, group_size
+from budgetproxy.proxy.grouping import group_key, group_size
 from budgetproxy.proxy.refusal import refusal_status
+from budgetproxy.proxy.settlement import Settlement
 from budgetproxy.proxy.sse import EventSplitter
 from budgetproxy.proxy.upstream import UpstreamPool
-from budgetproxy.proxy.upstream_call import UpstreamCall
+from budgetproxy.proxy.upstream_call import Leg, UpstreamCall
 from budgetproxy.proxy.wire import (
     encode_exact,
     exact_payload,
@@ -70,7 +68,7 @@ from budgetproxy.proxy.wire import (
     parse_payload,
     spec_from_headers,
 )
-from budgetproxy.store.base import EpisodeStore, StoreBusy, StoreUnavailable, TurnClose, TurnOpen
+from budgetproxy.store.base import EpisodeStore, StoreBusy, StoreUnavailable, TurnOpen
 from budgetproxy.store.groups import GroupStore
 from budgetproxy.telemetry.metrics import Metrics
 from budgetproxy.telemetry.tracing import Tracing
@@ -79,6 +77,17 @@ from budgetproxy.trajectories.recorder import Recorder
 log = logging.getLogger("budgetproxy")
 
 STORE_DOWN_LOG_EVERY_S = 10.0
+
+
+class Plan(NamedTuple):
+    """What admission decided for a call it lets through (forward.py `_handle` → `_forward`);
+    the call's route, dialect, model, episode and grant are on its ModelCall."""
+
+    upstream: UpstreamConfig  # the upstream that serves the model (or the arm's model)
+    headers: dict[bytes, bytes]  # the client's request headers
+    body: bytes  # the bytes to send as they are; b"": `payload` was rewritten, encode it
+    payload: dict[str, Any]  # the body as parsed (and rewritten)
+    conversation: list[Any] | None  # the client's conversation for its record (None: none)
 
 
 class ModelCalls:
@@ -130,12 +139,12 @@ class ModelCalls:
         self.max_body = config.server.max_body_bytes
         self.fail_open = config.store.on_unavailable == "fail_open"
         self.prices = PriceTable({g: p.model_dump() for g, p in config.prices.items()})
+        self.settlement = Settlement(config, store, recorder, metrics, tracing, self.prices)
         self.upstream = UpstreamCall(
             pool, metrics, tracing, litellm_call,
             header_policy=HeaderPolicy(config.server.forward_headers,
                                        (*self.id_headers, PROBE_HEADER)),
-            own_keys=self.keys.required, episode_headers=self._episode_headers,
-            settle=self._settle_now)
+            own_keys=self.keys.required)
 
     # -- entry -------------------------------------------------------------------------------
     async def handle(
@@ -148,16 +157,17 @@ class ModelCalls:
         try:
             await self._handle(call, scope, receive, send, path_episode)
         except ClientGone:
-            call.http_status = 499
+            call.outcome = outcome.unanswered(call.outcome, 499)
         except ProxyError as e:
-            call.http_status = e.status
+            call.outcome = outcome.unanswered(call.outcome, e.status)
             if not call.started:
-                await send_error(send, e, self._episode_headers(call), call.dialect.error_body)
+                await send_error(send, e, self.settlement.episode_headers(call),
+                                 call.dialect.error_body)
         except asyncio.CancelledError:
             raise
         except Exception:
             log.exception("unexpected error on %s", route)
-            call.http_status = 500
+            call.outcome = outcome.unanswered(call.outcome, 500)
             if not call.started:
                 await send_error(
                     send,
@@ -168,8 +178,8 @@ class ModelCalls:
         finally:
             if self.metrics is not None:
                 total = time.perf_counter() - call.t0
-                duration, overhead, requests = self.metrics.call_children(route,
-                                                                          call.http_status)
+                duration, overhead, requests = self.metrics.call_children(
+                    route, call.outcome.http_status)
                 duration.observe(total)
                 requests.inc()
                 if call.upstream is not None:
@@ -209,17 +219,14 @@ class ModelCalls:
     async def _handle(
         self, call: ModelCall, scope: Scope, receive: Receive, send: Send, path_episode: str | None
     ) -> None:
+        """Admission, one step each: the key, the episode id, the body parsed and validated,
+        the upstream for its model, whether it is counted, its turn opened and the body
+        rewritten (`_take_turn`); the `Plan` it gives is forwarded (`_forward`)."""
         headers: dict[bytes, bytes] = dict(scope["headers"])
-        # A per-episode key names its episode (in its tenant's namespace) and stands for the
-        # key it was minted behind.
         keyed = None if self.episode_keys is None else self.episode_keys.episode_of(
             headers.get(b"authorization"))
         if keyed is not None:
-            who = Principal(tenant=tenant_of(keyed))
-            if path_episode is not None and path_episode != local_id(keyed):
-                raise invalid_episode_id(f"The episode key names episode {local_id(keyed)!r}, "
-                                         f"the path {path_episode!r}")
-            path_episode = local_id(keyed)
+            who, path_episode = self._keyed(keyed, path_episode)
         else:
             found = self.keys.principal(headers.get(b"authorization"),
                                         headers.get(b"x-api-key"))  # (x-api-key: Anthropic's)
@@ -242,6 +249,32 @@ class ModelCalls:
             except ValueError as e:
                 raise invalid_request(str(e), "tenant") from None
         body = await read_body(receive, headers, self.max_body)
+        payload, upstream, counted, conversation = self._parse(call, body, eid)
+        call.episode_id = eid
+        if not counted:
+            kept = self._uncounted(call, payload, conversation, probe)
+            await self._forward(call, Plan(upstream, headers, body, payload, kept), receive, send)
+            return
+        plan = await self._take_turn(call, upstream, headers, body, payload, conversation, send)
+        if plan is not None:  # (None: answered here, its budget spent)
+            await self._forward(call, plan, receive, send)
+
+    @staticmethod
+    def _keyed(keyed: str, path_episode: str | None) -> tuple[Principal, str | None]:
+        """A per-episode key names its episode (in its tenant's namespace) and stands for the
+        key it was minted behind; a path naming another episode is a 400."""
+        if path_episode is not None and path_episode != local_id(keyed):
+            raise invalid_episode_id(f"The episode key names episode {local_id(keyed)!r}, "
+                                     f"the path {path_episode!r}")
+        return Principal(tenant=tenant_of(keyed)), local_id(keyed)
+
+    def _parse(
+        self, call: ModelCall, body: bytes, eid: str | None
+    ) -> tuple[dict[str, Any], UpstreamConfig, bool, list[Any]]:
+        """The body parsed once and validated by the route's dialect, the upstream that serves
+        its model, and whether the call is an episode's turn (an episode id, required when
+        configured, a model not in `uncounted_models`, not an uncounted prompt, not a free
+        compaction call), with its conversation when that had to be read to tell."""
         dialect = call.dialect
         payload = parse_payload(body)
         dialect.validate(payload)
@@ -263,8 +296,7 @@ class ModelCalls:
                 "path prefix)", param="episode_id",
             )
         counted = eid is not None and not (
-            self.uncounted and any(fnmatch.fnmatchcase(model, p) for p in self.uncounted)
-        )
+            self.uncounted and any(fnmatch.fnmatchcase(model, p) for p in self.uncounted))
         conversation = dialect.conversation(payload) if counted else []
         if counted and self.uncounted_prompts and (
                 lone_text(conversation, dialect.heads) in self.uncounted_prompts):
@@ -273,109 +305,120 @@ class ModelCalls:
         if counted and marks and compaction.is_compaction(conversation, marks):
             call.compaction = True  # a CLI shortening its history: no step of the task
             counted = not self.compaction_free
-        call.episode_id = eid
-        if not counted:
-            if self.metrics is not None and not call.compaction:
-                m = self.metrics
-                m.child(m.calls_without_episode, call.route).inc()
-            if probe is not None:
-                call.probe = probe.decode("latin-1")
-            await self._forward(call, upstream, headers, body, payload, receive, send,
-                                conversation=conversation if call.compaction
-                                else None if probe is None else dialect.conversation(payload))
-            return
+        return payload, upstream, counted, conversation
+
+    def _uncounted(
+        self, call: ModelCall, payload: dict[str, Any], conversation: list[Any],
+        probe: bytes | None,
+    ) -> list[Any] | None:
+        """A call no episode counts: forwarded as sent; the conversation kept for the record
+        of a probe's or a compaction's call (None: no record reads it)."""
+        if self.metrics is not None and not call.compaction:
+            m = self.metrics
+            m.child(m.calls_without_episode, call.route).inc()
+        if probe is not None:
+            call.probe = probe.decode("latin-1")
+        return conversation if call.compaction else (
+            None if probe is None else call.dialect.conversation(payload))
+
+    async def _take_turn(
+        self, call: ModelCall, upstream: UpstreamConfig, headers: dict[bytes, bytes],
+        body: bytes, payload: dict[str, Any], conversation: list[Any], send: Send,
+    ) -> Plan | None:
+        """Open the call's turn. A FORWARD grant gives the call's plan, its body rewritten for
+        the turn; a finished episode or a held budget is refused; a spent budget is answered
+        here (None). A store down under fail_open forwards the call as sent, uncounted."""
+        eid = call.episode_id
         assert eid is not None
-        call.previous_response = dialect.continues(payload)
+        call.previous_response = call.dialect.continues(payload)
         grant, st = await self._open_turn(call, eid, headers, body, conversation)
         if grant is None:  # store down, fail_open
-            await self._forward(call, upstream, headers, body, payload, receive, send,
-                                conversation=None)
-            return
+            return Plan(upstream, headers, body, payload, None)
         if grant.kind is GrantKind.FINISHED:
             raise episode_finished(local_id(eid), refusal_status(headers))
         if grant.kind is GrantKind.HELD:
             raise axis_calls.held(st)
         if grant.kind is GrantKind.EXHAUSTED:
-            await self._exhausted(call, st, send, conversation,
-                                  refusal_status(headers))
-            return
+            await self._exhausted(call, st, send, conversation, refusal_status(headers))
+            return None
+        # The turn's body: its output cap clamped to what other budgets leave, its arm's
+        # model, its disclosure text. Each rewrite leaves `body` empty (`payload` is encoded
+        # then); the hidden arm's turn goes as the client sent it.
         if grant.hold is not None and grant.hold.cap is not None:
-            payload = axis_calls.clamped(call, self._exact(call, body, payload) or payload,
-                                         grant.hold.cap)
-            conversation = dialect.conversation(payload)
-            body = b""  # re-encode below
+            payload = axis_calls.clamped(
+                call, self._exact(call, body, payload) or payload, grant.hold.cap)
+            conversation, body = call.dialect.conversation(payload), b""
         if st.arm is not None and self.experiments is not None:
-            arm_model = self.experiments.model_of(st)
-            routed = None if arm_model is None else self.pool.route(arm_model)
-            if routed is not None and routed.kind == "litellm" and not dialect.via_litellm:
-                routed = None  # (a litellm upstream serves chat only: the model asked for)
-            if routed is not None and arm_model != call.model:  # the arm's model instead
+            routed = self._arm_upstream(call, st)
+            if routed is not None:  # the arm's model instead
+                upstream, arm_model = routed
                 payload = dict((self._exact(call, body, payload) if body else None) or payload)
                 payload["model"] = call.model = arm_model
-                upstream, body = routed, b""  # re-encode below
-        if st.disclosure == "disclosed" and dialect.discloses:
-            exact = self._exact(call, body, payload) if body else None
-            if exact is not None:
-                payload, conversation = exact, dialect.conversation(exact)
-            # Earlier texts go back only where this conversation still extends the one they
-            # were placed in: a client that rewrote its history gets none on what it replaced.
-            # A call continuing a stored response sends only its new input: the earlier
-            # texts are in what the upstream stored.
-            cfg = self.disc_cfg
-            keep = cfg.history == "keep" and call.previous_response is None
-            # (a template without axis fields renders as on a turn-only episode: cached)
-            fields = axis_calls.template_fields(st, time.time()) if (
-                grant.hold is not None and self.tells_axes) else None
-            template = cfg.template
-            if st.arm is not None and self.experiments is not None:
-                template = self.experiments.template_of(st) or template
-            chosen = (self.replays.replayable(eid, grant.disclosed_at, call.prints)
-                      if keep and call.prints is not None else None)
-            text, again = disclosure.texts(
-                template, grant.turn, st.budget, st.announced_budget, chosen=chosen,
-                fields=fields, told=st.told)
-            if fields is not None and keep:
-                await axis_calls.keep_told(self.store, eid, grant.turn, text)
-            call.disclosure_text = text
-            payload = dialect.place(payload, conversation, cfg.placement, text, again)
-            body = b""  # re-encode below
-        await self._forward(call, upstream, headers, body, payload, receive, send,
-                            conversation=conversation)
+                body = b""
+        if st.disclosure == "disclosed" and call.dialect.discloses:
+            payload, conversation = self._disclosed(call, body, payload, conversation, grant, st)
+            body = b""
+        text = call.disclosure_text
+        if text is not None and grant.hold is not None and self.tells_axes and (
+                self.disc_cfg.history == "keep" and call.previous_response is None):
+            # Kept for later turns to re-apply as it was: its axis fields change every turn.
+            await axis_calls.keep_told(self.store, eid, grant.turn, text)
+        return Plan(upstream, headers, body, payload, conversation)
+
+    def _arm_upstream(
+        self, call: ModelCall, st: EpisodeState
+    ) -> tuple[UpstreamConfig, str] | None:
+        """The upstream and model of the episode's experiment arm, when it names a model other
+        than the one asked for, which an upstream serves (None: the call's own)."""
+        assert self.experiments is not None
+        arm_model = self.experiments.model_of(st)
+        routed = None if arm_model is None else self.pool.route(arm_model)
+        if routed is not None and routed.kind == "litellm" and not call.dialect.via_litellm:
+            routed = None  # (a litellm upstream serves chat only: the model asked for)
+        if routed is None or arm_model is None or arm_model == call.model:
+            return None
+        return routed, arm_model
+
+    def _disclosed(
+        self, call: ModelCall, body: bytes, payload: dict[str, Any], conversation: list[Any],
+        grant: Grant, st: EpisodeState,
+    ) -> tuple[dict[str, Any], list[Any]]:
+        """The disclosed arm: this turn's text, and the earlier ones to re-apply, placed in
+        the conversation by the dialect (the payload to send, and its conversation)."""
+        exact = self._exact(call, body, payload) if body else None
+        if exact is not None:
+            payload, conversation = exact, call.dialect.conversation(exact)
+        # Earlier texts go back only where this conversation still extends the one they
+        # were placed in: a client that rewrote its history gets none on what it replaced.
+        # A call continuing a stored response sends only its new input: the earlier
+        # texts are in what the upstream stored.
+        cfg = self.disc_cfg
+        keep = cfg.history == "keep" and call.previous_response is None
+        # (a template without axis fields renders as on a turn-only episode: cached)
+        fields = axis_calls.template_fields(st, time.time()) if (
+            grant.hold is not None and self.tells_axes) else None
+        template = cfg.template
+        if st.arm is not None and self.experiments is not None:
+            template = self.experiments.template_of(st) or template
+        eid = call.episode_id
+        assert eid is not None
+        chosen = (self.replays.replayable(eid, grant.disclosed_at, call.prints)
+                  if keep and call.prints is not None else None)
+        text, again = disclosure.texts(
+            template, grant.turn, st.budget, st.announced_budget, chosen=chosen,
+            fields=fields, told=st.told)
+        call.disclosure_text = text
+        return call.dialect.place(payload, conversation, cfg.placement, text, again), conversation
 
     async def _open_turn(
         self, call: ModelCall, eid: str, headers: dict[bytes, bytes], body: bytes,
         conversation: list[Any],
     ) -> tuple[Grant | None, EpisodeState]:
+        """Reserve the call's turn in one atomic store step (None for the grant: the store is
+        down and fail_open forwards the call uncounted)."""
         now = time.time()
-
-        size: int | None = None
-        # A new episode that names an experiment: its arm, drawn between two tries (NeedArm).
-        # Only the creation of an episode reads the header: later calls pay nothing for it.
-        drawn: tuple[EpisodeSpec, Assigned] | None = None
-
-        def fresh() -> EpisodeState:
-            nonlocal size
-            try:
-                if drawn is not None:
-                    spec, assigned = drawn
-                else:
-                    spec, assigned = spec_from_headers(eid, headers), None
-                    named = headers.get(EXPERIMENT_HEADER)
-                    if named:  # a name no experiment has is a 400
-                        if self.experiments is None:
-                            raise invalid_request("Header X-Episode-Experiment names no "
-                                                  "configured experiment", "experiment")
-                        raise NeedArm(self.experiments.named(named), spec)
-                st = new_episode(spec, self.budget_cfg, self.disc_cfg, now)
-            except SpecError as e:
-                raise invalid_request(str(e), e.param) from None
-            st.model = call.model
-            if assigned is not None:
-                st.experiment, st.arm = assigned.experiment, assigned.arm.name
-                st.model = assigned.arm.model or st.model
-            size = group_size(headers)
-            return st
-
+        # The state a first call creates its episode with, asked for within the store's open.
+        fresh = partial(self._new_episode, call, eid, headers, now, None)
         count = len(conversation)
         keep = (self.disc_cfg.history == "keep" and call.dialect.discloses
                 and call.previous_response is None)
@@ -405,46 +448,83 @@ class ModelCalls:
             try:
                 opened = await open_turn(self.prices.cached_output_rate(model))
             except NeedArm as need:  # a new episode in an experiment: draw its arm, again
-                assert self.experiments is not None
-                drawn = await self.experiments.assign(need.experiment, need.spec)
+                fresh = partial(self._new_episode, call, eid, headers, now, await self._draw(need))
                 opened = await open_turn(self.prices.cached_output_rate(model))
             if opened.grant.kind is GrantKind.NEED_PRICE:  # a cost budget: once per model
                 created = opened.created
                 rate = await axis_calls.output_rate(self.prices, model)
                 opened = axis_calls.reopened(await open_turn(rate), created)
         except StoreUnavailable as e:
-            # A store that is only busy (this process's connections all taken) is never read
-            # as down: fail_open would forward such calls uncounted.
-            fail_open = self.fail_open and not isinstance(e, StoreBusy)
-            policy = "fail_open" if fail_open else "fail_closed"
-            if self.metrics is not None:
-                self.metrics.store_unavailable.labels(policy).inc()
-            if now - self._store_down_logged_at >= STORE_DOWN_LOG_EVERY_S:
-                # once in a while, not per call: an outage would otherwise flood the log
-                self._store_down_logged_at = now
-                log.warning("episode store unavailable: model calls are %s (%s)",
-                            "forwarded without accounting" if fail_open
-                            else "answered 503 store_unavailable", policy)
-            if fail_open:
-                try:
-                    return None, fresh()
-                except NeedArm as need:  # (the store was down before it was asked for one)
-                    assert self.experiments is not None
-                    drawn = await self.experiments.assign(need.experiment, need.spec)
-                    return None, fresh()
-            raise ProxyError(503, "store_unavailable",
-                             "The episode store is unavailable; try again shortly") from None
-        if not opened.created:
-            call.warning = ignored_spec_headers(headers, opened.state)
+            self._store_down(e, now)  # (a 503 unless fail_open)
+            try:
+                return None, fresh()
+            except NeedArm as need:  # (the store was down before it was asked for one)
+                return None, self._new_episode(call, eid, headers, now, await self._draw(need))
+        if opened.created:
+            await self._created(opened.state, group_size(headers))
         else:
-            key = group_key(opened.state)
-            if size is not None and key is not None and self.groups is not None:
-                with contextlib.suppress(StoreUnavailable):  # the group API can declare it
-                    await self.groups.declare(key, size)
-            await self.recorder.episode_started(opened.state)
+            call.warning = ignored_spec_headers(headers, opened.state)
         call.state = opened.state
         call.grant = opened.grant
         return opened.grant, opened.state
+
+    def _new_episode(
+        self, call: ModelCall, eid: str, headers: dict[bytes, bytes], now: float,
+        drawn: tuple[EpisodeSpec, Assigned] | None,
+    ) -> EpisodeState:
+        """The state a call's first turn creates its episode with. A new episode that names an
+        experiment raises NeedArm until its arm is `drawn`; only the creation of an episode
+        reads that header."""
+        try:
+            if drawn is not None:
+                spec, assigned = drawn
+            else:
+                spec, assigned = spec_from_headers(eid, headers), None
+                named = headers.get(EXPERIMENT_HEADER)
+                if named:  # a name no experiment has is a 400
+                    if self.experiments is None:
+                        raise invalid_request("Header X-Episode-Experiment names no "
+                                              "configured experiment", "experiment")
+                    raise NeedArm(self.experiments.named(named), spec)
+            st = new_episode(spec, self.budget_cfg, self.disc_cfg, now)
+        except SpecError as e:
+            raise invalid_request(str(e), e.param) from None
+        st.model = call.model
+        if assigned is not None:
+            st.experiment, st.arm = assigned.experiment, assigned.arm.name
+            st.model = assigned.arm.model or st.model
+        return st
+
+    async def _draw(self, need: NeedArm) -> tuple[EpisodeSpec, Assigned]:
+        """A new episode's experiment arm (and its spec with the arm), drawn from the store."""
+        assert self.experiments is not None
+        return await self.experiments.assign(need.experiment, need.spec)
+
+    def _store_down(self, e: StoreUnavailable, now: float) -> None:
+        """Count and log a store that did not answer; a 503 unless fail_open forwards."""
+        # A store that is only busy (this process's connections all taken) is never read
+        # as down: fail_open would forward such calls uncounted.
+        fail_open = self.fail_open and not isinstance(e, StoreBusy)
+        policy = "fail_open" if fail_open else "fail_closed"
+        if self.metrics is not None:
+            self.metrics.store_unavailable.labels(policy).inc()
+        if now - self._store_down_logged_at >= STORE_DOWN_LOG_EVERY_S:
+            # once in a while, not per call: an outage would otherwise flood the log
+            self._store_down_logged_at = now
+            log.warning("episode store unavailable: model calls are %s (%s)",
+                        "forwarded without accounting" if fail_open
+                        else "answered 503 store_unavailable", policy)
+        if not fail_open:
+            raise ProxyError(503, "store_unavailable",
+                             "The episode store is unavailable; try again shortly") from None
+
+    async def _created(self, st: EpisodeState, size: int | None) -> None:
+        """A new episode: announced to the recorder, and its group declared with its size."""
+        key = group_key(st)
+        if size is not None and key is not None and self.groups is not None:
+            with contextlib.suppress(StoreUnavailable):  # the group API can declare it
+                await self.groups.declare(key, size)
+        await self.recorder.episode_started(st)
 
     # -- budget spent --------------------------------------------------------------------------
     async def _exhausted(
@@ -454,8 +534,7 @@ class ModelCalls:
         if self.metrics is not None:
             self.metrics.budget_exhausted.labels(tier_label(st.budget, st.max_turns),
                                                  st.disclosure).inc()
-        call.status = "rejected"
-        call.http_status = refused
+        call.outcome = outcome.exhausted(refused)
         if axes.has_axes(st):
             call.cumulative = axes.cumulative(st, time.time())
         try:
@@ -466,8 +545,8 @@ class ModelCalls:
             else:
                 raise budget_exhausted(local_id(st.episode_id), st.budget, refused)
         finally:  # (what the client was answered: the final reply, or none)
-            reply = axis_calls.read_reply(call) if call.status == "synthetic" else None
-            await self._record_turn(call, conversation, reply, charged=False)
+            reply = axis_calls.read_reply(call) if call.outcome.status == "synthetic" else None
+            await self.settlement.record_turn(call, conversation, reply, charged=False)
 
     async def _final_reply(
         self, call: ModelCall, st: EpisodeState, send: Send, refused: int
@@ -479,18 +558,18 @@ class ModelCalls:
         does, for its record."""
         limit = self.budget_cfg.finish_replies
         if limit is not None and not await self._finish_reply_left(st.episode_id, limit):
-            call.status, call.http_status = "rejected", refused
             raise episode_finished(local_id(st.episode_id), refused, limit)
         text = finish_text(self.finish_texts, st, time.time())
         ctype, data = call.dialect.synthetic(call.model or "", self.budget_cfg.finish_reason,
                                              call.stream, call.payload or {}, text)
-        call.status, call.http_status = "synthetic", 200
+        call.outcome = outcome.final_reply(call.outcome)
         if call.stream:
             call.events = EventSplitter().feed(data)
         else:
             call.data = data
         call.started = True
-        await send_response(send, 200, [(b"content-type", ctype), *self._episode_headers(call),
+        head = self.settlement.episode_headers(call)
+        await send_response(send, 200, [(b"content-type", ctype), *head,
                                         (b"x-episode-exhausted", b"true")], data)
 
     async def _finish_reply_left(self, episode_id: str, limit: int) -> bool:
@@ -501,75 +580,16 @@ class ModelCalls:
             return True
 
     # -- forwarding ----------------------------------------------------------------------------
-    def _settled(self, call: ModelCall, charged: bool) -> tuple[bool, int | None]:
-        """Whether a turn reserved as `charged` stays charged once settled (a refunded one does
-        not), and the turns its episode has left after it: what its log record and span say."""
-        st = call.state
-        if st is None:
-            return charged, None
-        if charged and self._refunded(call):
-            return False, min(st.budget, st.remaining + 1)
-        return charged, st.remaining
-
-    def _refunded(self, call: ModelCall) -> bool:
-        """Whether settling gives this call's turn back (core.episode.settle's rule)."""
-        return (
-            call.result is SettleResult.REFUNDABLE and call.grant is not None
-            and call.grant.charged and not self.budget_cfg.count_failed_turns
-        )
-
-    def _episode_headers(self, call: ModelCall) -> list[tuple[bytes, bytes]]:
-        st, grant = call.state, call.grant
-        if st is None or call.episode_id is None:
-            return []
-        out = [(b"x-episode-id", local_id(call.episode_id).encode())]
-        # Only a turn taken has a number: a call refused (or answered by the proxy's final
-        # reply) took none (its log record says which it would have been).
-        if grant is not None and grant.kind is GrantKind.FORWARD:
-            out.append((b"x-episode-turn", b"%d" % grant.turn))
-        if call.warning is not None:
-            out.append((b"x-episode-warning", call.warning))
-        if st.arm is not None:
-            out.append((b"x-episode-arm", st.arm.encode()))
-        mode = self.cfg.episodes.budget_headers
-        if mode == "always" or (mode == "disclosed_only" and st.disclosure == "disclosed"):
-            remaining = st.remaining
-            if self._refunded(call):
-                remaining = min(st.budget, remaining + 1)
-            out.append((b"x-episode-budget", b"%d" % st.budget))
-            out.append((b"x-episode-remaining", b"%d" % remaining))
-            # (none on a turn-only episode; a forwarded call's whole answer, read before its
-            # head, reports what is left once it settles)
-            axis_calls.add_remaining_headers(out, st if grant is None or grant.hold is None
-                                             or call.data is None
-                                             else axis_calls.as_settled(self.prices, call, st))
-        return out
-
-    async def _forward(
-        self, call: ModelCall, upstream: UpstreamConfig, headers: dict[bytes, bytes], body: bytes,
-        payload: dict[str, Any], receive: Receive, send: Send, *,
-        conversation: list[Any] | None,
-    ) -> None:
+    async def _forward(self, call: ModelCall, plan: Plan, receive: Receive, send: Send) -> None:
+        """Forward the call as `plan` says, keep what its leg returns, then send a whole answer,
+        settle and record it (settlement.py `Settlement.conclude`) on every path out: errors
+        and cancellation included."""
+        upstream, headers, body, payload, conversation = plan
         call.upstream = upstream
         drop_usage = False
         if call.stream and upstream.inject_stream_usage and call.dialect.stream_usage:
-            so = payload.get("stream_options")
-            if body and "stream_options" not in payload:
-                # Added to the body's bytes, which stay as sent: no re-encoding, and no walk of
-                # the payload for integers re-encoding would change.
-                body = with_stream_usage(body)
-                payload["stream_options"] = {"include_usage": True}
-                drop_usage = True
-            elif not (isinstance(so, dict) and so.get("include_usage")):
-                exact = self._exact(call, body, payload) if body else None
-                if exact is not None:
-                    payload, so = exact, exact.get("stream_options")
-                    if conversation is not None:
-                        conversation = call.dialect.conversation(exact)
-                payload["stream_options"] = {**(so if isinstance(so, dict) else {}),
-                                             "include_usage": True}
-                drop_usage = True
-                body = b""
+            body, payload, conversation, drop_usage = self._stream_usage(
+                call, body, payload, conversation)
         if upstream.capture_tokens and call.dialect.kind in capture.CAPTURED_KINDS:
             body, payload = self._capture(call, upstream, body, payload)
         call.conversation = conversation
@@ -577,56 +597,63 @@ class ModelCalls:
             call.sent = payload  # (disclosure texts included; read when a kept turn needs it)
         call.span = self.tracing.start(call.kind, call.model, headers, call.episode_id)
         try:
-            if not body:
-                body = self._encode(call, payload)
+            body = body or self._encode(call, payload)
             call.upstream_body = body
+            # The leg: the upstream's own client, or litellm, or either within the episode's
+            # time budget when that ends before the upstream's own timeout (`_leg_in_time`;
+            # a deadline past it cannot end this call: no timer). A stream's head carries the
+            # X-Episode-* headers, read before it; a whole answer comes back unsent.
             grant = call.grant
-            # (a deadline past the upstream's own timeout cannot end this call: no timer)
             if grant is not None and grant.hold is not None and grant.hold.deadline and (
                     upstream.kind == "litellm"
                     or grant.hold.deadline - time.time() < upstream.timeout_s):
-                sent = body
-                await axis_calls.within_deadline(
-                    call, grant.hold.deadline, lambda out: self._upstream_leg(
-                        call, upstream, headers, sent, payload, receive, out, drop_usage),
-                    send, lambda c, out: axis_calls.time_up(
-                        c, out, self.metrics, refusal_status(headers),
-                        self._final_reply if self.budget_cfg.on_exhausted == "finish"
-                        else None))
+                leg = await self._leg_in_time(call, upstream, headers, body, payload, receive,
+                                              send, drop_usage, grant.hold.deadline)
+            elif upstream.kind == "litellm":
+                leg = await self.upstream.litellm(call, upstream, payload)
             else:
-                await self._upstream_leg(call, upstream, headers, body, payload, receive,
-                                         send, drop_usage)
+                leg = await self.upstream.http(
+                    call, upstream, headers, body, receive, send, drop_usage,
+                    self.settlement.episode_headers(call) if call.stream else None)
+            if leg is not None:  # kept on the call: its record, headers and settle read it
+                call.leg, call.outcome = leg, leg.outcome
+                call.started, call.t_upstream = leg.started, leg.t_upstream
+                call.data, call.events = leg.data, leg.events
+                if leg.tokens is not None:
+                    call.tokens, call.answer = leg.tokens, leg.answer
+                if leg.error is not None:  # (settled and recorded before it is answered)
+                    raise leg.error
         except asyncio.CancelledError:
             # The server cancels calls still running at its shutdown deadline; one whose answer
             # had not begun gets a 503 (app.py) and, like an upstream failure, its turn back.
             if not call.started:
-                call.refuse(503)
+                call.outcome = outcome.refused(503)
             raise
         finally:
-            early = axis_calls.read_reply(call) if (
-                call.grant is not None and call.grant.hold is not None) else None
-            closing = await self._settle(call, early)
-            try:
-                reply = await self._after(call, early)
-            finally:
-                if closing is not None:  # a turn-only call's settle, answered after its record
-                    await self._closed(call, closing)
-            if call.probe is not None and self.recorder.keeps_turns:
-                await self.recorder.probe(probe_record(call, reply))
-            elif call.compaction and call.grant is None and self.recorder.writes_turns:
-                await self.recorder.probe(compaction_record(call, reply))
-            if call.ended is not None:  # after its last turn's record
-                await self.recorder.episode_ended(call.ended)
-            if call.span is not None and call.span.sampled:
-                grant = call.grant
-                charged, remaining = self._settled(call, grant is not None and grant.charged)
-                self.tracing.finish(
-                    call.span, kind=call.kind, model=call.model, upstream=upstream,
-                    episode_id=call.episode_id, state=call.state, grant=grant,
-                    charged=charged, remaining=remaining,
-                    status=call.http_status, error_class=call.error_class, reply=reply,
-                    conversation=conversation,
-                )
+            await self.settlement.conclude(call, upstream, conversation, send)
+
+    def _stream_usage(
+        self, call: ModelCall, body: bytes, payload: dict[str, Any],
+        conversation: list[Any] | None,
+    ) -> tuple[bytes, dict[str, Any], list[Any] | None, bool]:
+        """A stream's body asking for the usage chunk the client did not ask for (the proxy
+        reads it, and drops it from what the client gets: True)."""
+        so = payload.get("stream_options")
+        if body and "stream_options" not in payload:
+            # Added to the body's bytes, which stay as sent: no re-encoding, and no walk of
+            # the payload for integers re-encoding would change.
+            payload["stream_options"] = {"include_usage": True}
+            return with_stream_usage(body), payload, conversation, True
+        if isinstance(so, dict) and so.get("include_usage"):
+            return body, payload, conversation, False
+        exact = self._exact(call, body, payload) if body else None
+        if exact is not None:
+            payload, so = exact, exact.get("stream_options")
+            if conversation is not None:
+                conversation = call.dialect.conversation(exact)
+        payload["stream_options"] = {**(so if isinstance(so, dict) else {}),
+                                     "include_usage": True}
+        return b"", payload, conversation, True
 
     def _capture(
         self, call: ModelCall, upstream: UpstreamConfig, body: bytes, payload: dict[str, Any]
@@ -642,14 +669,49 @@ class ModelCalls:
                 payload = exact
         return capture.add_fields(body, payload, add, cap.members), payload
 
-    async def _upstream_leg(
+    async def _leg_in_time(
         self, call: ModelCall, upstream: UpstreamConfig, headers: dict[bytes, bytes],
         body: bytes, payload: dict[str, Any], receive: Receive, send: Send, drop_usage: bool,
+        deadline: float,
+    ) -> Leg | None:
+        """The leg until the episode's time budget ends (None: it ended before the answer's
+        head, and the call is answered here)."""
+        episode_head = self.settlement.episode_headers(call) if call.stream else None
+
+        def leg(out: Send) -> Awaitable[Leg]:
+            if upstream.kind == "litellm":
+                return self.upstream.litellm(call, upstream, payload)
+            return self.upstream.http(call, upstream, headers, body, receive, out,
+                                      drop_usage, episode_head)
+
+        ran = await axis_calls.within_deadline(deadline, leg, send)
+        if isinstance(ran, axis_calls.Cut):
+            await self._out_of_time(call, ran, send, refusal_status(headers))
+            return None
+        return ran
+
+    async def _out_of_time(
+        self, call: ModelCall, cut: axis_calls.Cut, send: Send, refused: int
     ) -> None:
-        if upstream.kind == "litellm":
-            await self.upstream.litellm(call, upstream, payload, send)
-        else:
-            await self.upstream.http(call, upstream, headers, body, receive, send, drop_usage)
+        """The episode's time budget ended the leg. Mid-answer, the answer stands as far as it
+        went (charged if any of its body reached the client). Before it: answered as a spent
+        budget (a refusal, or in finish mode the final reply), its turn given back; the turn
+        record follows as for every forwarded call."""
+        call.timed_out = True
+        if cut.started:
+            call.started = True
+            call.outcome = outcome.deadline_cut(call.outcome, cut.sent_body)
+            return
+        st = call.state
+        assert st is not None
+        st.exhausted_by = st.exhausted_by or "time"
+        if self.metrics is not None:
+            self.metrics.budget_exhausted.labels(tier_label(st.budget, st.max_turns),
+                                                 st.disclosure).inc()
+        call.outcome = outcome.out_of_time(refused)
+        if self.budget_cfg.on_exhausted != "finish":
+            raise axis_calls.axis_exhausted(st, refused)
+        await self._final_reply(call, st, send, refused)
 
     @staticmethod
     def _exact(call: ModelCall, body: bytes, payload: dict[str, Any]) -> dict[str, Any] | None:
@@ -671,96 +733,7 @@ class ModelCalls:
         if call.exact:  # integers past 64 bits, which only the standard library writes
             with contextlib.suppress(ValueError, RecursionError):
                 return encode_exact(payload)
-        call.refuse(400)
+        call.outcome = outcome.refused(400)
         raise invalid_request("Request body nests arrays and objects too deeply to be "
                               "rewritten (at most 254 levels)")
 
-    # -- after the response --------------------------------------------------------------------
-    async def _settle(
-        self, call: ModelCall, reply: Reply | None = None
-    ) -> Awaitable[TurnClose] | None:
-        """Settle the call's turn. A turn-only call's settle is returned unawaited: the turn's
-        record needs nothing from it, and the Redis store has sent it already (its reply and
-        the record's writes share a round trip); `_closed` awaits it after the record."""
-        grant = call.grant
-        if grant is None or call.episode_id is None or grant.kind is not GrantKind.FORWARD:
-            return None
-        if call.settled:
-            return None
-        call.settled = True
-        try:
-            now = time.time()
-            spend = axis_calls.spend(self.prices, call, reply) if (
-                grant.hold is not None) else None
-            closing = self.store.close_turn(
-                call.episode_id, grant, call.result, now,
-                count_failed=self.budget_cfg.count_failed_turns,
-                spend=spend, timed_out=call.timed_out,
-            )
-            if grant.hold is None:
-                return closing
-            closed = await closing
-            call.cumulative = closed.spent
-            if closed.ended:  # the episode ended meanwhile and waited for this turn
-                call.ended = closed.state
-        except StoreUnavailable:
-            log.warning("store unavailable while settling turn of %s", call.episode_id)
-        return None
-
-    async def _settle_now(self, call: ModelCall) -> None:
-        """Settle before the client has the answer (a refund a retry must find)."""
-        closing = await self._settle(call)
-        if closing is not None:
-            await self._closed(call, closing)
-
-    async def _closed(self, call: ModelCall, closing: Awaitable[TurnClose]) -> None:
-        try:
-            closed = await closing
-        except StoreUnavailable:
-            log.warning("store unavailable while settling turn of %s", call.episode_id)
-            return
-        if closed.ended:  # the episode ended meanwhile and waited for this turn
-            call.ended = closed.state
-
-    async def _after(self, call: ModelCall, reply: Reply | None = None) -> Reply:
-        """Read the reply back for tokens and the log (unless `reply` is it, read before
-        settling); runs once the client has its answer."""
-        if reply is None:
-            reply = axis_calls.read_reply(call)
-        if call.capture is not None and call.tokens is None:
-            call.tokens = (capture.read_events(call.events) if call.events is not None
-                           else capture.read_body(call.data) if call.data else None)
-        usage = reply.get("usage")
-        m = self.metrics
-        if m is not None and isinstance(usage, dict):
-            tokens_in, tokens_out = m.token_children(call.model)
-            tin, tout = call.counts or token_counts(usage)
-            if tin is not None:
-                tokens_in.inc(tin)
-            if tout is not None:
-                tokens_out.inc(tout)
-        grant, st = call.grant, call.state
-        if grant is None or st is None:
-            return reply
-        charged = grant.charged and not self._refunded(call)
-        if charged and m is not None:
-            m.turns_child(st.budget, st.max_turns, st.disclosure).inc()
-            tenant = m.tenant_label(st.episode_id)
-            if tenant is not None:
-                m.tenant_turns.labels(tenant).inc()
-        await self._record_turn(call, call.conversation, reply, charged=grant.charged)
-        return reply
-
-    async def _record_turn(
-        self, call: ModelCall, conversation: list[Any] | None, reply: dict[str, Any] | None,
-        *, charged: bool,
-    ) -> None:
-        st = call.state
-        rec = self.recorder
-        if st is None or call.episode_id is None or not rec.keeps_turns:
-            return
-        if rec.writes_turns:  # the trajectory log's record
-            charged, remaining = self._settled(call, charged)
-            await rec.turn(turn_record(call, st, conversation, reply, charged, remaining))
-        if call.status == "ok" and isinstance(rec, RolloutRecorder):  # the trajectory API's
-            await rec.keep(call, st, reply)

@@ -32,41 +32,41 @@ class Relayed:
     done_sent: bool = False  # the stream's last event (chat's `data: [DONE]`) reached the client
 
 
+class ClientLeft:
+    """The relay's one cancellation, balanced in one place. When the client disconnects, the
+    watcher (`_watch`) cancels the relaying task once and says so here (`cut`); as the relay
+    leaves, `relay_stream` takes back exactly that one cancel (`Task.uncancel`) and reads the
+    CancelledError it raised as the client gone. A cancellation it did not make (a deadline
+    around the relay, the server's shutdown) is neither taken back nor caught: it passes."""
+
+    __slots__ = ("task", "cut")
+
+    def __init__(self, task: asyncio.Task[object] | None) -> None:
+        self.task = task
+        self.cut = False  # the watcher cancelled the task (once)
+
+    def cancel(self) -> None:
+        if self.task is not None:
+            self.cut = True
+            self.task.cancel()
+
+
 async def relay_stream(
-    resp: UpstreamResponse,
-    receive: Receive,
-    send: Send,
-    head: list[tuple[bytes, bytes]],
-    *,
-    drop_usage: bool,
-    ends: Callable[[bytes], bool] = lambda ev: event_data(ev) == b"[DONE]",
+    resp: UpstreamResponse, receive: Receive, send: Send, head: list[tuple[bytes, bytes]], *,
+    drop_usage: bool, ends: Callable[[bytes], bool] = lambda ev: event_data(ev) == b"[DONE]",
     transform: Callable[[bytes], bytes | None] | None = None,
 ) -> Relayed:
-    """Send `resp`'s events to the client as they arrive; nothing is held back but a partial
-    event. With `drop_usage`, the usage-only chunk the proxy asked for is not passed on;
-    `transform` rewrites each event the client gets (None: it gets none of it).
-    `ends` tells the event that ends the stream in its API (chat's `[DONE]`, Messages'
-    `message_stop`).
-
-    A client disconnect cancels the upstream read at once. On a break before any event was
-    sent, nothing has been sent at all, so the caller can still answer with an error.
-    """
+    """Send `resp`'s events to the client as they arrive, each chunk's whole events in one body
+    message; nothing is held back but a partial event. With `drop_usage`, the usage-only chunk
+    the proxy asked for is not passed on; `transform` rewrites each event the client gets
+    (None: it gets none of it). `ends` tells the event that ends the stream in its API (chat's
+    `[DONE]`, Messages' `message_stop`). A client disconnect ends the upstream read at once,
+    through `ClientLeft`. On a break before any event was sent, nothing has been sent at all,
+    so the caller can still answer with an error."""
     out = Relayed()
     splitter = EventSplitter()
-    task = asyncio.current_task()
-    gone = False
-
-    async def watch() -> None:
-        nonlocal gone
-        while True:
-            msg = await receive()
-            if msg["type"] == "http.disconnect":
-                gone = True
-                if task is not None:
-                    task.cancel()
-                return
-
-    watcher = asyncio.create_task(watch())
+    left = ClientLeft(asyncio.current_task())
+    watcher = asyncio.create_task(_watch(receive, left))
     try:
         async for data in resp.iter_any():
             chunk = []
@@ -86,8 +86,7 @@ async def relay_stream(
                 out.started = True
                 out.first_sent_at = time.perf_counter()
                 await send({"type": "http.response.start", "status": 200, "headers": head})
-            body = b"".join(chunk)
-            await send({"type": "http.response.body", "body": body, "more_body": True})
+            await send({"type": "http.response.body", "body": b"".join(chunk), "more_body": True})
             out.sent_body = True
             if ends(chunk[-1]):
                 out.done_sent = True
@@ -99,17 +98,32 @@ async def relay_stream(
             await send({"type": "http.response.start", "status": 200, "headers": head})
         await send({"type": "http.response.body", "body": rest, "more_body": False})
     except asyncio.CancelledError:
-        if not gone:
+        if not left.cut:  # (not ours: passes)
             raise
         # A client that hangs up once it has the last event got the whole answer.
         out.end = StreamEnd.COMPLETE if out.done_sent else StreamEnd.CLIENT_GONE
     except (TimeoutError, aiohttp.ClientError, OSError):
-        out.end = StreamEnd.BROKEN
-        if out.started:
-            with contextlib.suppress(Exception):
-                await send({"type": "http.response.body", "body": b"", "more_body": False})
+        watcher.cancel()  # (first: no cut while the response is ended)
+        await _broken(send, out)
     finally:
         watcher.cancel()
-        if gone and task is not None:
-            task.uncancel()
+        if left.cut:  # the watcher's one cancel, taken back
+            left.task.uncancel()  # type: ignore[union-attr]
     return out
+
+
+async def _watch(receive: Receive, left: ClientLeft) -> None:
+    """Wait for the client's disconnect, and end the relay then (`left.cancel`)."""
+    while True:
+        msg = await receive()
+        if msg["type"] == "http.disconnect":
+            left.cancel()
+            return
+
+
+async def _broken(send: Send, out: Relayed) -> None:
+    """The upstream failed mid-stream: a response begun is ended where it stands."""
+    out.end = StreamEnd.BROKEN
+    if out.started:
+        with contextlib.suppress(Exception):
+            await send({"type": "http.response.body", "body": b"", "more_body": False})

@@ -16,14 +16,12 @@ from prometheus_client import CollectorRegistry
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from budgetproxy.config import ENV_MULTIPROC_DIR, Config
-from budgetproxy.core.ids import is_valid_episode_id, split_episode_prefix
+from budgetproxy.core.ids import split_episode_prefix
 from budgetproxy.core.keys import KeyRing
-from budgetproxy.core.paths import PathRefused, wire_path
-from budgetproxy.core.rollout_ids import ROLLOUT_PREFIX, attempt_episode_id, split_rollout_prefix
+from budgetproxy.core.paths import wire_path
 from budgetproxy.errors import (
     ProxyError,
     invalid_api_key,
-    invalid_episode_id,
     request_too_large,
 )
 from budgetproxy.proxy.asgi import Receive, Scope, Send, send_error
@@ -32,11 +30,10 @@ from budgetproxy.proxy.experiments import Experiments
 from budgetproxy.proxy.forward import ModelCalls
 from budgetproxy.proxy.grouping import RolloutRecorder, with_rollout_group
 from budgetproxy.proxy.upstream import UpstreamPool
-from budgetproxy.proxy.wire import MODEL_ROUTES
 from budgetproxy.serve.episode_api import build_api
 from budgetproxy.serve.experiments_api import add_experiment_routes
 from budgetproxy.serve.groups_api import add_group_routes
-from budgetproxy.serve.paths import model_route, refused_path, request_path
+from budgetproxy.serve.paths import destination
 from budgetproxy.serve.trajectory_api import add_trajectory_route
 from budgetproxy.store.base import EpisodeStore, StoreUnavailable
 from budgetproxy.store.experiments import (
@@ -51,7 +48,6 @@ from budgetproxy.telemetry.tracing import Tracing, build_processor, tracing_want
 from budgetproxy.trajectories.sink import JsonlSink, NullSink, TrajectorySink
 
 log = logging.getLogger("budgetproxy")
-_MODEL_RAW = frozenset(r.encode() for r in MODEL_ROUTES)
 METRICS_FLUSH_S = 1.0
 
 
@@ -213,57 +209,28 @@ class BudgetProxy:
             else:
                 await self.api(scope, receive, send)
             return
+        said = scope.get("path", "")  # the path whose API shapes a 503 at shutdown
         try:
-            raw = scope.get("raw_path")
-            if raw in _MODEL_RAW and scope["method"] == "POST":  # the usual spelling, as is
-                await self.calls.handle(scope, receive, send, scope["path"], None)
+            to = destination(scope)
+            if to.route is not None:
+                said = to.route
+                if to.rollout is not None:
+                    scope = with_rollout_group(scope, to.rollout)
+                await self.calls.handle(scope, receive, send, to.route, to.path_episode)
                 return
-            try:
-                path = request_path(scope)
-            except PathRefused as e:
-                said = scope["path"]  # (as the server decoded it: only to pick the error's shape)
-                await send_error(send, refused_path(scope, e), None, _shape(
-                    split[1] if (split := split_episode_prefix(said)) else said))
+            if to.refused is not None:
+                await send_error(send, to.refused, None, _shape(to.path or scope["path"]))
                 return
-            if path != scope["path"]:
+            if to.path is not None:
                 # Everything after this point, the API's routes included, sees one spelling.
-                scope = dict(scope)
-                scope["path"], scope["raw_path"] = path, wire_path(path).encode()
-            route = model_route(path)
-            if route is not None and scope["method"] == "POST":
-                await self.calls.handle(scope, receive, send, route, None)
-                return
-            if path.startswith(ROLLOUT_PREFIX):
-                rollout = split_rollout_prefix(path)
-                if rollout is not None:  # one episode per attempt, the rollout its group
-                    rid, aid, tail = rollout
-                    route = model_route(tail)
-                    if route is not None and scope["method"] == "POST":
-                        await self.calls.handle(with_rollout_group(scope, rid), receive, send,
-                                                route, attempt_episode_id(rid, aid))
-                        return
-                    scope = dict(scope)
-                    scope["path"], scope["raw_path"] = tail, wire_path(tail).encode()
-            if path.startswith("/episodes/"):
-                split = split_episode_prefix(path)
-                if split is not None:
-                    eid, tail = split
-                    route = model_route(tail)
-                    if route is not None and scope["method"] == "POST":
-                        await self.calls.handle(scope, receive, send, route, eid)
-                        return
-                    if not is_valid_episode_id(eid):  # other routes ignore the id, not a bad one
-                        await send_error(send, invalid_episode_id(), None, _shape(tail))
-                        return
-                    scope = dict(scope)
-                    scope["path"] = tail
-                    scope["raw_path"] = wire_path(tail).encode()
+                scope = {**scope, "path": to.path, "raw_path": wire_path(to.path).encode()}
+                said = to.path
             await self._timed_api(scope, receive, send)
         except asyncio.CancelledError:
             # The server gave up waiting for this request at shutdown (a stalled upload, a call
             # past server.shutdown_timeout_s): an OpenAI-shaped 503, which SDKs retry elsewhere,
             # instead of the server's plain-text 500.
-            if not await _answer_cancelled(send, scope.get("path", "")):
+            if not await _answer_cancelled(send, said):
                 raise
 
     async def _timed_api(self, scope: Scope, receive: Receive, send: Send) -> None:

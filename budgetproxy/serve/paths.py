@@ -3,14 +3,65 @@ meaning, and the model route it names whatever its spelling."""
 
 from __future__ import annotations
 
+from typing import NamedTuple
 from urllib.parse import quote
 
+from budgetproxy.core.ids import is_valid_episode_id, split_episode_prefix
 from budgetproxy.core.paths import PathRefused, canonical_path
+from budgetproxy.core.rollout_ids import attempt_episode_id, split_rollout_prefix
 from budgetproxy.errors import ProxyError, invalid_episode_id
 from budgetproxy.proxy.asgi import Scope
 from budgetproxy.proxy.wire import MODEL_ROUTES
 
 _FOLDED = {route.lower(): route for route in MODEL_ROUTES}
+
+
+class Destination(NamedTuple):
+    """Where a request goes, as `destination` decides it once.
+
+    A model call has its `route` (and the episode its path prefix names, and the rollout whose
+    group it joins); anything else goes to the API at `path` (None: the path as the server
+    decoded it), unless `refused` answers it (400), in the shape of the API at `path`."""
+
+    route: str | None = None
+    path_episode: str | None = None
+    rollout: str | None = None
+    path: str | None = None
+    refused: ProxyError | None = None
+
+
+# A model route's usual spelling goes as it is, to a destination made once.
+_AS_IS = {route.encode(): Destination(route) for route in MODEL_ROUTES}
+
+
+def destination(scope: Scope) -> Destination:
+    """Route a request once: a POST whose raw path is a model route goes as it is; any other
+    path is made canonical (`request_path`, a refused spelling is a 400), its
+    `/rollout/{rid}/attempt/{aid}` or `/episodes/{id}` prefix taken off, and what is left is
+    a model route or the API's path."""
+    post = scope["method"] == "POST"
+    if post and (as_is := _AS_IS.get(scope.get("raw_path"))) is not None:  # type: ignore[arg-type]
+        return as_is
+    try:
+        path = request_path(scope)
+    except PathRefused as e:
+        said = scope["path"]  # (as the server decoded it: only to pick the error's shape)
+        split = split_episode_prefix(said)
+        return Destination(path=split[1] if split else said, refused=refused_path(scope, e))
+    episode = rollout = None
+    tail = path
+    if (attempt := split_rollout_prefix(path)) is not None:
+        rollout, aid, tail = attempt  # one episode per attempt, the rollout its group
+        episode = attempt_episode_id(rollout, aid)
+    elif (split := split_episode_prefix(path)) is not None:
+        episode, tail = split
+    route = model_route(tail) if post else None
+    if route is not None:
+        return Destination(route, episode, rollout)
+    if rollout is None and episode is not None and not is_valid_episode_id(episode):
+        # (other routes ignore the id, but not a bad one)
+        return Destination(path=tail, refused=invalid_episode_id())
+    return Destination(path=None if tail == scope["path"] else tail)
 
 
 def request_path(scope: Scope) -> str:

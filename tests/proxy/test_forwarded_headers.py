@@ -73,3 +73,11 @@ def test_the_policy_decides_by_lowercase_name() -> None:
     assert all(policy.forwarded(n) for n in FORWARDED)
     assert policy.forwarded(b"x-trace-id") and not policy.forwarded(b"x-session")
     assert not policy.forwarded(b"x-episode-id") and not policy.forwarded(b"authorization")
+
+
+def test_a_requests_selected_headers_are_the_forwarded_ones_as_str() -> None:
+    policy = HeaderPolicy(["x-trace-*"], [b"x-session"])
+    headers = {b"accept": b"*/*", b"x-trace-id": b"t\xe9", b"x-session": b"s",
+               b"authorization": b"Bearer k", b"x-episode-id": b"e", b"host": b"h"}
+    for _ in range(2):  # decided, then read from the cache
+        assert policy.selected(headers) == {"accept": "*/*", "x-trace-id": "t\xe9"}
