@@ -31,7 +31,7 @@ from typing import Any
 import aiohttp
 import orjson
 from aiohttp import web
-from soak_agents import Window
+from soak_agents import Tally, Window
 from targets import sse_data
 
 from budgetproxy.testing import FakeUpstream
@@ -176,7 +176,7 @@ class SessionLedger:
     errors: collections.Counter[str] = field(default_factory=collections.Counter)
 
 
-class Sessions:
+class Sessions(Tally):
     """`slots` concurrent sessions, each followed by a new one, closed loop with think time."""
 
     def __init__(self, base_url: str, watch: PromptWatch, *, slots: int, turns: int,
@@ -195,18 +195,6 @@ class Sessions:
         self._t0 = 0.0
         self._deadline = 0.0
 
-    def take_window(self) -> Window:
-        w, self.window = self.window, Window(time.monotonic())
-        return w
-
-    def _count(self, what: str, n: int = 1) -> None:
-        for w in (self.window, self.totals):
-            setattr(w, what, getattr(w, what) + n)
-
-    def _error(self, what: str) -> None:
-        self._count("errors")
-        self.ledger.errors[what] += 1
-
     async def run(self, seconds: float) -> None:
         connector = aiohttp.TCPConnector(limit=0, keepalive_timeout=60)
         timeout = aiohttp.ClientTimeout(total=60)
@@ -223,9 +211,10 @@ class Sessions:
     def _new_session(self) -> Session:
         rng = self.rng
         turns = rng.randint(self.turns // 2, self.turns)
-        small = rng.random() < self.small_share
+        small = rng.random() < self.small_share and turns > 1
         s = Session(str(uuid.UUID(int=rng.getrandbits(128), version=4)),
-                    budget=rng.randint(10, turns - 1) if small else None, turns=turns,
+                    budget=rng.randint(min(10, turns - 1), turns - 1) if small else None,
+                    turns=turns,
                     compact_at=rng.randint(turns * 2 // 5, turns * 3 // 5))
         s.messages = [{"role": "user", "content": text(rng, "prompt")}]
         return s

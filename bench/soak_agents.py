@@ -87,7 +87,28 @@ class Ledger:
     errors: collections.Counter[str] = field(default_factory=collections.Counter)
 
 
-class AgentLoad:
+class Tally:
+    """What a load counts as it runs: `window` since the last sample (`take_window`),
+    `totals` over the run, and each error by kind in `ledger.errors`."""
+
+    window: Window
+    totals: Window
+    ledger: Any
+
+    def take_window(self) -> Window:
+        w, self.window = self.window, Window(time.monotonic())
+        return w
+
+    def _count(self, what: str, n: int = 1) -> None:
+        for w in (self.window, self.totals):
+            setattr(w, what, getattr(w, what) + n)
+
+    def _error(self, what: str) -> None:
+        self._count("errors")
+        self.ledger.errors[what] += 1
+
+
+class AgentLoad(Tally):
     def __init__(
         self,
         base_url: str,
@@ -208,14 +229,6 @@ class AgentLoad:
             ep = self._new_episode()
         self._ready.append(ep)
 
-    def _count(self, what: str, n: int = 1) -> None:
-        for w in (self.window, self.totals):
-            setattr(w, what, getattr(w, what) + n)
-
-    def _error(self, what: str) -> None:
-        self._count("errors")
-        self.ledger.errors[what] += 1
-
     async def _call(
         self, ep: Episode, body: dict[str, Any], stream: bool
     ) -> tuple[int, str | None, str | None]:
@@ -273,10 +286,6 @@ class AgentLoad:
         )
 
     # -- the schedule --------------------------------------------------------------------------
-    def take_window(self) -> Window:
-        w, self.window = self.window, Window(time.monotonic())
-        return w
-
     async def run(self, seconds: float) -> None:
         """Fire calls at `rate` per second for `seconds`, then let the in-flight ones finish."""
         connector = aiohttp.TCPConnector(limit=0, keepalive_timeout=60)
