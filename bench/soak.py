@@ -351,6 +351,13 @@ def drop_keys(url: str) -> None:
         client.close()
 
 
+def stop_timed(proxy: tg.Target) -> tuple[float, int | None]:
+    """SIGTERM the proxy: how long it took to stop, and its exit code."""
+    began = time.monotonic()
+    tg.stop(proxy.proc)
+    return time.monotonic() - began, None if proxy.proc is None else proxy.proc.returncode
+
+
 def run_loop(coro: Any) -> Any:
     try:
         import uvloop
@@ -376,10 +383,7 @@ def main(argv: list[str] | None = None) -> int:
               f"episode slots, {100 * args.stream_share:g}% streaming; samples every "
               f"{args.sample_s:g} s to {samples_path}", flush=True)
         load, rows = run_loop(drive(args, proxy, traj, samples_path))
-        began = time.monotonic()
-        tg.stop(proxy.proc)
-        shutdown_s = time.monotonic() - began
-        exit_code = proxy.proc.returncode if proxy.proc is not None else None
+        shutdown_s, exit_code = stop_timed(proxy)
     except BaseException:
         print(f"soak failed; logs and config kept in {workdir}", file=sys.stderr)
         raise

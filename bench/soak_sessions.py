@@ -29,7 +29,6 @@ import platform
 import shutil
 import sys
 import tempfile
-import time
 from pathlib import Path
 from typing import Any
 
@@ -216,10 +215,7 @@ def main(argv: list[str] | None = None) -> int:
         rows = soak.run_loop(soak.sample_while(
             load, args.minutes * 60, args.sample_s, proxy, traj, samples_path,
             print_every_s=args.progress_s, more=load.figures, describe=progress))
-        began = time.monotonic()
-        tg.stop(proxy.proc)
-        shutdown_s = time.monotonic() - began
-        exit_code = proxy.proc.returncode if proxy.proc is not None else None
+        shutdown_s, exit_code = soak.stop_timed(proxy)
     except BaseException:
         print(f"soak failed; logs and config kept in {workdir}", file=sys.stderr)
         raise
