@@ -74,6 +74,15 @@ def new_id(prefix: str = "ep") -> str:
     return f"{prefix}-{uuid.uuid4().hex[:12]}"
 
 
+def unmarked(value: Any) -> Any:
+    """A value without cache_control markers (which clients move every turn)."""
+    if isinstance(value, list):
+        return [unmarked(v) for v in value]
+    if isinstance(value, dict):
+        return {k: unmarked(v) for k, v in value.items() if k != "cache_control"}
+    return value
+
+
 def read_jsonl(directory: Path) -> list[dict[str, Any]]:
     """Every record in every JSONL file under `directory`, in file then line order."""
     out: list[dict[str, Any]] = []

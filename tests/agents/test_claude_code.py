@@ -11,7 +11,7 @@ from typing import Any
 
 import pytest
 from agent_clis import claude_print, connections, ensure_clis, proxy_address
-from conftest import Proxy, ProxyFactory, new_id
+from conftest import Proxy, ProxyFactory, new_id, unmarked
 
 from budgetproxy.config import FinishTexts
 from budgetproxy.core.fingerprint import canonical
@@ -134,11 +134,3 @@ def test_a_resumed_and_compacted_session_keeps_its_texts_and_an_append_only_prom
     assert rejecting.episode(sid)["turns_used"] == 4
     (rec,) = rejecting.wait_records(1, type="compaction", episode_id=sid)
     assert rec["charged"] is False and rec["http_status"] == 200
-
-
-def unmarked(value: Any) -> Any:
-    if isinstance(value, list):
-        return [unmarked(v) for v in value]
-    if isinstance(value, dict):
-        return {k: unmarked(v) for k, v in value.items() if k != "cache_control"}
-    return value

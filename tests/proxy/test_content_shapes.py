@@ -12,7 +12,7 @@ import pytest
 
 from budgetproxy.core.fingerprint import canonical
 from budgetproxy.testing import FakeUpstream
-from tests.conftest import Proxy, ProxyFactory, new_id
+from tests.conftest import Proxy, ProxyFactory, new_id, unmarked
 
 TEMPLATE = "[Turn budget] Turn {turn} of {total}."
 EPHEMERAL = {"type": "ephemeral"}
@@ -25,15 +25,6 @@ def told(turn: int) -> str:
 
 def disclosed(proxy: ProxyFactory) -> Proxy:
     return proxy({"disclosure": {"mode": "disclosed", "template": TEMPLATE, "history": "keep"}})
-
-
-def unmarked(value: Any) -> Any:
-    """A value without cache_control markers (which clients move every turn)."""
-    if isinstance(value, list):
-        return [unmarked(v) for v in value]
-    if isinstance(value, dict):
-        return {k: unmarked(v) for k, v in value.items() if k != "cache_control"}
-    return value
 
 
 def shaped(text: str, turn: int, block: str, marked: bool) -> Any:
