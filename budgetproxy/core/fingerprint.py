@@ -15,6 +15,9 @@ Hash states kept every few kilobytes make the digest of any such prefix cheap. B
 than SHA-256: a pass over a 345 KB conversation takes ~50 µs instead of ~220 µs, and a long
 episode hashes its whole history every turn (`python bench/long_episodes.py`). Digests that
 earlier versions kept ("<length>:<SHA-256>") are still compared, by hashing that prefix again.
+A turn whose conversation starts, byte for byte, with the previous turn's (core/prefixes.py)
+hashes on from where that turn's hash ended (`Tail`, `Fingerprint.extending`): its digest costs
+its new messages, and the whole is written only if an older digest is asked about.
 
 A message is written in its canonical shape first: content that is a list holding one text
 block (whatever annotations the block carries, `cache_control` among them) is written as that
@@ -27,7 +30,7 @@ from __future__ import annotations
 import hashlib
 import json
 import os
-from typing import Any
+from typing import Any, NamedTuple
 
 import orjson
 from blake3 import blake3
@@ -131,18 +134,60 @@ def _conversation_bytes(messages: list[Any]) -> bytes:
         return b"[" + os.urandom(32).hex().encode() + b"]"
 
 
+class Tail(NamedTuple):
+    """Where a conversation's digest ends: a later turn whose conversation starts with the
+    same messages hashes on from here (`Fingerprint.extending`)."""
+
+    length: int  # the bytes the digest covers (all but the closing bracket)
+    state: Any  # the BLAKE3 state after them (copied before any update)
+    digest: str
+
+
 class Fingerprint:
     """One conversation (a list of messages, as the client sent it), ready to be compared."""
 
-    __slots__ = ("_blob", "_states", "_digests", "_known")
+    __slots__ = ("_messages", "_blob", "_states", "_digests", "_known", "_end")
 
     def __init__(self, messages: list[Any]) -> None:
-        blob = _conversation_bytes(messages)
-        self._blob = memoryview(blob)
+        self._messages = messages
         self._digests: dict[int, str] = {}
         # Digests already compared: a turn asks about the previous turn's twice (the history
         # its disclosure texts are re-applied on, and the messages its record leaves out).
         self._known: dict[str | None, bool] = {}
+        self._blob: memoryview | None = None
+        self._end: Tail | None = None
+        self._load()
+
+    @classmethod
+    def extending(cls, messages: list[Any], tail: Tail, count: int) -> Fingerprint | None:
+        """The fingerprint of `messages` whose first `count` messages are written exactly as
+        the conversation `tail` was taken of: only the rest is written and hashed, and the
+        whole is written only if a digest other than those two is asked about. None when
+        the new messages cannot be written (the caller takes the whole conversation)."""
+        if count < 1:
+            return None
+        new = messages[count:]
+        end, state, digest = tail
+        if new:
+            try:
+                part = orjson.dumps(canonical(new))
+            except TypeError:
+                return None
+            state = state.copy()
+            state.update(b",")  # "[a,b" + "," + "c,d": the bytes the whole would have
+            state.update(memoryview(part)[1:-1])
+            end += len(part) - 1
+            digest = f"{end}/{state.hexdigest(16)}"
+        self = cls.__new__(cls)
+        self._messages, self._blob, self._states, self._digests = messages, None, [], {}
+        self._known = {tail.digest: True, digest: True}
+        self._end = Tail(end, state, digest)
+        return self
+
+    def _load(self) -> None:
+        """The conversation written whole, with hash states every `_STRIDE` bytes."""
+        blob = _conversation_bytes(self._messages)
+        self._blob = memoryview(blob)
         end = len(blob) - 1  # what a digest covers: all but the closing bracket
         if end < _STRIDE:  # most turns: one pass over a few KB is cheaper than kept states
             self._states: list[Any] = []
@@ -154,11 +199,32 @@ class Fingerprint:
             states.append(h.copy())
         self._states = states
 
+    @property
+    def messages(self) -> list[Any]:
+        """The conversation, as given."""
+        return self._messages
+
+    def tail(self) -> Tail:
+        """Where this conversation's digest ends, for the episode's next turn."""
+        if self._end is None:
+            self.digest()
+        assert self._end is not None
+        return self._end
+
     def digest(self) -> str:
         """The digest of the whole conversation, for later turns to compare with."""
-        end = len(self._blob) - 1
+        if self._end is not None:
+            return self._end.digest
+        blob = self._bytes()
+        end = len(blob) - 1
         self._hash_prefixes([end])
         return self._digests[end]
+
+    def _bytes(self) -> memoryview:
+        if self._blob is None:
+            self._load()
+        assert self._blob is not None
+        return self._blob
 
     def extends_each(self, digests: list[str | None]) -> list[bool]:
         """extends() for each of several digests (an episode's earlier placements), hashing
@@ -166,6 +232,7 @@ class Fingerprint:
         known = self._known
         new = [d for d in digests if d not in known]
         if new:
+            self._bytes()
             lengths = [self._boundary(d) for d in new]
             self._hash_prefixes([n for n in lengths if n is not None])
             for n, d in zip(lengths, new, strict=True):
@@ -177,26 +244,28 @@ class Fingerprint:
 
     def _sha256_prefix(self, n: int) -> str:
         """The digest earlier versions kept of the first `n` bytes (SHA-256)."""
-        return f"{n}:{hashlib.sha256(self._blob[:n]).hexdigest()[:32]}"
+        return f"{n}:{hashlib.sha256(self._bytes()[:n]).hexdigest()[:32]}"
 
     def _hash_prefixes(self, lengths: list[int]) -> None:
         """Put the digests of the conversation's first `lengths` bytes in `_digests`: the
         missing ones in one pass, in order of length, from the nearest kept hash state."""
-        digests, states = self._digests, self._states
-        if not states:  # a short conversation: each prefix hashed from the start
-            for n in lengths:
-                if n not in digests:  # (a digest covers all but the closing bracket)
-                    digests[n] = f"{n}/{blake3(self._blob[:n]).hexdigest(16)}"
-            return
-        h, at = None, 0
+        digests, states, blob = self._digests, self._states, self._bytes()
+        end = len(blob) - 1  # (a digest covers all but the closing bracket)
+        h: Any = None
+        at = 0
         for n in sorted({n for n in lengths if n not in digests}):
-            i = min(n // _STRIDE, len(states) - 1)
-            if h is None or i * _STRIDE > at:  # a kept state is nearer than where h is
-                h, at = states[i].copy(), i * _STRIDE
-            h.update(self._blob[at:n])
-            at = n
+            if not states:  # a short conversation: each prefix hashed from the start
+                h = blake3(blob[:n])
+            else:
+                i = min(n // _STRIDE, len(states) - 1)
+                if h is None or i * _STRIDE > at:  # a kept state is nearer than where h is
+                    h, at = states[i].copy(), i * _STRIDE
+                h.update(blob[at:n])
+                at = n
             # 128 bits of the hash: kept per turn in the store, where size adds up
             digests[n] = f"{n}/{h.hexdigest(16)}"
+            if n == end:  # (the longest: h is not updated again)
+                self._end = Tail(n, h, digests[n])
 
     def _boundary(self, digest: str | None) -> int | None:
         """The length a digest covers, if this conversation has a message boundary there:
@@ -206,7 +275,8 @@ class Fingerprint:
         if not length_text.isdigit():
             return None
         length = int(length_text)
-        if not 1 <= length < len(self._blob) or self._blob[length] not in b",]":
+        blob = self._bytes()
+        if not 1 <= length < len(blob) or blob[length] not in b",]":
             return None
         return length
 

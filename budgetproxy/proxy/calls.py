@@ -10,6 +10,7 @@ from blake3 import blake3
 from budgetproxy.config import UpstreamConfig
 from budgetproxy.core.episode import EpisodeState, Grant, GrantKind
 from budgetproxy.core.fingerprint import Fingerprint
+from budgetproxy.core.prefixes import Prefix
 from budgetproxy.proxy.capture import Capture, Tokens
 from budgetproxy.proxy.dialects import Dialect
 from budgetproxy.proxy.outcome import ANSWERED
@@ -55,7 +56,7 @@ class ModelCall:
         "conversation", "data", "events",
         "settled", "span", "prints", "previous_response", "exact", "ended", "probe", "query",
         "payload", "timed_out", "cumulative", "capture", "tokens", "sent", "upstream_body",
-        "counts", "answer", "warning", "compaction", "leg",
+        "counts", "answer", "warning", "compaction", "leg", "written", "extends", "lossless",
     )
 
     def __init__(self, route: str, dialect: Dialect) -> None:
@@ -84,6 +85,12 @@ class ModelCall:
         # previous_response_id of a /v1/responses call continuing a response stored upstream
         self.previous_response: str | None = None
         self.exact = False  # the payload was read again to keep integers past 64 bits
+        # checked for integers orjson read as floats (wire.exact_payload) and found none
+        self.lossless = False
+        # the conversation as written (core.prefixes) and its message count, and the
+        # previous turn's, kept by this process, when this one starts with it
+        self.written: tuple[bytes, int] | None = None
+        self.extends: Prefix | None = None
         self.ended: EpisodeState | None = None  # its episode, when settling this call ended it
         self.probe: str | None = None  # the probe run that sent it (PROBE_HEADER)
         self.query = ""  # the query string forwarded upstream with it (core.paths.wire_query)

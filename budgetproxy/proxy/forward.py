@@ -14,7 +14,7 @@ from typing import Any, NamedTuple
 import orjson
 
 from budgetproxy.config import Config, UpstreamConfig
-from budgetproxy.core import axes, compaction, disclosure
+from budgetproxy.core import axes, compaction, disclosure, prefixes
 from budgetproxy.core.budget import tier_label
 from budgetproxy.core.episode import EpisodeState, Grant, GrantKind
 from budgetproxy.core.fingerprint import Fingerprint
@@ -22,6 +22,7 @@ from budgetproxy.core.finish import finish_text
 from budgetproxy.core.forwarded_headers import HeaderPolicy
 from budgetproxy.core.keys import KeyRing, Principal
 from budgetproxy.core.paths import wire_query
+from budgetproxy.core.prefixes import Prefix, Prefixes
 from budgetproxy.core.prices import PriceTable
 from budgetproxy.core.replays import Replays
 from budgetproxy.core.spec import EpisodeSpec, SpecError, new_episode
@@ -129,6 +130,9 @@ class ModelCalls:
         self.compaction_free = config.episodes.compaction == "free"
         # The last choice of earlier texts to re-apply, per recent episode (core/replays.py).
         self.replays = Replays()
+        # Each recent episode's last conversation, for its next turn to hash and check only
+        # what it adds (core/prefixes.py).
+        self.prefixes = Prefixes()
         self.budget_cfg = config.budget
         self.disc_cfg = config.disclosure
         self.finish_texts = config.budget.finish_texts.model_dump()
@@ -363,6 +367,7 @@ class ModelCalls:
                 self.disc_cfg.history == "keep" and call.previous_response is None):
             # Kept for later turns to re-apply as it was: its axis fields change every turn.
             await axis_calls.keep_told(self.store, eid, grant.turn, text)
+        self._keep_prefix(call, eid)
         return Plan(upstream, headers, body, payload, conversation)
 
     def _arm_upstream(
@@ -427,7 +432,7 @@ class ModelCalls:
         # The digest of what this turn sends: the log and history-keep disclosure compare
         # the next turn's conversation with it (one write and one hash of the messages).
         if self.recorder.keeps_turns or keep:
-            call.prints = Fingerprint(conversation)
+            call.prints = self._fingerprint(call, eid, conversation)
         fingerprint = call.prints.digest() if call.prints is not None else None
         # what this process already holds of the episode's placements (core/replays.py)
         known = self.replays.known(eid, call.prints) if (
@@ -467,6 +472,28 @@ class ModelCalls:
         call.state = opened.state
         call.grant = opened.grant
         return opened.grant, opened.state
+
+    def _fingerprint(self, call: ModelCall, eid: str, conversation: list[Any]) -> Fingerprint:
+        """The conversation's digests. When it starts, byte for byte, with the conversation of
+        the episode's previous turn in this process, only the new messages are hashed
+        (core/prefixes.py), and a check of the body needs to look only at those."""
+        now = prefixes.written(conversation)
+        if now is None:
+            return Fingerprint(conversation)
+        call.written = (now, len(conversation))
+        previous = prefixes.extended(self.prefixes.get(eid), now)
+        prints = None if previous is None else Fingerprint.extending(
+            conversation, previous.tail, previous.messages)
+        if prints is None:
+            return Fingerprint(conversation)
+        call.extends = previous
+        return prints
+
+    def _keep_prefix(self, call: ModelCall, eid: str) -> None:
+        """This turn's conversation, for the episode's next turn (core/prefixes.py)."""
+        if call.written is not None and call.prints is not None:
+            now, count = call.written
+            self.prefixes.keep(eid, Prefix(now, count, call.prints.tail(), call.lossless))
 
     def _new_episode(
         self, call: ModelCall, eid: str, headers: dict[bytes, bytes], now: float,
@@ -716,9 +743,15 @@ class ModelCalls:
     @staticmethod
     def _exact(call: ModelCall, body: bytes, payload: dict[str, Any]) -> dict[str, Any] | None:
         """The payload to rewrite, read again when orjson's reading lost an integer's
-        digits (the rewrite must not change what it does not touch); None: `payload` is."""
-        exact = exact_payload(body, payload)
+        digits (the rewrite must not change what it does not touch); None: `payload` is.
+        The messages the previous turn checked are not looked at again (core/prefixes.py)."""
+        previous, conversation = call.extends, call.prints
+        known = None
+        if previous is not None and previous.lossless and conversation is not None:
+            known = (conversation.messages, previous.messages)
+        exact = exact_payload(body, payload, known)
         call.exact = exact is not None
+        call.lossless = not call.exact
         return exact
 
     @staticmethod

@@ -182,16 +182,25 @@ def parse_payload(body: bytes) -> dict[str, Any]:
 _LOSSY_FLOAT = float(1 << 63)
 
 
-def exact_payload(body: bytes, payload: dict[str, Any]) -> dict[str, Any] | None:
+def exact_payload(body: bytes, payload: dict[str, Any],
+                  known: tuple[list[Any], int] | None = None) -> dict[str, Any] | None:
     """The body read again keeping every integer exact, when orjson's reading of it (the
     `payload`) turned one past 64 bits into a float; None when that reading is exact.
+    `known`: a list among the payload's values and how many of its first items are known
+    to hold no such float (a long episode's history, checked by its previous turn).
 
     Only a body the proxy re-encodes needs this (a seed, or a schema default, must reach the
     upstream as sent); one that is forwarded as is keeps its bytes anyway. The check walks
     the parsed values, not the bytes: its cost follows the number of values, not the size of
     the texts and images they carry.
     """
-    if not _has_lossy_float(payload):
+    if known is None:
+        lossy = _has_lossy_float([payload])
+    else:
+        items, count = known
+        lossy = _has_lossy_float([[v for v in payload.values() if v is not items],
+                                  items[count:]])
+    if not lossy:
         return None
     try:
         exact = json.loads(body)
@@ -200,8 +209,7 @@ def exact_payload(body: bytes, payload: dict[str, Any]) -> dict[str, Any] | None
     return exact if isinstance(exact, dict) else None
 
 
-def _has_lossy_float(payload: dict[str, Any]) -> bool:
-    stack: list[Any] = [payload]
+def _has_lossy_float(stack: list[Any]) -> bool:
     pop, push = stack.pop, stack.append
     while stack:
         container = pop()

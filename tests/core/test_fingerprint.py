@@ -159,3 +159,65 @@ def test_canonical_is_the_plain_rule_and_keeps_unchanged_messages(messages: list
     for before, after in zip(messages, out, strict=True):
         if before == _canonical_plainly(before):
             assert after is before
+
+
+# -- hashing on from the previous turn (core/prefixes.py) -----------------------------------
+shaped = st.fixed_dictionaries(
+    {"role": st.sampled_from(["user", "assistant"]),
+     "content": st.text(max_size=8) | st.builds(
+         lambda t, marked: [{"type": "text", "text": t, **(
+             {"cache_control": {"type": "ephemeral"}} if marked else {})}],
+         st.text(max_size=6), st.booleans())},
+)
+
+
+def _same(a: Fingerprint, b: Fingerprint, probes: list[list[Any]]) -> None:
+    assert a.digest() == b.digest()
+    assert a.tail().length == b.tail().length and a.tail().digest == b.tail().digest
+    for p in probes:
+        d = Fingerprint(p).digest()
+        assert a.extends(d) == b.extends(d), p
+
+
+@given(turns=st.lists(st.lists(shaped | message, min_size=1, max_size=3), min_size=1,
+                      max_size=5),
+       probes=st.lists(st.lists(shaped | message, min_size=1, max_size=6), max_size=3))
+def test_a_fingerprint_hashed_on_from_the_previous_turn_is_the_whole_conversations(
+    turns: list[list[Any]], probes: list[list[Any]]
+) -> None:
+    """Turn after turn, each extended from the one before: the same digest, tail and answers
+    as the whole conversation fingerprinted from scratch (its prefixes included)."""
+    conversation = list(turns[0])
+    prints = Fingerprint(conversation)
+    for new in turns[1:]:
+        before = len(conversation)
+        prefixes = [conversation[:k] for k in range(1, before + 1)]
+        conversation = [*conversation, *new]
+        extended = Fingerprint.extending(conversation, prints.tail(), before)
+        assert extended is not None
+        _same(extended, Fingerprint(conversation), [*prefixes, *probes])
+        prints = extended
+
+
+def test_hashing_on_across_the_kept_hash_states() -> None:
+    """Messages of several kilobytes, the previous turn's end anywhere between kept states;
+    an earlier digest asked about writes the whole conversation after all."""
+    msgs = [{"role": "user", "content": f"{i}:" + "x" * (1500 * i)} for i in range(1, 14)]
+    prints = Fingerprint(msgs[:1])
+    for k in range(2, len(msgs) + 1):
+        extended = Fingerprint.extending(msgs[:k], prints.tail(), k - 1)
+        assert extended is not None
+        _same(extended, Fingerprint(msgs[:k]), [msgs[:j] for j in range(1, k + 1)])
+        prints = extended
+
+
+def test_what_cannot_be_hashed_on_is_fingerprinted_whole() -> None:
+    tail = Fingerprint([{"role": "user", "content": "a"}]).tail()
+    deep: Any = "x"
+    for _ in range(300):  # past orjson's 254 levels
+        deep = [deep]
+    assert Fingerprint.extending([{"role": "user", "content": "a"}, {"role": "user",
+                                  "content": deep}], tail, 1) is None
+    assert Fingerprint.extending([{"role": "user", "content": "a"}], tail, 0) is None
+    same = Fingerprint.extending([{"role": "user", "content": "a"}], tail, 1)
+    assert same is not None and same.digest() == tail.digest

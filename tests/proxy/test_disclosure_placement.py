@@ -334,6 +334,29 @@ def test_a_rewritten_body_keeps_integers_past_64_bits_exact(
         assert seen["messages"] == body["messages"]
 
 
+def test_integers_past_64_bits_stay_exact_as_a_long_episode_grows(
+    proxy: ProxyFactory, upstream: FakeUpstream
+) -> None:
+    """A turn checks only what it adds when the previous turn's conversation starts its own
+    and held no such integer (core/prefixes.py): one that arrives in a new message, and the
+    turns after it, still reach the upstream exact."""
+    p = disclosed(proxy, history="keep")
+    eid = new_id()
+    history: list[dict[str, Any]] = [{"role": "user", "content": "u1"}]
+    for t in range(1, 6):
+        if t == 3:  # a new message with integers orjson reads as floats
+            history[-1] = {**history[-1], "x": [2**100, -(2**64) - 1]}
+        raw = json.dumps({"model": "m1", "messages": history, "seed": 7}).encode()
+        send(p, eid, raw, **({"X-Episode-Budget": "9"} if t == 1 else {}))
+        seen = json.loads(upstream.requests[-1].body)
+        assert seen["seed"] == 7
+        if t >= 3:
+            assert [m["x"] for m in seen["messages"] if "x" in m] == [[2**100, -(2**64) - 1]]
+        assert seen["messages"][-1]["content"].endswith(text(t, 9)), t
+        history += [{"role": "assistant", "content": f"a{t}"},
+                    {"role": "user", "content": f"u{t + 1}"}]
+
+
 def test_non_chat_calls_are_forwarded_as_is(proxy: ProxyFactory, upstream: FakeUpstream) -> None:
     p = disclosed(proxy)
     raw = b'{"model": "m1", "prompt": "complete me"}'

@@ -1,0 +1,95 @@
+"""What an episode's next turn takes from its previous one: the conversation as that turn
+wrote it, where its digest's hash ended, and whether its body was read without loss.
+
+A long episode resends its whole history every turn. Most of what the proxy does with a
+conversation (its digest, the check for integers orjson read as floats) needs only the
+messages a turn adds, once it is known that the others are, byte for byte, the ones the
+previous turn sent. That is one write of the conversation (orjson, in C) and one
+comparison of bytes: the previous turn's conversation, without its closing bracket, must
+start this one's, and a message boundary (`,`) must follow it. Equal bytes are equal
+values as the proxy reads them (an integer and a float, or `true` and `1`, are written
+differently), so a turn that passes the check would compute the same digest and find the
+same values from scratch; the differential tests hold it to that.
+
+Kept per process for the episodes that called last, up to `max_bytes` of conversations; a
+turn whose episode is not here (the first one a replica sees, or one pushed out) does the
+whole work, as every turn did before.
+"""
+
+from __future__ import annotations
+
+from typing import Any, NamedTuple
+
+import orjson
+
+from budgetproxy.core.fingerprint import Tail
+
+# Conversations kept across an episode's turns, in bytes: ~190 episodes of 400 turns of
+# 400-character messages (345 KB each), or all of thousands of short ones.
+MAX_BYTES = 64 << 20
+
+
+class Prefix(NamedTuple):
+    """A turn's conversation, for its episode's next turn to compare with."""
+
+    written: bytes  # the conversation as orjson writes it
+    messages: int  # how many messages it holds
+    tail: Tail  # where its digest's hash ended (core.fingerprint)
+    lossless: bool  # its body was checked and held no integer orjson read as a float
+
+
+def written(conversation: list[Any]) -> bytes | None:
+    """The conversation as orjson writes it; None when it cannot (nesting past 254 levels)."""
+    try:
+        return orjson.dumps(conversation)
+    except (TypeError, ValueError):
+        return None
+
+
+def extended(previous: Prefix | None, written_now: bytes | None) -> Prefix | None:
+    """`previous` when the conversation written as `written_now` starts with its messages,
+    byte for byte, and has more; None otherwise."""
+    if previous is None or written_now is None or previous.messages < 1:
+        return None
+    head = memoryview(previous.written)[:-1]  # (all but its closing bracket)
+    n = len(head)
+    if len(written_now) <= n + 1 or written_now[n] != 0x2C or not written_now.startswith(head):
+        return None
+    return previous
+
+
+class Prefixes:
+    """The last turn's `Prefix` of recent episodes, at most `max_bytes` of conversations;
+    the episode that called least recently is dropped first."""
+
+    def __init__(self, max_bytes: int = MAX_BYTES) -> None:
+        self.max_bytes = max_bytes
+        self._last: dict[str, Prefix] = {}  # in order of use (re-inserted on each)
+        self._bytes = 0
+
+    def get(self, episode_id: str) -> Prefix | None:
+        return self._last.get(episode_id)
+
+    def keep(self, episode_id: str, prefix: Prefix) -> None:
+        """`prefix` as the episode's last turn (replacing the one before)."""
+        old = self._last.pop(episode_id, None)
+        if old is not None:
+            self._bytes -= len(old.written)
+        size = len(prefix.written)
+        if size > self.max_bytes:
+            return
+        self._last[episode_id] = prefix
+        self._bytes += size
+        while self._bytes > self.max_bytes:
+            oldest = next(iter(self._last))
+            self._bytes -= len(self._last.pop(oldest).written)
+
+    def drop(self, episode_id: str) -> None:
+        old = self._last.pop(episode_id, None)
+        if old is not None:
+            self._bytes -= len(old.written)
+
+    @property
+    def size(self) -> int:
+        """Bytes of conversations kept."""
+        return self._bytes
