@@ -167,11 +167,24 @@ def counted_block(client: httpx.Client, pid: int, prefix: Path, bodies_: list[by
     return ins.dumped_events(prefix)["Ir"]
 
 
+def warm_up(client: httpx.Client, store: str) -> None:
+    """One short episode and the same bodies forwarded, not measured: what a proxy does once
+    (its store's scripts loaded, connections opened, code first run) is no turn's cost."""
+    plain = {"content-type": "application/json"}
+    episode = {**plain, "X-Episode-Id": f"warm-{store}-{time.time_ns()}"}
+    for body in bodies(5, 400):
+        for headers in (episode, plain):
+            r = client.post(ROUTE, content=body, headers=headers)
+            if r.status_code != 200:
+                raise SystemExit(f"HTTP {r.status_code}: {r.text[:300]}")
+
+
 def run_store_counted(store: str, url: str, pid: int, prefix: Path,
                       rows: list[tuple[int, int]], measured: int) -> list[dict[str, Any]]:
     """run_store's rows, in instructions (--instructions)."""
     out = []
     with httpx.Client(base_url=url, timeout=600.0) as client:
+        warm_up(client, store)
         plain = {"content-type": "application/json"}
         for n, (turns, size) in enumerate(rows):
             episode = {**plain, "X-Episode-Id": f"long-{store}-{n}-{time.time_ns()}"}
@@ -208,6 +221,7 @@ def run_store(store: str, url: str, pid: int, rows: list[tuple[int, int]], measu
         first = redis_counters(server)[2]
         info_bytes = redis_counters(server)[2] - first
     with httpx.Client(base_url=url, timeout=60.0) as client:
+        warm_up(client, store)
         plain = {"content-type": "application/json"}
         for n, (turns, size) in enumerate(rows):
             eid = f"long-{store}-{n}-{time.time_ns()}"

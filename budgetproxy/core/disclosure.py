@@ -5,7 +5,7 @@ from __future__ import annotations
 import functools
 import string
 from collections.abc import Callable, Iterable, Mapping
-from typing import Any, Literal
+from typing import Any, Literal, NamedTuple
 
 from budgetproxy.core.episode import Placed
 from budgetproxy.core.fingerprint import Fingerprint, lone_text
@@ -185,6 +185,43 @@ def _append_text(message: dict[str, Any], text: str) -> dict[str, Any]:
     else:
         out["content"] = text
     return out
+
+
+class Disclosed(NamedTuple):
+    """A turn's conversation with its texts placed at its last message (`placed_last`), and
+    the texts in the order they went on: its episode's next turn starts from it."""
+
+    messages: list[Any]
+    texts: list[tuple[int, str]]  # (index, text): earlier turns', then its own
+
+
+def placed_last(
+    messages: list[Any], text: str, earlier: list[tuple[int, str]],
+    previous: Disclosed | None = None,
+) -> tuple[list[Any], Disclosed | None]:
+    """`apply` with `last_message`, and what the next turn may start from (None when a text
+    could not go on its message). With `previous`, the episode's previous turn's, whose
+    messages the caller knows to be, byte for byte, this conversation's first ones: when
+    its texts begin `earlier`, its placed messages are taken as they are, and only the new
+    messages are copied and given texts (a long episode re-applies a text to every earlier
+    turn's message)."""
+    n = len(messages)
+    out: list[Any] | None = None
+    rest = earlier
+    if previous is not None:
+        m, k = len(previous.texts), len(previous.messages)
+        if k < n and earlier[:m] == previous.texts:  # (all its texts went on their messages)
+            out, rest = [*previous.messages, *messages[k:]], earlier[m:]
+    if out is None:
+        out = list(messages)
+    whole = True
+    for idx, old in rest:
+        if 0 <= idx < n - 1 and isinstance(out[idx], dict):
+            out[idx] = _append_text(out[idx], old)
+        else:
+            whole = False
+    out[n - 1] = _append_text(out[n - 1], text)
+    return out, (Disclosed(out, [*earlier, (n - 1, text)]) if whole else None)
 
 
 def apply(

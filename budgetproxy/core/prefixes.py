@@ -22,6 +22,7 @@ from typing import Any, NamedTuple
 
 import orjson
 
+from budgetproxy.core.disclosure import Disclosed
 from budgetproxy.core.fingerprint import Tail
 
 # Conversations kept across an episode's turns, in bytes: ~190 episodes of 400 turns of
@@ -36,6 +37,18 @@ class Prefix(NamedTuple):
     messages: int  # how many messages it holds
     tail: Tail  # where its digest's hash ended (core.fingerprint)
     lossless: bool  # its body was checked and held no integer orjson read as a float
+    placed: Disclosed | None = None  # its messages with their texts (core.disclosure.placed_last)
+
+
+# What a kept Prefix holds in Python objects, for each byte of its conversation written, when
+# it holds its placed messages too: those of the turn's parse and the copies with texts.
+_OBJECTS_PER_BYTE = 3
+
+
+def _size(prefix: Prefix) -> int:
+    """A kept Prefix's bytes as the limit counts them."""
+    written_bytes = len(prefix.written)
+    return written_bytes if prefix.placed is None else _OBJECTS_PER_BYTE * written_bytes
 
 
 def written(conversation: list[Any]) -> bytes | None:
@@ -72,24 +85,22 @@ class Prefixes:
 
     def keep(self, episode_id: str, prefix: Prefix) -> None:
         """`prefix` as the episode's last turn (replacing the one before)."""
-        old = self._last.pop(episode_id, None)
-        if old is not None:
-            self._bytes -= len(old.written)
-        size = len(prefix.written)
+        self.drop(episode_id)
+        size = _size(prefix)
         if size > self.max_bytes:
             return
         self._last[episode_id] = prefix
         self._bytes += size
         while self._bytes > self.max_bytes:
             oldest = next(iter(self._last))
-            self._bytes -= len(self._last.pop(oldest).written)
+            self._bytes -= _size(self._last.pop(oldest))
 
     def drop(self, episode_id: str) -> None:
         old = self._last.pop(episode_id, None)
         if old is not None:
-            self._bytes -= len(old.written)
+            self._bytes -= _size(old)
 
     @property
     def size(self) -> int:
-        """Bytes of conversations kept."""
+        """Bytes kept, as the limit counts them."""
         return self._bytes

@@ -8,6 +8,7 @@ from typing import TYPE_CHECKING, Any
 from blake3 import blake3
 
 from budgetproxy.config import UpstreamConfig
+from budgetproxy.core.disclosure import Disclosed
 from budgetproxy.core.episode import EpisodeState, Grant, GrantKind
 from budgetproxy.core.fingerprint import Fingerprint
 from budgetproxy.core.prefixes import Prefix
@@ -57,6 +58,7 @@ class ModelCall:
         "settled", "span", "prints", "previous_response", "exact", "ended", "probe", "query",
         "payload", "timed_out", "cumulative", "capture", "tokens", "sent", "upstream_body",
         "counts", "answer", "warning", "compaction", "leg", "written", "extends", "lossless",
+        "placed",
     )
 
     def __init__(self, route: str, dialect: Dialect) -> None:
@@ -91,6 +93,8 @@ class ModelCall:
         # previous turn's, kept by this process, when this one starts with it
         self.written: tuple[bytes, int] | None = None
         self.extends: Prefix | None = None
+        # its conversation with the disclosure texts placed, for the next turn to start from
+        self.placed: Disclosed | None = None
         self.ended: EpisodeState | None = None  # its episode, when settling this call ended it
         self.probe: str | None = None  # the probe run that sent it (PROBE_HEADER)
         self.query = ""  # the query string forwarded upstream with it (core.paths.wire_query)

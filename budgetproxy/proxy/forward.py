@@ -413,7 +413,10 @@ class ModelCalls:
             template, grant.turn, st.budget, st.announced_budget, chosen=chosen,
             fields=fields, told=st.told)
         call.disclosure_text = text
-        return call.dialect.place(payload, conversation, cfg.placement, text, again), conversation
+        previous = call.extends.placed if call.extends is not None else None
+        payload, call.placed = call.dialect.place(payload, conversation, cfg.placement, text,
+                                                  again, previous)
+        return payload, conversation
 
     async def _open_turn(
         self, call: ModelCall, eid: str, headers: dict[bytes, bytes], body: bytes,
@@ -493,7 +496,8 @@ class ModelCalls:
         """This turn's conversation, for the episode's next turn (core/prefixes.py)."""
         if call.written is not None and call.prints is not None:
             now, count = call.written
-            self.prefixes.keep(eid, Prefix(now, count, call.prints.tail(), call.lossless))
+            self.prefixes.keep(eid, Prefix(now, count, call.prints.tail(), call.lossless,
+                                           call.placed))
 
     def _new_episode(
         self, call: ModelCall, eid: str, headers: dict[bytes, bytes], now: float,

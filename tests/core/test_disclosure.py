@@ -5,6 +5,7 @@ from __future__ import annotations
 import copy
 from typing import Any
 
+import orjson
 import pytest
 from hypothesis import assume, given
 from hypothesis import strategies as st
@@ -295,3 +296,48 @@ def test_edit_places_appends_and_inserts_as_the_item_by_item_rule(
     got = disclosure.edit(items, appends, inserts, lambda item, t: (item, t),
                           lambda t: ("new", t))
     assert got == _edit_plainly(items, appends, inserts)
+
+
+# -- a long episode's turn starts from its previous turn's placed messages ------------------
+_msg = st.fixed_dictionaries({
+    "role": st.sampled_from(["user", "assistant", "tool"]),
+    "content": st.text(max_size=5) | st.builds(
+        lambda t: [{"type": "text", "text": t}], st.text(max_size=4)) | st.none()})
+_texts = st.lists(st.tuples(st.integers(-1, 9), st.sampled_from(["x", "y", "z"])), max_size=5)
+
+
+@given(messages=st.lists(_msg, min_size=1, max_size=8), data=st.data())
+def test_placing_from_the_previous_turn_is_placing_from_scratch(
+    messages: list[Any], data: Any
+) -> None:
+    """Whatever the earlier texts (some off the conversation, some on its last message,
+    repeated), a turn started from its previous turn's placed messages sends what `apply`
+    sends, and leaves the next turn what a turn started from scratch would."""
+    k = data.draw(st.integers(1, len(messages)))
+    before = data.draw(_texts)
+    _, previous = disclosure.placed_last(copy.deepcopy(messages[:k]), "p", before)
+    earlier = data.draw(st.sampled_from(["extends", "other"]))
+    now = data.draw(_texts)
+    if earlier == "extends" and previous is not None:
+        now = [*previous.texts, *now]
+    out, kept = disclosure.placed_last(messages, "t", now, previous)
+    assert out == disclosure.apply(messages, "last_message", "t", now)
+    assert (out, kept) == disclosure.placed_last(messages, "t", now)
+    assert orjson.dumps(out) == orjson.dumps(disclosure.apply(messages, "last_message", "t", now))
+
+
+def test_a_growing_conversation_takes_its_earlier_messages_from_the_previous_turn() -> None:
+    """The path a long episode takes: the previous turn's placed messages are reused as they
+    are (the same objects), and only the new ones get copies with texts."""
+    convo = [{"role": "user", "content": "u1"}]
+    out, kept = disclosure.placed_last(convo, "t1", [])
+    for turn in range(2, 6):
+        assert kept is not None
+        convo = [*copy.deepcopy(convo), {"role": "assistant", "content": f"a{turn}"},
+                 {"role": "user", "content": f"u{turn}"}]
+        new, kept_now = disclosure.placed_last(convo, f"t{turn}", kept.texts, kept)
+        assert all(a is b for a, b in zip(new, kept.messages, strict=False))
+        assert new == disclosure.apply(convo, "last_message", f"t{turn}", kept.texts)
+        out, kept = new, kept_now
+    assert out[-1] == {"role": "user", "content": "u5\n\nt5"}
+    assert [m["content"] for m in out[::2]] == [f"u{t}\n\nt{t}" for t in range(1, 6)]

@@ -24,7 +24,7 @@ EXHAUSTED_TEXT = "[Turn budget exhausted] This episode has no turns left."
 def place(dialect: Any, payload: dict[str, Any], placement: Placement,
           again: list[tuple[int, str]] | None = None) -> dict[str, Any]:
     conv = dialect.conversation(payload)
-    return dict(dialect.place(dict(payload), conv, placement, T, again or []))
+    return dict(dialect.place(dict(payload), conv, placement, T, again or [])[0])
 
 
 # -- Responses ---------------------------------------------------------------------------------

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Any, Protocol
 
-from budgetproxy.core.disclosure import Placement
+from budgetproxy.core.disclosure import Disclosed, Placement
 from budgetproxy.errors import ProxyError
 
 # What a reply read back gives the log, metrics and spans:
@@ -46,10 +46,12 @@ class Dialect(Protocol):
 
     def place(
         self, payload: dict[str, Any], conversation: list[Any], placement: Placement, text: str,
-        again: list[tuple[int, str]],
-    ) -> dict[str, Any]:
+        again: list[tuple[int, str]], previous: Disclosed | None = None,
+    ) -> tuple[dict[str, Any], Disclosed | None]:
         """The payload with this turn's text placed and earlier ones (index, text) re-applied;
-        what it does not touch stays the client's own objects."""
+        what it does not touch stays the client's own objects. With it, what the episode's
+        next turn may start from when its conversation starts with this one's (`previous`:
+        the previous turn's; core.disclosure.placed_last), or None."""
 
     def read_body(self, data: bytes) -> Reply:
         """The reply in a whole (non-streamed) response body."""

@@ -7,7 +7,7 @@ from typing import Any
 import orjson
 
 from budgetproxy.core import disclosure
-from budgetproxy.core.disclosure import Placement
+from budgetproxy.core.disclosure import Disclosed, Placement
 from budgetproxy.errors import ProxyError, invalid_request
 from budgetproxy.proxy import synthetic
 from budgetproxy.proxy.dialects.base import EMPTY_REPLY, Reply
@@ -108,7 +108,11 @@ class ChatDialect(ChoicesDialect):
 
     def place(
         self, payload: dict[str, Any], conversation: list[Any], placement: Placement, text: str,
-        again: list[tuple[int, str]],
-    ) -> dict[str, Any]:
+        again: list[tuple[int, str]], previous: Disclosed | None = None,
+    ) -> tuple[dict[str, Any], Disclosed | None]:
+        if placement == "last_message":
+            payload["messages"], placed = disclosure.placed_last(conversation, text, again,
+                                                                 previous)
+            return payload, placed
         payload["messages"] = disclosure.apply(conversation, placement, text, again)
-        return payload
+        return payload, None

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from budgetproxy.core.disclosure import Placement
+from budgetproxy.core.disclosure import Disclosed, Placement
 from budgetproxy.errors import invalid_request
 from budgetproxy.proxy.dialects.chat import ChoicesDialect
 
@@ -27,8 +27,8 @@ class CompletionsDialect(ChoicesDialect):
 
     def place(
         self, payload: dict[str, Any], conversation: list[Any], placement: Placement, text: str,
-        again: list[tuple[int, str]],
-    ) -> dict[str, Any]:
+        again: list[tuple[int, str]], previous: Disclosed | None = None,
+    ) -> tuple[dict[str, Any], Disclosed | None]:
         # A prompt is raw text the model continues: a disclosure in it would be continued as
         # if the client had written it, so completions are forwarded as sent.
-        return payload
+        return payload, None

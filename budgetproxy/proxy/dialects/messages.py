@@ -7,7 +7,7 @@ from typing import Any
 import orjson
 
 from budgetproxy.core import disclosure
-from budgetproxy.core.disclosure import Placement
+from budgetproxy.core.disclosure import Disclosed, Placement
 from budgetproxy.errors import ProxyError
 from budgetproxy.proxy.dialects import messages_finish
 from budgetproxy.proxy.dialects.base import EMPTY_REPLY, Reply, head_log_fields
@@ -153,11 +153,11 @@ class MessagesDialect:
 
     def place(
         self, payload: dict[str, Any], conversation: list[Any], placement: Placement, text: str,
-        again: list[tuple[int, str]],
-    ) -> dict[str, Any]:
+        again: list[tuple[int, str]], previous: Disclosed | None = None,
+    ) -> tuple[dict[str, Any], Disclosed | None]:
         if placement == "system":
             payload["system"] = _system_with(payload.get("system"), text)
-            return payload
+            return payload, None
         items: list[Any] = payload["messages"]  # the client's, markers and all
         n = len(items)
         appends: dict[int, list[str]] = {}
@@ -187,7 +187,7 @@ class MessagesDialect:
         else:
             put(n, text)
         payload["messages"] = disclosure.edit(items, appends, inserts, _append, _new)
-        return payload
+        return payload, None
 
     def read_body(self, data: bytes) -> Reply:
         try:

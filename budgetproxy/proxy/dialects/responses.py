@@ -7,7 +7,7 @@ from typing import Any
 import orjson
 
 from budgetproxy.core import disclosure
-from budgetproxy.core.disclosure import Placement
+from budgetproxy.core.disclosure import Disclosed, Placement
 from budgetproxy.errors import ProxyError, invalid_request
 from budgetproxy.proxy.dialects import responses_finish
 from budgetproxy.proxy.dialects.base import EMPTY_REPLY, Reply, head_log_fields
@@ -133,18 +133,18 @@ class ResponsesDialect:
 
     def place(
         self, payload: dict[str, Any], conversation: list[Any], placement: Placement, text: str,
-        again: list[tuple[int, str]],
-    ) -> dict[str, Any]:
+        again: list[tuple[int, str]], previous: Disclosed | None = None,
+    ) -> tuple[dict[str, Any], Disclosed | None]:
         if placement == "system":
             instructions = payload.get("instructions")
             payload["instructions"] = (instructions + "\n\n" + text
                                        if isinstance(instructions, str) and instructions
                                        else text)
-            return payload
+            return payload, None
         inp = payload.get("input")
         if isinstance(inp, str) and placement == "last_message":
             payload["input"] = inp + "\n\n" + text if inp else text
-            return payload
+            return payload, None
         items = conversation[1:]
         n = len(items)
         appends: dict[int, list[str]] = {}
@@ -172,7 +172,7 @@ class ResponsesDialect:
                     inserts.setdefault(i, []).append(old)
             inserts.setdefault(n, []).append(text)
         payload["input"] = disclosure.edit(items, appends, inserts, _append, _new)
-        return payload
+        return payload, None
 
     def read_body(self, data: bytes) -> Reply:
         try:
