@@ -63,6 +63,7 @@ from budgetproxy.proxy.sse import EventSplitter
 from budgetproxy.proxy.upstream import UpstreamPool
 from budgetproxy.proxy.upstream_call import Leg, UpstreamCall
 from budgetproxy.proxy.wire import (
+    Checked,
     encode_exact,
     exact_payload,
     ignored_spec_headers,
@@ -749,11 +750,12 @@ class ModelCalls:
         """The payload to rewrite, read again when orjson's reading lost an integer's
         digits (the rewrite must not change what it does not touch); None: `payload` is.
         The messages the previous turn checked are not looked at again (core/prefixes.py)."""
-        previous, conversation = call.extends, call.prints
-        known = None
-        if previous is not None and previous.lossless and conversation is not None:
-            known = (conversation.messages, previous.messages)
-        exact = exact_payload(body, payload, known)
+        previous, prints, dialect = call.extends, call.prints, call.dialect
+        checked = None
+        if previous is not None and previous.lossless and prints is not None:
+            checked = Checked(prints.messages, previous.messages, dialect.items_key,
+                              dialect.heads)
+        exact = exact_payload(body, payload, checked)
         call.exact = exact is not None
         call.lossless = not call.exact
         return exact

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import json
-from typing import Any
+from typing import Any, NamedTuple
 
 import orjson
 
@@ -182,31 +182,50 @@ def parse_payload(body: bytes) -> dict[str, Any]:
 _LOSSY_FLOAT = float(1 << 63)
 
 
+class Checked(NamedTuple):
+    """What an earlier check of the body proves of this one: its conversation's first
+    `entries` are, byte for byte, those of a conversation whose body held no float
+    an integer past 64 bits became (the episode's previous turn's, core/prefixes.py)."""
+
+    conversation: list[Any]
+    entries: int
+    items_key: str | None  # the payload's list the conversation's messages come from
+    heads: int  # conversation entries before them (instructions, system prompt)
+
+
 def exact_payload(body: bytes, payload: dict[str, Any],
-                  known: tuple[list[Any], int] | None = None) -> dict[str, Any] | None:
+                  checked: Checked | None = None) -> dict[str, Any] | None:
     """The body read again keeping every integer exact, when orjson's reading of it (the
     `payload`) turned one past 64 bits into a float; None when that reading is exact.
-    `known`: a list among the payload's values and how many of its first items are known
-    to hold no such float (a long episode's history, checked by its previous turn).
 
     Only a body the proxy re-encodes needs this (a seed, or a schema default, must reach the
     upstream as sent); one that is forwarded as is keeps its bytes anyway. The check walks
     the parsed values, not the bytes: its cost follows the number of values, not the size of
-    the texts and images they carry.
+    the texts and images they carry. With `checked`, the payload's items that are (the same
+    objects as) entries of the conversation's checked part are not walked again.
     """
-    if known is None:
-        lossy = _has_lossy_float([payload])
-    else:
-        items, count = known
-        lossy = _has_lossy_float([[v for v in payload.values() if v is not items],
-                                  items[count:]])
-    if not lossy:
+    if not _has_lossy_float(_unchecked(payload, checked)):
         return None
     try:
         exact = json.loads(body)
     except (RecursionError, ValueError):  # deeper than the stdlib parser goes: keep orjson's
         return None
     return exact if isinstance(exact, dict) else None
+
+
+def _unchecked(payload: dict[str, Any], checked: Checked | None) -> list[Any]:
+    """The containers of `payload` an earlier check does not cover. An item of the payload's
+    list that is itself a checked conversation entry holds exactly that entry's values; any
+    other item (one whose markers the conversation leaves out, say) is walked."""
+    items = None if checked is None or checked.items_key is None else payload.get(
+        checked.items_key)
+    if checked is None or type(items) is not list:
+        return [payload]
+    conversation, heads = checked.conversation, checked.heads
+    n = max(0, min(checked.entries - heads, len(items), len(conversation) - heads))
+    key = checked.items_key
+    return [[v for k, v in payload.items() if k != key], items[n:],
+            [m for i, m in enumerate(items[:n]) if conversation[heads + i] is not m]]
 
 
 def _has_lossy_float(stack: list[Any]) -> bool:

@@ -345,13 +345,13 @@ def test_integers_past_64_bits_stay_exact_as_a_long_episode_grows(
     history: list[dict[str, Any]] = [{"role": "user", "content": "u1"}]
     for t in range(1, 6):
         if t == 3:  # a new message with integers orjson reads as floats
-            history[-1] = {**history[-1], "x": [2**100, -(2**64) - 1]}
+            history[-1] = {**history[-1], "x": [2**100 + 1, -(2**64) - 1]}
         raw = json.dumps({"model": "m1", "messages": history, "seed": 7}).encode()
         send(p, eid, raw, **({"X-Episode-Budget": "9"} if t == 1 else {}))
         seen = json.loads(upstream.requests[-1].body)
         assert seen["seed"] == 7
         if t >= 3:
-            assert [m["x"] for m in seen["messages"] if "x" in m] == [[2**100, -(2**64) - 1]]
+            assert [m["x"] for m in seen["messages"] if "x" in m] == [[2**100 + 1, -(2**64) - 1]]
         assert seen["messages"][-1]["content"].endswith(text(t, 9)), t
         history += [{"role": "assistant", "content": f"a{t}"},
                     {"role": "user", "content": f"u{t + 1}"}]

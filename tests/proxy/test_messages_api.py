@@ -233,3 +233,49 @@ def test_a_client_that_hangs_up_after_the_last_event_got_its_whole_answer(
                 break
     (rec,) = default_proxy.wait_records(1, type="turn", episode_id=eid)
     assert rec["status"] == "ok" and rec["response"]["content"] == "echo: bye"
+
+
+@pytest.mark.parametrize("api,where", [("messages", "new"), ("messages", "marker"),
+                                       ("responses", "new")])
+def test_integers_past_64_bits_stay_exact_in_a_long_session(
+    proxy: ProxyFactory, upstream: FakeUpstream, api: str, where: str
+) -> None:
+    """A turn walks only what its previous turn did not check (core/prefixes.py): an item
+    that is the conversation's own entry, checked last turn, is skipped; one whose markers the
+    conversation leaves out (a marked message) is walked. An integer past 64 bits arriving in
+    a new message, or in the marker of an old one, after clean turns reaches the upstream
+    exact, on that turn and the ones after it."""
+    import json
+
+    p = proxy({"disclosure": {"mode": "disclosed", "template": TEMPLATE, "history": "keep"}})
+    eid = new_id()
+    big = 123456789012345678901234567891  # (no float equals it)
+    history: list[dict[str, Any]] = [{"role": "user", "content": [
+        {"type": "text", "text": "u1", "cache_control": EPHEMERAL}]}]
+    path = "/v1/messages" if api == "messages" else "/v1/responses"
+    for t in range(1, 6):
+        if t == 3 and where == "new":  # a new message with an integer orjson reads as a float
+            history[-1] = {**history[-1], "n": big}
+        if t == 3 and where == "marker":  # the first prompt's marker, on an old message
+            history[0] = {"role": "user", "content": [
+                {"type": "text", "text": "u1", "cache_control": {"type": "ephemeral", "n": big}}]}
+        if api == "messages":  # the newest message marked, as Claude Code does
+            newest = {**history[-1], "content": [
+                {**history[-1]["content"][0], "cache_control": EPHEMERAL}]}
+            body = {"model": "m1", "max_tokens": 16, "system": "sys",
+                    "messages": [*history[:-1], newest] if t > 1 else history}
+        else:
+            body = {"model": "m1", "instructions": "sys", "input": history}
+        r = httpx.post(f"{p.url}{path}", content=json.dumps(body).encode(),
+                       headers={"content-type": "application/json", "X-Episode-Id": eid,
+                                "X-Test-Episode": eid, "X-Episode-Budget": "9"}, timeout=20)
+        assert r.status_code == 200, r.text
+        seen = [json.loads(q.body) for q in upstream.requests
+                if q.headers.get("x-test-episode") == eid][-1]
+        items = seen["messages"] if api == "messages" else seen["input"]
+        found = ([m["n"] for m in items if "n" in m] if where == "new"
+                 else [b["cache_control"].get("n") for b in items[0]["content"]
+                       if "cache_control" in b])
+        assert found == ([big] if t >= 3 else [] if where == "new" else [None]), (t, found)
+        history += [{"role": "assistant", "content": [{"type": "text", "text": f"a{t}"}]},
+                    {"role": "user", "content": [{"type": "text", "text": f"u{t + 1}"}]}]

@@ -24,6 +24,9 @@ class Dialect(Protocol):
     kind: str
     # Head items the conversation starts with (instructions, system prompt) before messages.
     heads: int
+    # The payload's member whose items the conversation's messages are read from (the same
+    # objects where nothing in them changed); None when there is no such list.
+    items_key: str | None
     # Whether disclosed episodes get the text placed on this API (see `place`).
     discloses: bool
     # Whether a `kind: litellm` upstream can serve it (litellm.acompletion takes chat).

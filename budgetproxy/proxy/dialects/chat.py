@@ -57,6 +57,7 @@ class ChoicesDialect:
     kind = "chat"
     text_key: str | None = None  # where a choice keeps its text; None: in `message`
     heads = 0
+    items_key: str | None = "messages"
     stream_usage = True
 
     def continues(self, payload: dict[str, Any]) -> str | None:

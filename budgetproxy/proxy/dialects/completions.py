@@ -11,6 +11,7 @@ from budgetproxy.proxy.dialects.chat import ChoicesDialect
 
 class CompletionsDialect(ChoicesDialect):
     kind = "completions"
+    items_key: str | None = None  # (its conversation is the prompt)
     text_key = "text"
     via_litellm = False
     discloses = False  # see place()

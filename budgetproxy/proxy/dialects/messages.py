@@ -55,6 +55,21 @@ def _unmarked_dict(value: dict[str, Any]) -> dict[str, Any]:
     return out
 
 
+def _unmarked_message(message: Any) -> Any:
+    """`_unmarked` of one message, looking at most messages' blocks in one loop: a message
+    with no marker and no block with a content list of its own is the client's object."""
+    if type(message) is not dict or "cache_control" in message:
+        return _unmarked(message)
+    content = message.get("content")
+    if type(content) is not list:
+        return message
+    for block in content:
+        if type(block) is dict and ("cache_control" in block
+                                    or type(block.get("content")) is list):
+            return _unmarked_dict(message)
+    return message
+
+
 def _is_user(m: Any) -> bool:
     return isinstance(m, dict) and m.get("role") == "user"
 
@@ -129,6 +144,7 @@ def _merge_usage(usage: dict[str, Any], more: Any) -> None:
 class MessagesDialect:
     kind = "messages"
     heads = 1
+    items_key: str | None = "messages"
     via_litellm = False
     discloses = True
     stream_usage = False  # message_start and message_delta carry usage
@@ -138,7 +154,7 @@ class MessagesDialect:
 
     def conversation(self, payload: dict[str, Any]) -> list[Any]:
         return [{"system": _unmarked(payload.get("system"))},
-                *(_unmarked(m) for m in payload["messages"])]
+                *[_unmarked_message(m) for m in payload["messages"]]]
 
     def continues(self, payload: dict[str, Any]) -> str | None:
         return None

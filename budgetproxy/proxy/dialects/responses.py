@@ -108,6 +108,7 @@ def finish_of(obj: dict[str, Any]) -> Any:
 class ResponsesDialect:
     kind = "responses"
     heads = 1
+    items_key: str | None = "input"
     via_litellm = False
     discloses = True
     stream_usage = False  # usage arrives in response.completed
