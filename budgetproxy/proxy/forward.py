@@ -414,7 +414,10 @@ class ModelCalls:
             template, grant.turn, st.budget, st.announced_budget, chosen=chosen,
             fields=fields, told=st.told)
         call.disclosure_text = text
-        previous = call.extends.placed if call.extends is not None else None
+        # (only from a previous turn read without loss: an integer past 64 bits that the
+        # client changed reads as the same float, so equal bytes would not prove it equal)
+        extended = call.extends
+        previous = extended.placed if extended is not None and extended.lossless else None
         payload, call.placed = call.dialect.place(payload, conversation, cfg.placement, text,
                                                   again, previous)
         return payload, conversation

@@ -357,6 +357,23 @@ def test_integers_past_64_bits_stay_exact_as_a_long_episode_grows(
                     {"role": "user", "content": f"u{t + 1}"}]
 
 
+def test_an_integer_past_64_bits_changed_in_the_history_reaches_the_upstream(
+    proxy: ProxyFactory, upstream: FakeUpstream
+) -> None:
+    """2**70 + 1 and 2**70 + 2 read as the same float: a turn whose history changed one into
+    the other is not taken from the previous turn's placed messages."""
+    p = disclosed(proxy, history="keep")
+    eid = new_id()
+    for t, value in enumerate([2**70 + 1, 2**70 + 2, 2**70 + 3], 1):
+        history = [{"role": "user", "content": "u1", "x": value}]
+        for k in range(2, t + 1):
+            history += [{"role": "assistant", "content": f"a{k}"},
+                        {"role": "user", "content": f"u{k}"}]
+        send(p, eid, json.dumps({"model": "m1", "messages": history}).encode(),
+             **({"X-Episode-Budget": "9"} if t == 1 else {}))
+        assert json.loads(upstream.requests[-1].body)["messages"][0]["x"] == value, t
+
+
 def test_non_chat_calls_are_forwarded_as_is(proxy: ProxyFactory, upstream: FakeUpstream) -> None:
     p = disclosed(proxy)
     raw = b'{"model": "m1", "prompt": "complete me"}'
