@@ -193,6 +193,7 @@ class Disclosed(NamedTuple):
 
     messages: list[Any]
     texts: list[tuple[int, str]]  # (index, text): earlier turns', then its own
+    base: int = 0  # how many of its messages are the previous turn's placed ones
 
 
 def placed_last(
@@ -208,10 +209,11 @@ def placed_last(
     n = len(messages)
     out: list[Any] | None = None
     rest = earlier
+    base = 0
     if previous is not None:
         m, k = len(previous.texts), len(previous.messages)
         if k < n and earlier[:m] == previous.texts:  # (all its texts went on their messages)
-            out, rest = [*previous.messages, *messages[k:]], earlier[m:]
+            out, rest, base = [*previous.messages, *messages[k:]], earlier[m:], k
     if out is None:
         out = list(messages)
     whole = True
@@ -221,7 +223,11 @@ def placed_last(
         else:
             whole = False
     out[n - 1] = _append_text(out[n - 1], text)
-    return out, (Disclosed(out, [*earlier, (n - 1, text)]) if whole else None)
+    if not whole:
+        return out, None
+    # (rest: texts placed on the new messages only, or none: the previous turn's stand)
+    return out, Disclosed(out, [*earlier, (n - 1, text)],
+                          base if all(idx >= base for idx, _ in rest) else 0)
 
 
 def apply(

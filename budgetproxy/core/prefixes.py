@@ -38,6 +38,9 @@ class Prefix(NamedTuple):
     tail: Tail  # where its digest's hash ended (core.fingerprint)
     lossless: bool  # its body was checked and held no integer orjson read as a float
     placed: Disclosed | None = None  # its messages with their texts (core.disclosure.placed_last)
+    turn: int = 0  # its turn and attempt (0: not known)
+    attempt: int = 0
+    plain: bool = False  # the upstream got its conversation as the client sent it (no text)
 
 
 # What a kept Prefix holds in Python objects, for each byte of its conversation written, when

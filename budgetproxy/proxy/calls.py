@@ -58,7 +58,7 @@ class ModelCall:
         "settled", "span", "prints", "previous_response", "exact", "ended", "probe", "query",
         "payload", "timed_out", "cumulative", "capture", "tokens", "sent", "upstream_body",
         "counts", "answer", "warning", "compaction", "leg", "written", "extends", "lossless",
-        "placed",
+        "placed", "logged_after",
     )
 
     def __init__(self, route: str, dialect: Dialect) -> None:
@@ -95,6 +95,10 @@ class ModelCall:
         self.extends: Prefix | None = None
         # its conversation with the disclosure texts placed, for the next turn to start from
         self.placed: Disclosed | None = None
+        # (turn, attempt, n, new messages, lossless): the conversation the upstream got is the
+        # first n messages of that earlier turn's, then these (its kept entry holds only
+        # these), its values read as that turn's were, or that turn's read without loss
+        self.logged_after: tuple[int, int, int, list[Any], bool] | None = None
         self.ended: EpisodeState | None = None  # its episode, when settling this call ended it
         self.probe: str | None = None  # the probe run that sent it (PROBE_HEADER)
         self.query = ""  # the query string forwarded upstream with it (core.paths.wire_query)

@@ -368,7 +368,7 @@ class ModelCalls:
                 self.disc_cfg.history == "keep" and call.previous_response is None):
             # Kept for later turns to re-apply as it was: its axis fields change every turn.
             await axis_calls.keep_told(self.store, eid, grant.turn, text)
-        self._keep_prefix(call, eid)
+        self._keep_prefix(call, eid, grant, conversation)
         return Plan(upstream, headers, body, payload, conversation)
 
     def _arm_upstream(
@@ -496,12 +496,27 @@ class ModelCalls:
         call.extends = previous
         return prints
 
-    def _keep_prefix(self, call: ModelCall, eid: str) -> None:
-        """This turn's conversation, for the episode's next turn (core/prefixes.py)."""
-        if call.written is not None and call.prints is not None:
-            now, count = call.written
-            self.prefixes.keep(eid, Prefix(now, count, call.prints.tail(), call.lossless,
-                                           call.placed))
+    def _keep_prefix(self, call: ModelCall, eid: str, grant: Grant,
+                     conversation: list[Any]) -> None:
+        """This turn's conversation, for the episode's next turn (core/prefixes.py), and what
+        its kept entry may leave out (`call.logged_after`)."""
+        if call.written is None or call.prints is None:
+            return
+        now, count = call.written
+        plain = call.disclosure_text is None  # the upstream gets the conversation as sent
+        previous = call.extends
+        if previous is not None and previous.turn:
+            # The upstream's conversation starts with all of the previous turn's: it is the
+            # client's on both turns, or this one started from that one's placed messages.
+            placed = call.placed
+            if plain and previous.plain:
+                call.logged_after = (previous.turn, previous.attempt, previous.messages,
+                                     conversation[previous.messages:], previous.lossless)
+            elif placed is not None and placed.base:  # (only after a turn read without loss)
+                call.logged_after = (previous.turn, previous.attempt, placed.base,
+                                     placed.messages[placed.base:], True)
+        self.prefixes.keep(eid, Prefix(now, count, call.prints.tail(), call.lossless,
+                                       call.placed, grant.turn, grant.attempt, plain))
 
     def _new_episode(
         self, call: ModelCall, eid: str, headers: dict[bytes, bytes], now: float,

@@ -25,6 +25,7 @@ from budgetproxy.trajectories.sink import TrajectorySink
 log = logging.getLogger("budgetproxy")
 
 GROUP_SIZE_MAX = 10_000
+LAST_KEPT = 4096  # episodes whose last kept turn is remembered (RolloutRecorder)
 
 
 def tenant_group(tenant: str | None, task_id: str, group: str) -> GroupKey:
@@ -91,14 +92,20 @@ class KeptTurn:
             messages = self.read(orjson.loads(self.body))
         return self.written(messages)
 
-    def written(self, messages: list[Any] | None) -> bytes:
-        """The entry's JSON with these messages (texts left out unless `full`)."""
+    def written(self, messages: list[Any] | None,
+                after: tuple[int, int, int] | None = None) -> bytes:
+        """The entry's JSON with these messages (texts left out unless `full`). With `after`
+        (turn, attempt, n): they are what follows the first n messages of that turn's entry
+        (store/turn_log.py `expand` puts them together when the entry is read)."""
         if messages is not None and not self.full:
             messages = strip_text(messages)
         try:
             text = orjson.dumps(messages)
         except (TypeError, ValueError):  # nesting past orjson's depth: kept without messages
             return self.small()
+        if after is not None:
+            return b'%b,"messages_after":[%d,%d,%d],"messages":%b,%b' % (
+                self.head[:-1], *after, text, self.tail[1:])
         return b'%b,"messages":%b,%b' % (self.head[:-1], text, self.tail[1:])
 
     def small(self) -> bytes:
@@ -106,12 +113,20 @@ class KeptTurn:
 
     @classmethod
     def of(cls, call: ModelCall, st: EpisodeState, reply: dict[str, Any] | None, *,
-           full: bool, lazy: bool) -> KeptTurn | LazyTurn:
+           full: bool, lazy: bool,
+           after: tuple[int, int, int, list[Any]] | None = None) -> KeptTurn | LazyTurn:
         """An answered call's turn. `lazy`: its messages are read back from the body it was
         sent when they are asked for (when that body reads as the conversation it carried),
         and a non-streamed answer's fields from the body it came in; otherwise they are
-        written now."""
+        written now. `after` (call.logged_after, its earlier turn kept here): only the new
+        messages are kept, written now (a long episode's entries do not grow with it)."""
         turn, attempt = turn_numbers(call, st)
+        if after is not None:  # what follows an earlier turn's messages: written now, small
+            head, tail = _head_tail(turn, attempt, reply, call.disclosure_text,
+                                    None if call.tokens is None else call.tokens.fields(), full)
+            kept = cls(head, tail, full=full)
+            kept.data = exact(kept.written(after[3], after[:3]))
+            return kept
         body = call.upstream_body
         # A body with integers orjson reads as floats (call.exact) is not read back: those
         # messages are written from the objects sent, as they always were.
@@ -228,6 +243,9 @@ class RolloutRecorder(Recorder):
         self.lazy = isinstance(turns, MemoryTurnLog)
         if turns is not None:
             self.keeps_turns = True
+        # Each recent episode's last turn kept here, (turn, attempt): a later turn's entry
+        # keeps only its new messages when the upstream's conversation extends that turn's.
+        self._last_kept: dict[str, tuple[int, int, bool]] = {}  # (and whether read again)
         # Live experiments keep each of their episodes' outcomes as its record is written.
         self.experiments: Experiments | None = None
 
@@ -237,8 +255,18 @@ class RolloutRecorder(Recorder):
         eid = call.episode_id
         if self.turns is None or eid is None:
             return
+        after = call.logged_after
+        last = self._last_kept.pop(eid, None)  # (re-inserted below: the most recent last)
+        # That turn's entry must be kept here, and its messages written from values read as
+        # these are (orjson's reading; a call read again keeps its entry whole): integers
+        # past 64 bits that differ can read as the same float, so only a turn read without
+        # loss, or one whose messages were written from orjson's reading too, agrees.
+        if after is not None and (last is None or last[:2] != after[:2] or call.exact or not (
+                after[4] or not last[2])):
+            after = None
         try:
-            kept = KeptTurn.of(call, st, reply, full=self.content_full, lazy=self.lazy)
+            kept = KeptTurn.of(call, st, reply, full=self.content_full, lazy=self.lazy,
+                               after=None if after is None else after[:4])
         except (TypeError, ValueError):  # a reply orjson cannot write (nested too deep)
             log.warning("turn of %s not kept for its trajectory: its reply cannot be "
                         "written as JSON", eid)
@@ -248,6 +276,11 @@ class RolloutRecorder(Recorder):
         except StoreUnavailable:
             log.warning("store unavailable: turn %s of %s not kept for its trajectory",
                         turn_numbers(call, st)[0], eid)
+            return
+        kept_last = self._last_kept
+        kept_last[eid] = (*turn_numbers(call, st), call.exact)
+        if len(kept_last) > LAST_KEPT:
+            del kept_last[next(iter(kept_last))]
 
     async def episode_started(self, st: EpisodeState) -> None:
         await super().episode_started(st)

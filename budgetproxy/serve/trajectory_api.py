@@ -15,7 +15,7 @@ from budgetproxy.core.tokens import sequence
 from budgetproxy.errors import ProxyError
 from budgetproxy.serve.episode_api import stored_id
 from budgetproxy.store.base import EpisodeStore
-from budgetproxy.store.turn_log import TurnLog
+from budgetproxy.store.turn_log import TurnLog, expand
 
 
 def last_attempts(entries: list[dict[str, Any]]) -> list[dict[str, Any]]:
@@ -51,7 +51,7 @@ def add_trajectory_route(app: FastAPI, config: Config, store: EpisodeStore,
                              "This proxy keeps no trajectories (rollouts.keep_turns: false)",
                              param="episode_id")
         raw = await turns.read(episode_id) or []
-        kept = last_attempts([orjson.loads(b) for b in raw])
+        kept = last_attempts(expand([orjson.loads(b) for b in raw]))
         seq = sequence(kept)
         body: dict[str, Any] = {
             "episode_id": local_id(st.episode_id),

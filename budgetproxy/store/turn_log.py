@@ -8,6 +8,11 @@ as the bytes it is made of (proxy/grouping.py: the request body the upstream got
 turn's other fields) and written out when it is read; its size is theirs. Redis keeps
 ``{prefix}:turns:{<id>}``, a list of the entries' JSON expiring `retention_s` after its last
 write.
+
+A turn whose conversation extends the previous turn's, as the upstream got both, is kept as
+its new messages with `"messages_after": [turn, attempt, n]` (proxy/grouping.py): `expand`
+puts the first n messages of that entry before them when the turns are read, so an episode's
+entries grow with its turns, not with their square.
 """
 
 from __future__ import annotations
@@ -55,6 +60,44 @@ class TurnLog(Protocol):
     async def read(self, episode_id: str) -> list[bytes] | None: ...
 
     async def close(self) -> None: ...
+
+
+def expand(entries: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """Entries as read, each with its whole `messages`. An entry kept as what follows an
+    earlier turn's messages (`"messages_after": [turn, attempt, n]`, proxy/grouping.py) gets
+    that turn's first n messages put before its own; when that turn's messages are not
+    there (past a bound, or never written), it is given as truncated, without messages."""
+    known: dict[tuple[Any, Any], list[Any]] = {}
+    waiting: list[dict[str, Any]] = []
+    for e in entries:
+        if "messages_after" in e:
+            waiting.append(e)
+        elif isinstance(e.get("messages"), list):
+            known[(e.get("turn"), e.get("attempt"))] = e["messages"]
+    while waiting:  # (an entry may follow one that follows another)
+        later = []
+        for e in waiting:
+            after = e["messages_after"]
+            base = known.get((after[0], after[1])) if isinstance(after, list) and len(
+                after) == 3 else None
+            if base is None:
+                later.append(e)
+                continue
+            del e["messages_after"]
+            own = e.get("messages")
+            if isinstance(own, list) and isinstance(after[2], int) and 0 <= after[2] <= len(
+                    base):
+                e["messages"] = base[: after[2]] + own
+                known[(e.get("turn"), e.get("attempt"))] = e["messages"]
+            else:
+                e["messages"], e["truncated"] = None, True
+        if len(later) == len(waiting):  # nothing more can be put together
+            for e in later:
+                del e["messages_after"]
+                e["messages"], e["truncated"] = None, True
+            break
+        waiting = later
+    return entries
 
 
 class _Kept:

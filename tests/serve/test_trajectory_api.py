@@ -4,7 +4,9 @@ from __future__ import annotations
 
 from typing import Any
 
+import pytest
 from conftest import Proxy, ProxyFactory, WatchedUpstream, assert_openai_error, new_id
+from redis_support import REDIS_URL, drop_prefix, new_prefix, require_redis
 
 from budgetproxy.testing import fake_tokens
 
@@ -164,3 +166,64 @@ def test_plain_and_streamed_turns_read_back_as_the_client_got_them(
     assert second["messages"][-1]["content"] == "go on\n\n[Turn budget] Turn 2 of 4."
     usage = next(c.usage for c in pieces if c.usage is not None)
     assert second["usage"]["total_tokens"] == usage.total_tokens
+
+
+@pytest.mark.parametrize("store", ["memory", "redis"])
+@pytest.mark.parametrize("arm", [{"mode": "disclosed", "history": "keep"}, {"mode": "hidden"},
+                                 {"mode": "disclosed", "placement": "system"}])
+def test_a_long_episode_keeps_each_turn_as_what_is_new(
+    proxy: ProxyFactory, upstream: WatchedUpstream, store: str, arm: dict[str, Any]
+) -> None:
+    """Turn after turn the upstream's conversation extends the previous one (the disclosed arm
+    re-applies each text where it was): each kept turn holds only its new messages, and the
+    trajectory still gives every turn the messages the upstream got. A system-prompt text
+    changes the conversation's start every turn: those turns are kept whole."""
+    over: dict[str, Any] = {"disclosure": {"template": TEMPLATE, **arm}}
+    prefix = None
+    if store == "redis":
+        require_redis()
+        prefix = new_prefix()
+        over["store"] = {"kind": "redis", "url": REDIS_URL, "key_prefix": prefix}
+    try:
+        p = proxy(over)
+        eid = new_id()
+        messages: list[dict[str, Any]] = [{"role": "system", "content": "sys " * 50},
+                                          {"role": "user", "content": "begin " * 100}]
+        http = p.http()
+        for t in range(1, 13):
+            r = http.post("/v1/chat/completions", json={"model": "m1", "messages": messages},
+                          headers={"X-Episode-Id": eid, "X-Episode-Budget": "20",
+                                   "X-Test-Episode": eid})
+            assert r.status_code == 200, r.text
+            messages += [{"role": "assistant", "content": f"answer {t} " * 100},
+                         {"role": "user", "content": f"step {t} " * 100}]
+        http.post(f"/v1/episodes/{eid}/end")
+        data = http.get(f"/v1/episodes/{eid}/trajectory").json()
+        seen = [q.json["messages"] for q in upstream.requests
+                if q.headers.get("x-test-episode") == eid]
+        assert [t["messages"] for t in data["turns"]] == seen
+        assert not any(t.get("truncated") for t in data["turns"])
+        kept = _kept_entries(p, eid, prefix)
+        assert len(kept) == 12
+        whole = arm.get("placement") == "system"
+        assert [b'"messages_after"' in e for e in kept] == [False] + [not whole] * 11
+        if not whole:  # what a turn keeps does not grow with the episode
+            assert max(len(e) for e in kept[1:]) < 4000 < len(str(seen[-1]))
+    finally:
+        if prefix is not None:
+            drop_prefix(prefix)
+
+
+def _kept_entries(p: Proxy, eid: str, prefix: str | None) -> list[bytes]:
+    """The turn log's entries of an episode as stored (before `expand`)."""
+    if prefix is not None:
+        import redis
+
+        raw = redis.Redis.from_url(REDIS_URL)
+        try:
+            entries: list[bytes] = raw.lrange(f"{prefix}:turns:{{{eid}}}", 0, -1)
+        finally:
+            raw.close()
+        return entries
+    log = p.server.app.turn_log
+    return [e if isinstance(e, bytes) else e.encode() for e in log._eps[eid].entries]
