@@ -162,10 +162,12 @@ def verdicts(summary: dict[str, Any], records: dict[str, Any], checks: dict[str,
     rss = summary["rss"]
     r, c = records, checks
     return [
-        (rss["flat"], f"memory flat after warm-up: {rss['slope_second_half_mib_per_h']:+.1f} ± "
+        (rss["flat"], f"memory flat after warm-up: "
+                      f"{rss['slope_second_half_mib_per_h']:+.1f} ± "
                       f"{rss['slope_stderr_mib_per_h']} MiB/h over the second half (limit "
-                      f"{rss['max_slope_mib_per_h']:g}), peak {rss['max_minus_median_mib']:.1f} "
-                      f"MiB above the post-warm-up median (limit {rss['max_excursion_mib']:g})"),
+                      f"{rss['max_slope_mib_per_h']:g}), the highest minute "
+                      f"{rss['max_minus_median_mib']:.1f} MiB above their median (limit "
+                      f"{rss['max_excursion_mib']:g})"),
         (r["ok"], f"nothing lost: {r['turn_records_ok']} ok turn records for "
                   f"{r['turns_answered']} answered turns ({r['turns_missing']} missing, "
                   f"{r['turns_extra']} extra, {r['turns_misnumbered']} misnumbered), "
