@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import logging
+from collections import OrderedDict
 from collections.abc import Callable, MutableMapping
 from typing import Any
 
@@ -26,6 +27,7 @@ log = logging.getLogger("budgetproxy")
 
 GROUP_SIZE_MAX = 10_000
 LAST_KEPT = 4096  # episodes whose last kept turn is remembered (RolloutRecorder)
+WRITTEN_BYTES = 32 << 20  # messages of entries written whole, kept to compare the next with
 
 
 def tenant_group(tenant: str | None, task_id: str, group: str) -> GroupKey:
@@ -66,7 +68,7 @@ class KeptTurn:
     memory log writes no messages per turn, and what it keeps is the body already sent, copied
     (`exact`) so that its size is what it holds."""
 
-    __slots__ = ("head", "tail", "data", "body", "read", "full")
+    __slots__ = ("head", "tail", "data", "body", "read", "full", "count")
 
     def __init__(self, head: bytes, tail: bytes, *, data: bytes | None = None,
                  body: bytes | None = None,
@@ -78,6 +80,7 @@ class KeptTurn:
         self.body = body
         self.read = read
         self.full = full  # content: full (else texts are left out of the messages)
+        self.count: int | None = None  # the messages in `data`, when written whole here
 
     @property
     def size(self) -> int:
@@ -111,6 +114,15 @@ class KeptTurn:
     def small(self) -> bytes:
         return b'%b,"messages":null,%b,"truncated":true}' % (self.head[:-1], self.tail[1:-1])
 
+    def messages_json(self) -> bytes | None:
+        """The messages of an entry written whole (`data`), as JSON; None for any other."""
+        data, head, tail = self.data, self.head, self.tail
+        start = len(head) - 1 + len(_MESSAGES_KEY)
+        if data is None or data[start - len(_MESSAGES_KEY):start] != _MESSAGES_KEY or (
+                not data.endswith(tail[1:])) or data[start:start + 1] != b"[":
+            return None
+        return data[start:len(data) - len(tail)]
+
     @classmethod
     def of(cls, call: ModelCall, st: EpisodeState, reply: dict[str, Any] | None, *,
            full: bool, lazy: bool,
@@ -142,8 +154,9 @@ class KeptTurn:
             assert body is not None
             return cls(head, tail, body=exact(body), read=call.dialect.conversation, full=full)
         kept = cls(head, tail, full=full)
-        kept.data = kept.written(
-            None if call.sent is None else call.dialect.conversation(call.sent))
+        messages = None if call.sent is None else call.dialect.conversation(call.sent)
+        kept.data = kept.written(messages)
+        kept.count = None if messages is None else len(messages)
         return kept
 
 
@@ -162,6 +175,8 @@ def _head_tail(turn: int, attempt: int, reply: dict[str, Any] | None, text: str 
                         {"disclosure_text": text, **tokens})
     return exact(head), exact(tail)
 
+
+_MESSAGES_KEY = b',"messages":'
 
 # What an entry holds beside the lengths of its bytes and text: its own object and their
 # headers (traced: 243 bytes a KeptTurn, 284 a LazyTurn; tests/proxy/test_kept_turns.py).
@@ -246,6 +261,10 @@ class RolloutRecorder(Recorder):
         # Each recent episode's last turn kept here, (turn, attempt): a later turn's entry
         # keeps only its new messages when the upstream's conversation extends that turn's.
         self._last_kept: dict[str, tuple[int, int, bool]] = {}  # (and whether read again)
+        # An entry written whole: its messages' JSON (without the closing bracket) and their
+        # count, for the episode's next entry to be compared with (`_rebased`).
+        self._written: OrderedDict[str, tuple[int, int, bytes, int]] = OrderedDict()
+        self._written_bytes = 0
         # Live experiments keep each of their episodes' outcomes as its record is written.
         self.experiments: Experiments | None = None
 
@@ -271,16 +290,50 @@ class RolloutRecorder(Recorder):
             log.warning("turn of %s not kept for its trajectory: its reply cannot be "
                         "written as JSON", eid)
             return
+        numbers = turn_numbers(call, st)
+        written = self._written.pop(eid, None)
+        if written is not None:
+            self._written_bytes -= len(written[2])
+        if isinstance(kept, KeptTurn) and after is None:
+            kept = self._rebased(eid, kept, numbers, written)
         try:
             await self.turns.append(eid, kept)
         except StoreUnavailable:
             log.warning("store unavailable: turn %s of %s not kept for its trajectory",
-                        turn_numbers(call, st)[0], eid)
+                        numbers[0], eid)
+            self._written.pop(eid, None)
             return
         kept_last = self._last_kept
-        kept_last[eid] = (*turn_numbers(call, st), call.exact)
+        kept_last[eid] = (*numbers, call.exact)
         if len(kept_last) > LAST_KEPT:
             del kept_last[next(iter(kept_last))]
+
+    def _rebased(self, eid: str, kept: KeptTurn, numbers: tuple[int, int],
+                 previous: tuple[int, int, bytes, int] | None) -> KeptTurn:
+        """An entry written whole, as what follows the episode's previous entry written whole
+        here when its messages' JSON starts with all of that one's, byte for byte (whatever
+        the API: a Messages turn's texts go on messages whose markers move, so no proof
+        from the client's bytes reaches it); the entry as it is otherwise. Remembers its
+        messages for the next one (at most WRITTEN_BYTES in all, least recent dropped)."""
+        text = kept.messages_json()
+        if text is None:
+            return kept
+        count = kept.count
+        if count is not None and len(text) <= WRITTEN_BYTES:
+            self._written[eid] = (*numbers, text[:-1], count)
+            self._written_bytes += len(text) - 1
+            while self._written_bytes > WRITTEN_BYTES:
+                self._written_bytes -= len(self._written.popitem(last=False)[1][2])
+        if previous is None:
+            return kept
+        turn, attempt, head, n = previous
+        if n < 1 or len(text) <= len(head) + 1 or text[len(head)] != 0x2C or not (
+                text.startswith(head)):
+            return kept
+        rebased = KeptTurn(kept.head, kept.tail, full=kept.full)
+        rebased.data = b'%b,"messages_after":[%d,%d,%d],"messages":[%b,%b' % (
+            kept.head[:-1], turn, attempt, n, text[len(head) + 1:], kept.tail[1:])
+        return rebased
 
     async def episode_started(self, st: EpisodeState) -> None:
         await super().episode_started(st)

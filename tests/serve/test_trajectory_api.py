@@ -8,9 +8,11 @@ import pytest
 from conftest import Proxy, ProxyFactory, WatchedUpstream, assert_openai_error, new_id
 from redis_support import REDIS_URL, drop_prefix, new_prefix, require_redis
 
+from budgetproxy.proxy.dialects import DIALECTS
 from budgetproxy.testing import fake_tokens
 
 TEMPLATE = "[Turn budget] Turn {turn} of {total}."
+MESSAGES = DIALECTS["/v1/messages"]
 
 
 def _proxy(proxy: ProxyFactory, upstream: WatchedUpstream, **extra: Any) -> Proxy:
@@ -227,3 +229,50 @@ def _kept_entries(p: Proxy, eid: str, prefix: str | None) -> list[bytes]:
         return entries
     log = p.server.app.turn_log
     return [e if isinstance(e, bytes) else e.encode() for e in log._eps[eid].entries]
+
+
+@pytest.mark.parametrize("store", ["memory", "redis"])
+def test_a_long_claude_code_session_keeps_each_turn_as_what_is_new_in_redis(
+    proxy: ProxyFactory, upstream: WatchedUpstream, store: str
+) -> None:
+    """Claude Code's shape on /v1/messages, disclosed: the newest block marked each turn, so
+    the body's earlier messages change from turn to turn. The turn log compares what it writes
+    with the previous entry's messages: with Redis (which writes each entry) a turn is kept as
+    its new messages; in memory entries are the bodies sent, read back when asked for. Either
+    way the trajectory gives each turn the conversation the upstream got."""
+    over: dict[str, Any] = {"disclosure": {"mode": "disclosed", "template": TEMPLATE,
+                                           "history": "keep"}}
+    prefix = None
+    if store == "redis":
+        require_redis()
+        prefix = new_prefix()
+        over["store"] = {"kind": "redis", "url": REDIS_URL, "key_prefix": prefix}
+    try:
+        p = proxy(over)
+        eid = new_id()
+        history: list[dict[str, Any]] = [{"role": "user", "content": "begin " * 100}]
+        http = p.http()
+        for t in range(1, 11):
+            marked = [*history[:-1], {"role": "user", "content": [
+                {"type": "text", "text": history[-1]["content"],
+                 "cache_control": {"type": "ephemeral"}}]}]
+            r = http.post("/v1/messages", json={"model": "m1", "max_tokens": 16,
+                                                "system": "sys", "messages": marked},
+                          headers={"X-Episode-Id": eid, "X-Episode-Budget": "20",
+                                   "X-Test-Episode": eid})
+            assert r.status_code == 200, r.text
+            history += [{"role": "assistant", "content": f"answer {t} " * 100},
+                        {"role": "user", "content": f"step {t} " * 100}]
+        http.post(f"/v1/episodes/{eid}/end")
+        data = http.get(f"/v1/episodes/{eid}/trajectory").json()
+        seen = [MESSAGES.conversation(q.json) for q in upstream.requests
+                if q.headers.get("x-test-episode") == eid]
+        assert [t["messages"] for t in data["turns"]] == seen
+        assert not any(t.get("truncated") for t in data["turns"])
+        kept = _kept_entries(p, eid, prefix)
+        assert [b'"messages_after"' in e for e in kept] == [False] + [store == "redis"] * 9
+        if store == "redis":
+            assert max(len(e) for e in kept[1:]) < 4000 < len(str(seen[-1]))
+    finally:
+        if prefix is not None:
+            drop_prefix(prefix)
