@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import contextlib
+from collections.abc import Callable, Iterator
 from typing import Any
 
 import pytest
@@ -181,26 +183,12 @@ def test_a_long_episode_keeps_each_turn_as_what_is_new(
     trajectory still gives every turn the messages the upstream got. A system-prompt text
     changes the conversation's start every turn: those turns are kept whole."""
     over: dict[str, Any] = {"disclosure": {"template": TEMPLATE, **arm}}
-    prefix = None
-    if store == "redis":
-        require_redis()
-        prefix = new_prefix()
-        over["store"] = {"kind": "redis", "url": REDIS_URL, "key_prefix": prefix}
-    try:
-        p = proxy(over)
+    with _on_store(proxy, store, over) as (p, prefix):
         eid = new_id()
-        messages: list[dict[str, Any]] = [{"role": "system", "content": "sys " * 50},
-                                          {"role": "user", "content": "begin " * 100}]
-        http = p.http()
-        for t in range(1, 13):
-            r = http.post("/v1/chat/completions", json={"model": "m1", "messages": messages},
-                          headers={"X-Episode-Id": eid, "X-Episode-Budget": "20",
-                                   "X-Test-Episode": eid})
-            assert r.status_code == 200, r.text
-            messages += [{"role": "assistant", "content": f"answer {t} " * 100},
-                         {"role": "user", "content": f"step {t} " * 100}]
-        http.post(f"/v1/episodes/{eid}/end")
-        data = http.get(f"/v1/episodes/{eid}/trajectory").json()
+        start = [{"role": "system", "content": "sys " * 50},
+                 {"role": "user", "content": "begin " * 100}]
+        data = _session(p, eid, "/v1/chat/completions", start, 12,
+                        lambda history: {"model": "m1", "messages": history})
         seen = [q.json["messages"] for q in upstream.requests
                 if q.headers.get("x-test-episode") == eid]
         assert [t["messages"] for t in data["turns"]] == seen
@@ -211,6 +199,43 @@ def test_a_long_episode_keeps_each_turn_as_what_is_new(
         assert [b'"messages_after"' in e for e in kept] == [False] + [not whole] * 11
         if not whole:  # what a turn keeps does not grow with the episode
             assert max(len(e) for e in kept[1:]) < 4000 < len(str(seen[-1]))
+
+
+def _session(p: Proxy, eid: str, path: str, start: list[dict[str, Any]], turns: int,
+             body: Callable[[list[dict[str, Any]]], dict[str, Any]]) -> dict[str, Any]:
+    """An episode of `turns` calls, each with the history so far and two messages more; its
+    trajectory once ended."""
+    history = list(start)
+    http = p.http()
+    for t in range(1, turns + 1):
+        r = http.post(path, json=body(history), headers={
+            "X-Episode-Id": eid, "X-Episode-Budget": "20", "X-Test-Episode": eid})
+        assert r.status_code == 200, r.text
+        history += [{"role": "assistant", "content": f"answer {t} " * 100},
+                    {"role": "user", "content": f"step {t} " * 100}]
+    http.post(f"/v1/episodes/{eid}/end")
+    data: dict[str, Any] = http.get(f"/v1/episodes/{eid}/trajectory").json()
+    return data
+
+
+def _newest_marked(history: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """The history as Claude Code sends it: the newest message one text block, marked."""
+    return [*history[:-1], {"role": "user", "content": [
+        {"type": "text", "text": history[-1]["content"], "cache_control": {"type": "ephemeral"}}]}]
+
+
+@contextlib.contextmanager
+def _on_store(proxy: ProxyFactory, store: str,
+              over: dict[str, Any]) -> Iterator[tuple[Proxy, str | None]]:
+    """A proxy with `over` on the memory store, or on Redis under a key prefix of its own
+    (yielded, and deleted after)."""
+    prefix = None
+    if store == "redis":
+        require_redis()
+        prefix = new_prefix()
+        over = {**over, "store": {"kind": "redis", "url": REDIS_URL, "key_prefix": prefix}}
+    try:
+        yield proxy(over), prefix
     finally:
         if prefix is not None:
             drop_prefix(prefix)
@@ -242,29 +267,11 @@ def test_a_long_claude_code_session_keeps_each_turn_as_what_is_new_in_redis(
     way the trajectory gives each turn the conversation the upstream got."""
     over: dict[str, Any] = {"disclosure": {"mode": "disclosed", "template": TEMPLATE,
                                            "history": "keep"}}
-    prefix = None
-    if store == "redis":
-        require_redis()
-        prefix = new_prefix()
-        over["store"] = {"kind": "redis", "url": REDIS_URL, "key_prefix": prefix}
-    try:
-        p = proxy(over)
+    with _on_store(proxy, store, over) as (p, prefix):
         eid = new_id()
-        history: list[dict[str, Any]] = [{"role": "user", "content": "begin " * 100}]
-        http = p.http()
-        for t in range(1, 11):
-            marked = [*history[:-1], {"role": "user", "content": [
-                {"type": "text", "text": history[-1]["content"],
-                 "cache_control": {"type": "ephemeral"}}]}]
-            r = http.post("/v1/messages", json={"model": "m1", "max_tokens": 16,
-                                                "system": "sys", "messages": marked},
-                          headers={"X-Episode-Id": eid, "X-Episode-Budget": "20",
-                                   "X-Test-Episode": eid})
-            assert r.status_code == 200, r.text
-            history += [{"role": "assistant", "content": f"answer {t} " * 100},
-                        {"role": "user", "content": f"step {t} " * 100}]
-        http.post(f"/v1/episodes/{eid}/end")
-        data = http.get(f"/v1/episodes/{eid}/trajectory").json()
+        data = _session(p, eid, "/v1/messages", [{"role": "user", "content": "begin " * 100}],
+                        10, lambda history: {"model": "m1", "max_tokens": 16, "system": "sys",
+                                             "messages": _newest_marked(history)})
         seen = [MESSAGES.conversation(q.json) for q in upstream.requests
                 if q.headers.get("x-test-episode") == eid]
         assert [t["messages"] for t in data["turns"]] == seen
@@ -273,6 +280,3 @@ def test_a_long_claude_code_session_keeps_each_turn_as_what_is_new_in_redis(
         assert [b'"messages_after"' in e for e in kept] == [False] + [store == "redis"] * 9
         if store == "redis":
             assert max(len(e) for e in kept[1:]) < 4000 < len(str(seen[-1]))
-    finally:
-        if prefix is not None:
-            drop_prefix(prefix)
