@@ -36,3 +36,9 @@ class BytesEntry:
 
     def small(self) -> bytes:
         return self._small
+
+    numbers = (1, 1)  # its turn and attempt
+    after = None  # (whole: it follows no other entry)
+
+    def whole(self) -> BytesEntry:
+        return self

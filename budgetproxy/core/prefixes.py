@@ -25,8 +25,9 @@ import orjson
 from budgetproxy.core.disclosure import Disclosed
 from budgetproxy.core.fingerprint import Tail
 
-# Conversations kept across an episode's turns, in bytes: ~190 episodes of 400 turns of
-# 400-character messages (345 KB each), or all of thousands of short ones.
+# What is kept across an episode's turns, in bytes as `_size` counts them: ~90 chat episodes of
+# 400 turns of 400-character messages (345 KB each, with their placed messages), or tens of
+# thousands of short ones.
 MAX_BYTES = 64 << 20
 
 
@@ -35,7 +36,7 @@ class Prefix(NamedTuple):
 
     written: bytes  # the conversation as orjson writes it
     messages: int  # how many messages it holds
-    tail: Tail  # where its digest's hash ended (core.fingerprint)
+    tail: Tail | None  # where its digest's hash ended (core.fingerprint; long ones only)
     lossless: bool  # its body was checked and held no integer orjson read as a float
     placed: Disclosed | None = None  # its messages with their texts (core.disclosure.placed_last)
     turn: int = 0  # its turn and attempt (0: not known)
@@ -43,15 +44,25 @@ class Prefix(NamedTuple):
     plain: bool = False  # the upstream got its conversation as the client sent it (no text)
 
 
-# What a kept Prefix holds in Python objects, for each byte of its conversation written, when
-# it holds its placed messages too: those of the turn's parse and the copies with texts.
-_OBJECTS_PER_BYTE = 3
+# What a kept Prefix holds beside its conversation's bytes, as counted against the limit
+# (measured by RSS, tests/core/test_prefixes.py): the tuple, its digest and so on; a BLAKE3
+# state (kept only for conversations of at least TAIL_FROM bytes: below that, hashing the
+# whole again costs a few microseconds); and, with placed messages, the objects of each (the
+# turn's parse and the copy with its text) and their text.
+_ENTRY = 512
+_STATE = 4096
+_PER_MESSAGE = 480
+TAIL_FROM = 1 << 15
 
 
 def _size(prefix: Prefix) -> int:
     """A kept Prefix's bytes as the limit counts them."""
-    written_bytes = len(prefix.written)
-    return written_bytes if prefix.placed is None else _OBJECTS_PER_BYTE * written_bytes
+    size = len(prefix.written) + _ENTRY
+    if prefix.tail is not None:
+        size += _STATE
+    if prefix.placed is not None:
+        size += len(prefix.written) + _PER_MESSAGE * len(prefix.placed.messages)
+    return size
 
 
 def written(conversation: list[Any]) -> bytes | None:

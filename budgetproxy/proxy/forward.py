@@ -134,6 +134,7 @@ class ModelCalls:
         # Each recent episode's last conversation, for its next turn to hash and check only
         # what it adds (core/prefixes.py).
         self.prefixes = Prefixes()
+        recorder.forget.append(self.prefixes.drop)  # (an ended episode has no next turn)
         self.budget_cfg = config.budget
         self.disc_cfg = config.disclosure
         self.finish_texts = config.budget.finish_texts.model_dump()
@@ -368,7 +369,7 @@ class ModelCalls:
                 self.disc_cfg.history == "keep" and call.previous_response is None):
             # Kept for later turns to re-apply as it was: its axis fields change every turn.
             await axis_calls.keep_told(self.store, eid, grant.turn, text)
-        self._keep_prefix(call, eid, grant, conversation)
+        self._keep_prefix(call, eid, grant, conversation, upstream)
         return Plan(upstream, headers, body, payload, conversation)
 
     def _arm_upstream(
@@ -488,20 +489,19 @@ class ModelCalls:
         if now is None:
             return Fingerprint(conversation)
         call.written = (now, len(conversation))
-        previous = prefixes.extended(self.prefixes.get(eid), now)
-        prints = None if previous is None else Fingerprint.extending(
+        previous = call.extends = prefixes.extended(self.prefixes.get(eid), now)
+        prints = None if previous is None or previous.tail is None else Fingerprint.extending(
             conversation, previous.tail, previous.messages)
-        if prints is None:
-            return Fingerprint(conversation)
-        call.extends = previous
-        return prints
+        return prints or Fingerprint(conversation)
 
-    def _keep_prefix(self, call: ModelCall, eid: str, grant: Grant,
-                     conversation: list[Any]) -> None:
+    def _keep_prefix(self, call: ModelCall, eid: str, grant: Grant, conversation: list[Any],
+                     upstream: UpstreamConfig) -> None:
         """This turn's conversation, for the episode's next turn (core/prefixes.py), and what
         its kept entry may leave out (`call.logged_after`)."""
         if call.written is None or call.prints is None:
             return
+        if upstream.kind == "litellm":  # (it may change the messages it is given in place)
+            call.placed = None
         now, count = call.written
         plain = call.disclosure_text is None  # the upstream gets the conversation as sent
         previous = call.extends
@@ -515,8 +515,9 @@ class ModelCalls:
             elif placed is not None and placed.base:  # (only after a turn read without loss)
                 call.logged_after = (previous.turn, previous.attempt, placed.base,
                                      placed.messages[placed.base:], True)
-        self.prefixes.keep(eid, Prefix(now, count, call.prints.tail(), call.lossless,
-                                       call.placed, grant.turn, grant.attempt, plain))
+        tail = call.prints.tail() if len(now) >= prefixes.TAIL_FROM else None
+        self.prefixes.keep(eid, Prefix(now, count, tail, call.lossless, call.placed,
+                                       grant.turn, grant.attempt, plain))
 
     def _new_episode(
         self, call: ModelCall, eid: str, headers: dict[bytes, bytes], now: float,

@@ -68,12 +68,13 @@ class KeptTurn:
     memory log writes no messages per turn, and what it keeps is the body already sent, copied
     (`exact`) so that its size is what it holds."""
 
-    __slots__ = ("head", "tail", "data", "body", "read", "full", "count")
+    __slots__ = ("head", "tail", "data", "body", "read", "full", "count", "numbers", "after",
+                 "again")
 
     def __init__(self, head: bytes, tail: bytes, *, data: bytes | None = None,
                  body: bytes | None = None,
                  read: Callable[[dict[str, Any]], list[Any]] | None = None,
-                 full: bool = True) -> None:
+                 full: bool = True, numbers: tuple[int, int] = (0, 0)) -> None:
         self.head = head  # {"turn":..,"attempt":..,"response":..,"finish_reason":..,"usage":..}
         self.tail = tail  # {"disclosure_text":..[,"prompt_token_ids":..,...]}
         self.data = data
@@ -81,6 +82,15 @@ class KeptTurn:
         self.read = read
         self.full = full  # content: full (else texts are left out of the messages)
         self.count: int | None = None  # the messages in `data`, when written whole here
+        self.numbers = numbers  # its turn and attempt
+        # (turn, attempt, n): its messages follow the first n of that entry's (store/turn_log.py)
+        self.after: tuple[int, int, int] | None = None
+        # its whole form, for a log that finds the entry it follows missing (Redis: a lost
+        # write, another replica's turn); a memory log checks before, and keeps no such call
+        self.again: Callable[[], KeptTurn | LazyTurn] | None = None
+
+    def whole(self) -> KeptTurn | LazyTurn:
+        return self if self.again is None else self.again()
 
     @property
     def size(self) -> int:
@@ -136,8 +146,9 @@ class KeptTurn:
         if after is not None:  # what follows an earlier turn's messages: written now, small
             head, tail = _head_tail(turn, attempt, reply, call.disclosure_text,
                                     None if call.tokens is None else call.tokens.fields(), full)
-            kept = cls(head, tail, full=full)
+            kept = cls(head, tail, full=full, numbers=(turn, attempt))
             kept.data = exact(kept.written(after[3], after[:3]))
+            kept.after = after[:3]
             return kept
         body = call.upstream_body
         # A body with integers orjson reads as floats (call.exact) is not read back: those
@@ -152,8 +163,9 @@ class KeptTurn:
                                 None if call.tokens is None else call.tokens.fields(), full)
         if readable:
             assert body is not None
-            return cls(head, tail, body=exact(body), read=call.dialect.conversation, full=full)
-        kept = cls(head, tail, full=full)
+            return cls(head, tail, body=exact(body), read=call.dialect.conversation, full=full,
+                       numbers=(turn, attempt))
+        kept = cls(head, tail, full=full, numbers=(turn, attempt))
         messages = None if call.sent is None else call.dialect.conversation(call.sent)
         kept.data = kept.written(messages)
         kept.count = None if messages is None else len(messages)
@@ -179,8 +191,9 @@ def _head_tail(turn: int, attempt: int, reply: dict[str, Any] | None, text: str 
 _MESSAGES_KEY = b',"messages":'
 
 # What an entry holds beside the lengths of its bytes and text: its own object and their
-# headers (traced: 243 bytes a KeptTurn, 284 a LazyTurn; tests/proxy/test_kept_turns.py).
-OVERHEAD = 288
+# headers (traced: 331 bytes a KeptTurn with its turn numbers, 284 a LazyTurn;
+# tests/proxy/test_kept_turns.py).
+OVERHEAD = 336
 
 
 def exact(data: bytes) -> bytes:
@@ -230,6 +243,15 @@ class LazyTurn:
     def small(self) -> bytes:
         return self.kept().small()
 
+    @property
+    def numbers(self) -> tuple[int, int]:
+        return self.turn, self.attempt
+
+    after = None  # (always whole: the body sent)
+
+    def whole(self) -> LazyTurn:
+        return self
+
 
 def with_rollout_group(scope: MutableMapping[str, Any], rollout_id: str) -> dict[str, Any]:
     """The scope of a call under /rollout/{rid}/attempt/{aid}/v1: its episode's task and group
@@ -265,8 +287,16 @@ class RolloutRecorder(Recorder):
         # count, for the episode's next entry to be compared with (`_rebased`).
         self._written: OrderedDict[str, tuple[int, int, bytes, int]] = OrderedDict()
         self._written_bytes = 0
+        self.forget.append(self._forget)
         # Live experiments keep each of their episodes' outcomes as its record is written.
         self.experiments: Experiments | None = None
+
+    def _forget(self, episode_id: str) -> None:
+        """An ended episode's last entries: no turn of it follows them."""
+        self._last_kept.pop(episode_id, None)
+        written = self._written.pop(episode_id, None)
+        if written is not None:
+            self._written_bytes -= len(written[2])
 
     async def keep(self, call: ModelCall, st: EpisodeState,
                    reply: dict[str, Any] | None) -> None:
@@ -283,17 +313,27 @@ class RolloutRecorder(Recorder):
         if after is not None and (last is None or last[:2] != after[:2] or call.exact or not (
                 after[4] or not last[2])):
             after = None
+        # The memory log says now what its last entry with messages is (it may have dropped
+        # the episode since); Redis checks when the entry arrives, and takes it whole if not.
+        tip = self.turns.tip(eid) if isinstance(self.turns, MemoryTurnLog) else None
+        if after is not None and self.lazy and tip != after[:2]:
+            after = None
+        full = self.content_full
         try:
-            kept = KeptTurn.of(call, st, reply, full=self.content_full, lazy=self.lazy,
+            kept = KeptTurn.of(call, st, reply, full=full, lazy=self.lazy,
                                after=None if after is None else after[:4])
         except (TypeError, ValueError):  # a reply orjson cannot write (nested too deep)
             log.warning("turn of %s not kept for its trajectory: its reply cannot be "
                         "written as JSON", eid)
             return
+        if after is not None and not self.lazy and isinstance(kept, KeptTurn):
+            kept.again = lambda: KeptTurn.of(call, st, reply, full=full, lazy=False)
         numbers = turn_numbers(call, st)
         written = self._written.pop(eid, None)
         if written is not None:
             self._written_bytes -= len(written[2])
+            if self.lazy and tip != written[:2]:
+                written = None
         if isinstance(kept, KeptTurn) and after is None:
             kept = self._rebased(eid, kept, numbers, written)
         try:
@@ -330,9 +370,12 @@ class RolloutRecorder(Recorder):
         if n < 1 or len(text) <= len(head) + 1 or text[len(head)] != 0x2C or not (
                 text.startswith(head)):
             return kept
-        rebased = KeptTurn(kept.head, kept.tail, full=kept.full)
+        rebased = KeptTurn(kept.head, kept.tail, full=kept.full, numbers=kept.numbers)
         rebased.data = b'%b,"messages_after":[%d,%d,%d],"messages":[%b,%b' % (
             kept.head[:-1], turn, attempt, n, text[len(head) + 1:], kept.tail[1:])
+        rebased.after = (turn, attempt, n)
+        if not self.lazy:  # (the memory log checked what it follows before; Redis checks after)
+            rebased.again = lambda: kept
         return rebased
 
     async def episode_started(self, st: EpisodeState) -> None:

@@ -43,6 +43,21 @@ class Entry(Protocol):
         """The bytes it keeps while in memory (what the byte bounds count)."""
         ...
 
+    @property
+    def numbers(self) -> tuple[int, int]:
+        """Its turn and attempt."""
+        ...
+
+    @property
+    def after(self) -> tuple[int, int, int] | None:
+        """(turn, attempt, n) of the entry whose first n messages come before its own (its
+        messages are only what follows them); None when it holds them whole."""
+        ...
+
+    def whole(self) -> Entry:
+        """The entry holding its messages whole (itself when it does)."""
+        ...
+
     def encode(self) -> bytes:
         """The turn's JSON (its small form when its messages cannot be written)."""
         ...
@@ -101,12 +116,13 @@ def expand(entries: list[dict[str, Any]]) -> list[dict[str, Any]]:
 
 
 class _Kept:
-    __slots__ = ("entries", "size", "at")
+    __slots__ = ("entries", "size", "at", "tip")
 
     def __init__(self) -> None:
         self.entries: list[Entry | bytes] = []  # bytes: a small form
         self.size = 0
         self.at = 0.0
+        self.tip: tuple[int, int] | None = None  # the last entry kept with its messages
 
 
 class MemoryTurnLog:
@@ -132,10 +148,15 @@ class MemoryTurnLog:
                 self._expires = now + self._retention
         else:
             eps.move_to_end(episode_id)  # now the most recently written
+        after = entry.after
+        if after is not None and kept.tip != after[:2]:  # (that one was dropped, or never kept)
+            entry = entry.whole()
+        kept.tip = None
         if len(kept.entries) < self._max_turns:
             size = entry.size
             if kept.size + size <= self._max_episode:
                 kept.entries.append(entry)
+                kept.tip = entry.numbers
             else:
                 small = entry.small()
                 size = len(small)
@@ -158,6 +179,12 @@ class MemoryTurnLog:
             eps.popitem(last=False)
             self._total -= oldest.size
         self._expires = float("inf")
+
+    def tip(self, episode_id: str) -> tuple[int, int] | None:
+        """(turn, attempt) of the episode's last entry kept with its messages: the one a next
+        entry may follow (None: none, or the episode is no longer kept)."""
+        kept = self._eps.get(episode_id)
+        return None if kept is None else kept.tip
 
     async def read(self, episode_id: str) -> list[bytes] | None:
         kept = self._eps.get(episode_id)
@@ -189,24 +216,41 @@ class RedisTurnLog:
 
     def _key(self, episode_id: str) -> list[str]:
         base = f"{self._prefix}:turns:{{{episode_id}}}"
-        return [base, base + ":bytes"]
+        return [base, base + ":bytes", base + ":tip"]
 
     async def append(self, episode_id: str, turn: Entry) -> None:
         keys = self._key(episode_id)
         entry, small = turn.encode(), turn.small
-        fut = self._store.submit(self._append, keys, [entry, self._max_turns, self._ttl,
-                                                      self._max_episode])
+        after = turn.after
+        turn_id = _turn_id(turn.numbers)
+        fut = self._store.submit(self._append, keys, [
+            entry, self._max_turns, self._ttl, self._max_episode, turn_id,
+            "" if after is None else _turn_id(after[:2])])
         self._pending[episode_id] = fut
-        fut.add_done_callback(lambda f: self._appended(episode_id, keys, entry, small, f))
+        # (a turn kept as what follows another holds its whole form until Redis has it)
+        again = None if after is None else turn.whole
+        fut.add_done_callback(
+            lambda f: self._appended(episode_id, keys, entry, small, f, again))
 
     def _appended(self, episode_id: str, keys: list[str], entry: bytes,
-                  small: Callable[[], bytes], fut: asyncio.Future[Any]) -> None:
+                  small: Callable[[], bytes], fut: asyncio.Future[Any],
+                  again: Callable[[], Entry] | None = None) -> None:
         if self._pending.get(episode_id) is fut:
             del self._pending[episode_id]
         reply = _outcome(fut)
         if isinstance(reply, BaseException):
             log.warning("store unavailable: a turn of %s not kept for its trajectory (%s)",
                         episode_id, reply)
+            return
+        if reply == -1 and again is not None:  # what it follows is not there: sent whole
+            whole = again()
+            data = whole.encode()
+            retry = self._store.submit(self._append, keys, [
+                data, self._max_turns, self._ttl, self._max_episode,
+                _turn_id(whole.numbers), ""])
+            self._pending[episode_id] = retry
+            retry.add_done_callback(
+                lambda f: self._appended(episode_id, keys, data, whole.small, f))
             return
         if reply:  # past the episode's byte bound: the turn without its messages
             data = small()
@@ -241,9 +285,14 @@ _SWAP = """
 redis.call('LSET', KEYS[1], ARGV[1], ARGV[2])
 redis.call('INCRBY', KEYS[2], ARGV[3])
 return 1
-"""
+"""  # (KEYS: list, byte count; the append left no tip behind a turn it returns for)
 
 _READ = "return redis.call('LRANGE', KEYS[1], 0, -1)"
+
+
+def _turn_id(numbers: tuple[int, ...]) -> str:
+    """An entry's (turn, attempt) as the tip key holds it."""
+    return f"{numbers[0]}:{numbers[1]}"
 
 
 def _outcome(fut: asyncio.Future[Any]) -> Any:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import time
+from collections.abc import Callable
 from typing import Any
 
 from budgetproxy.core import axes
@@ -47,6 +48,9 @@ class Recorder:
         self.writes_turns = not isinstance(sink, NullSink)
         # Whether anything is kept of a turn (a subclass may keep turns without the log).
         self.keeps_turns = self.writes_turns
+        # What others keep per episode in this process for its next turn, to forget when it
+        # ends (called with the episode's id; proxy/forward.py's conversations, say).
+        self.forget: list[Callable[[str], None]] = []
 
     def labels(self, st: EpisodeState) -> tuple[str, str]:
         return tier_label(st.budget, st.max_turns), st.disclosure
@@ -62,6 +66,8 @@ class Recorder:
                 self.metrics.tenant_episodes_started.labels(tenant).inc()
 
     async def episode_ended(self, st: EpisodeState) -> None:
+        for forget in self.forget:
+            forget(st.episode_id)
         tier, arm = self.labels(st)
         reason = st.end_reason or "abandoned"
         if self.metrics is not None:

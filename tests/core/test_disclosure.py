@@ -322,7 +322,13 @@ def test_placing_from_the_previous_turn_is_placing_from_scratch(
         now = [*previous.texts, *now]
     out, kept = disclosure.placed_last(messages, "t", now, previous)
     assert out == disclosure.apply(messages, "last_message", "t", now)
-    assert (out, kept) == disclosure.placed_last(messages, "t", now)
+    scratch, kept_scratch = disclosure.placed_last(messages, "t", now)
+    assert out == scratch and (kept is None) == (kept_scratch is None)
+    if kept is not None and kept_scratch is not None:
+        assert kept[:2] == kept_scratch[:2] and kept_scratch.base == 0
+        if kept.base:  # what it took from the previous turn: all of that turn's messages
+            assert previous is not None and kept.base == len(previous.messages)
+            assert all(a is b for a, b in zip(out, previous.messages, strict=False))
     assert orjson.dumps(out) == orjson.dumps(disclosure.apply(messages, "last_message", "t", now))
 
 

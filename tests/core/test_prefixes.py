@@ -3,14 +3,18 @@ with the previous one's messages, byte for byte, and adds to them."""
 
 from __future__ import annotations
 
+import gc
+from collections.abc import Callable
 from typing import Any
 
+import orjson
 import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
+from budgetproxy.core.disclosure import placed_last
 from budgetproxy.core.fingerprint import Fingerprint
-from budgetproxy.core.prefixes import Prefix, Prefixes, extended, written
+from budgetproxy.core.prefixes import TAIL_FROM, Prefix, Prefixes, extended, written
 
 
 def prefix(conversation: list[Any], lossless: bool = True) -> Prefix:
@@ -69,9 +73,16 @@ def test_nothing_to_compare_with() -> None:
     assert written([deep]) is None
 
 
+def _counted(p: Prefix) -> int:
+    probe = Prefixes()
+    probe.keep("probe", p)
+    return probe.size
+
+
 def test_kept_up_to_the_byte_limit_least_recent_episode_first() -> None:
     one = prefix([{"role": "user", "content": "x" * 100}])
-    size = len(one.written)
+    size = _counted(one)
+    assert size > len(one.written)  # (the entry's own objects are counted too)
     kept = Prefixes(max_bytes=3 * size)
     for eid in ("e1", "e2", "e3"):
         kept.keep(eid, one)
@@ -81,8 +92,53 @@ def test_kept_up_to_the_byte_limit_least_recent_episode_first() -> None:
     assert kept.get("e2") is None and kept.get("e1") is one and kept.get("e4") is one
     assert kept.size == 3 * size
     kept.keep("e1", prefix([A]))  # replaced: its bytes counted once
-    assert kept.size == 2 * size + len(written([A]) or b"")
+    assert kept.size == 2 * size + _counted(prefix([A]))
     kept.drop("e1")
     assert kept.get("e1") is None and kept.size == 2 * size
-    kept.keep("huge", prefix([{"role": "user", "content": "y" * 400}]))  # past the limit
+    huge = prefix([{"role": "user", "content": "y" * 4 * size}])  # past the limit
+    kept.keep("huge", huge)
     assert kept.get("huge") is None and kept.size == 2 * size
+
+
+def _rss() -> int:
+    with open("/proc/self/statm") as f:
+        return int(f.read().split()[1]) * 4096
+
+
+def _short(i: int) -> Prefix:
+    return prefix([{"role": "user", "content": f"hi {i}"}])
+
+
+def _long(i: int) -> Prefix:  # past TAIL_FROM: its hash state is kept
+    conversation = [{"role": "user", "content": f"{i} " + "x" * 40_000}]
+    w = written(conversation)
+    assert w is not None and len(w) >= TAIL_FROM
+    return Prefix(w, 1, Fingerprint(conversation).tail(), True)
+
+
+def _placed(i: int) -> Prefix:  # a thousand short messages, with their texts placed
+    conversation = orjson.loads(orjson.dumps(
+        [{"role": "user", "content": f"{i} {k}"} for k in range(1000)]))
+    _, placed = placed_last(conversation, "t", [(k, "x") for k in range(0, 998, 2)])
+    w = written(conversation)
+    assert w is not None and placed is not None
+    return Prefix(w, len(conversation), None, True, placed)
+
+
+@pytest.mark.parametrize(("make", "count"), [(_short, 60_000), (_long, 400), (_placed, 60)])
+def test_what_is_kept_stays_within_about_its_limit(
+    make: Callable[[int], Prefix], count: int
+) -> None:
+    """The limit counts what a kept Prefix holds, not only its conversation's bytes: many
+    short episodes (their entries' own objects), long ones (a hash state each), and placed
+    messages (a parse's objects and their copies) stay near it, measured by RSS."""
+    limit = 8 << 20
+    kept = Prefixes(max_bytes=limit)
+    gc.collect()
+    before = _rss()
+    for i in range(count):
+        kept.keep(f"e{i}", make(i))
+    gc.collect()
+    grown = _rss() - before
+    assert limit // 2 < kept.size <= limit  # (full: the episodes are more than it holds)
+    assert grown < 2 * limit, f"{grown / 1e6:.1f} MB held for {kept.size / 1e6:.1f} MB counted"

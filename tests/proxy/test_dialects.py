@@ -257,7 +257,9 @@ _block = st.fixed_dictionaries(
               "input": st.dictionaries(st.text(max_size=2), _leaf, max_size=2)})
 _message = st.fixed_dictionaries(
     {"role": st.sampled_from(["user", "assistant"]),
-     "content": st.one_of(st.text(max_size=3), st.lists(_block, max_size=3))},
+     # (a list inside the content list: not the API's shape, but read as sent)
+     "content": st.one_of(st.text(max_size=3),
+                          st.lists(_block | st.lists(_block, max_size=2), max_size=3))},
     optional={"cache_control": _marker})
 
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 from collections.abc import Callable, Iterator
 from typing import Any
@@ -280,3 +281,100 @@ def test_a_long_claude_code_session_keeps_each_turn_as_what_is_new_in_redis(
         assert [b'"messages_after"' in e for e in kept] == [False] + [store == "redis"] * 9
         if store == "redis":
             assert max(len(e) for e in kept[1:]) < 4000 < len(str(seen[-1]))
+
+
+@pytest.mark.parametrize("rollouts", [True, False])
+def test_an_ended_episode_leaves_nothing_kept_for_its_next_turn(
+    proxy: ProxyFactory, upstream: WatchedUpstream, rollouts: bool
+) -> None:
+    """What a process keeps of an episode's last turn for its next one (its conversation, its
+    last kept entry) is dropped when the episode ends: an ended episode has no next turn."""
+    p = proxy({"disclosure": {"mode": "disclosed", "template": TEMPLATE},
+               "rollouts": {"keep_turns": rollouts}})
+    eid = new_id()
+    app = p.server.app
+    history: list[dict[str, Any]] = [{"role": "user", "content": "u1"}]
+    for t in (1, 2):
+        r = p.http().post("/v1/chat/completions", json={"model": "m1", "messages": history},
+                          headers={"X-Episode-Id": eid, "X-Episode-Budget": "9"})
+        assert r.status_code == 200, r.text
+        history += [{"role": "assistant", "content": f"a{t}"}, {"role": "user", "content": "u"}]
+    assert app.calls.prefixes.get(eid) is not None
+    if rollouts:
+        assert eid in app.recorder._last_kept
+    p.http().post(f"/v1/episodes/{eid}/outcome", json={"success": True})
+    assert app.calls.prefixes.get(eid) is None and app.calls.prefixes.size == 0
+    if rollouts:
+        assert eid not in app.recorder._last_kept
+
+
+def _hidden_turns(http: Any, eid: str, messages: list[dict[str, Any]], start: int, end: int,
+                  size: int = 50) -> None:
+    for t in range(start, end):
+        r = http.post("/v1/chat/completions", json={"model": "m1", "messages": messages},
+                      headers={"X-Episode-Id": eid, "X-Episode-Budget": "20",
+                               "X-Test-Episode": eid})
+        assert r.status_code == 200, r.text
+        messages += [{"role": "assistant", "content": f"answer {t} " * size},
+                     {"role": "user", "content": f"step {t} " * size}]
+
+
+def test_an_episode_the_memory_log_dropped_keeps_its_later_turns_whole(
+    proxy: ProxyFactory, upstream: WatchedUpstream
+) -> None:
+    """The memory log drops the episode written least recently past `rollouts.max_bytes`;
+    that episode's later turns do not follow the turns it no longer holds: they are kept
+    whole, and read back with every message."""
+    p = proxy({"disclosure": {"mode": "hidden"}, "rollouts": {"max_bytes": 60_000}})
+    http = p.http()
+    a, b = new_id(), new_id()
+    ma: list[dict[str, Any]] = [{"role": "user", "content": "begin " * 50}]
+    mb: list[dict[str, Any]] = [{"role": "user", "content": "other " * 50}]
+    _hidden_turns(http, a, ma, 1, 3)
+    _hidden_turns(http, b, mb, 1, 12, size=1000)  # pushes a out of the log
+    _hidden_turns(http, a, ma, 3, 6)
+    http.post(f"/v1/episodes/{a}/end")
+    data = http.get(f"/v1/episodes/{a}/trajectory").json()
+    seen = [q.json["messages"] for q in upstream.requests
+            if q.headers.get("x-test-episode") == a][2:]
+    turns = [t for t in data["turns"] if t["turn"] >= 3]
+    assert [t.get("truncated") for t in turns] == [None, None, None]
+    assert [t["messages"] for t in turns] == seen
+
+
+def test_a_turn_redis_lost_leaves_the_turns_after_it_whole(
+    proxy: ProxyFactory, upstream: WatchedUpstream
+) -> None:
+    """A turn whose write to Redis fails is lost (logged); the next one, kept as what follows
+    it, finds it missing in Redis and is written whole, so the turns after it read back with
+    every message."""
+    with _on_store(proxy, "redis", {"disclosure": {"mode": "hidden"}}) as (p, prefix):
+        log = p.server.app.turn_log
+        real = log._store.submit
+        appends = 0
+
+        def submit(script: Any, keys: Any, args: Any, *more: Any) -> Any:
+            nonlocal appends
+            if script is log._append:
+                appends += 1
+                if appends == 2:  # turn 2's write fails
+                    fut = asyncio.get_running_loop().create_future()
+                    fut.set_exception(ConnectionError("redis down"))
+                    return fut
+            return real(script, keys, args, *more)
+
+        log._store.submit = submit
+        http = p.http()
+        eid = new_id()
+        messages: list[dict[str, Any]] = [{"role": "user", "content": "begin " * 50}]
+        _hidden_turns(http, eid, messages, 1, 6)
+        http.post(f"/v1/episodes/{eid}/end")
+        data = http.get(f"/v1/episodes/{eid}/trajectory").json()
+        seen = [q.json["messages"] for q in upstream.requests
+                if q.headers.get("x-test-episode") == eid]
+        got = {t["turn"]: t for t in data["turns"]}
+        assert sorted(got) == [1, 3, 4, 5]
+        assert [got[t].get("truncated") for t in (3, 4, 5)] == [None, None, None]
+        assert [got[t]["messages"] for t in (3, 4, 5)] == seen[2:]
+        kept = _kept_entries(p, eid, prefix)
+        assert [b'"messages_after"' in e for e in kept] == [False, False, True, True]

@@ -64,8 +64,9 @@ def _unmarked_message(message: Any) -> Any:
     if type(content) is not list:
         return message
     for block in content:
-        if type(block) is dict and ("cache_control" in block
-                                    or type(block.get("content")) is list):
+        kind = type(block)
+        if kind is list or (kind is dict and ("cache_control" in block
+                                              or type(block.get("content")) is list)):
             return _unmarked_dict(message)
     return message
 
