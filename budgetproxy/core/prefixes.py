@@ -73,16 +73,21 @@ def written(conversation: list[Any]) -> bytes | None:
         return None
 
 
+def starts_with(written_now: bytes, head: bytes | memoryview) -> bool:
+    """Whether the JSON array `written_now` starts with every item of the array whose bytes,
+    without their closing bracket, are `head`, and has more: items delimit themselves, so its
+    bytes start with `head` and a `,` follows."""
+    n = len(head)
+    return len(written_now) > n + 1 and written_now[n] == 0x2C and written_now.startswith(head)
+
+
 def extended(previous: Prefix | None, written_now: bytes | None) -> Prefix | None:
     """`previous` when the conversation written as `written_now` starts with its messages,
     byte for byte, and has more; None otherwise."""
     if previous is None or written_now is None or previous.messages < 1:
         return None
     head = memoryview(previous.written)[:-1]  # (all but its closing bracket)
-    n = len(head)
-    if len(written_now) <= n + 1 or written_now[n] != 0x2C or not written_now.startswith(head):
-        return None
-    return previous
+    return previous if starts_with(written_now, head) else None
 
 
 class Prefixes:

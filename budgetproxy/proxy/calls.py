@@ -89,9 +89,9 @@ class ModelCall:
         self.exact = False  # the payload was read again to keep integers past 64 bits
         # checked for integers orjson read as floats (wire.exact_payload) and found none
         self.lossless = False
-        # the conversation as written (core.prefixes) and its message count, and the
-        # previous turn's, kept by this process, when this one starts with it
-        self.written: tuple[bytes, int] | None = None
+        # the conversation as written (core.prefixes), and the previous turn's, kept by this
+        # process, when this one starts with it
+        self.written: bytes | None = None
         self.extends: Prefix | None = None
         # its conversation with the disclosure texts placed, for the next turn to start from
         self.placed: Disclosed | None = None

@@ -488,7 +488,7 @@ class ModelCalls:
         now = prefixes.written(conversation)
         if now is None:
             return Fingerprint(conversation)
-        call.written = (now, len(conversation))
+        call.written = now
         previous = call.extends = prefixes.extended(self.prefixes.get(eid), now)
         prints = None if previous is None or previous.tail is None else Fingerprint.extending(
             conversation, previous.tail, previous.messages)
@@ -498,11 +498,11 @@ class ModelCalls:
                      upstream: UpstreamConfig) -> None:
         """This turn's conversation, for the episode's next turn (core/prefixes.py), and what
         its kept entry may leave out (`call.logged_after`)."""
-        if call.written is None or call.prints is None:
+        now, prints = call.written, call.prints
+        if now is None or prints is None:
             return
         if upstream.kind == "litellm":  # (it may change the messages it is given in place)
             call.placed = None
-        now, count = call.written
         plain = call.disclosure_text is None  # the upstream gets the conversation as sent
         previous = call.extends
         if previous is not None and previous.turn:
@@ -515,9 +515,9 @@ class ModelCalls:
             elif placed is not None and placed.base:  # (only after a turn read without loss)
                 call.logged_after = (previous.turn, previous.attempt, placed.base,
                                      placed.messages[placed.base:], True)
-        tail = call.prints.tail() if len(now) >= prefixes.TAIL_FROM else None
-        self.prefixes.keep(eid, Prefix(now, count, tail, call.lossless, call.placed,
-                                       grant.turn, grant.attempt, plain))
+        tail = prints.tail() if len(now) >= prefixes.TAIL_FROM else None
+        self.prefixes.keep(eid, Prefix(now, len(prints.messages), tail, call.lossless,
+                                       call.placed, grant.turn, grant.attempt, plain))
 
     def _new_episode(
         self, call: ModelCall, eid: str, headers: dict[bytes, bytes], now: float,

@@ -11,6 +11,7 @@ from typing import Any
 import orjson
 
 from budgetproxy.core.episode import EpisodeState
+from budgetproxy.core.prefixes import starts_with
 from budgetproxy.core.tenants import tenant_of
 from budgetproxy.errors import invalid_request
 from budgetproxy.proxy.calls import ModelCall, turn_numbers
@@ -367,8 +368,7 @@ class RolloutRecorder(Recorder):
         if previous is None:
             return kept
         turn, attempt, head, n = previous
-        if n < 1 or len(text) <= len(head) + 1 or text[len(head)] != 0x2C or not (
-                text.startswith(head)):
+        if n < 1 or not starts_with(text, head):
             return kept
         rebased = KeptTurn(kept.head, kept.tail, full=kept.full, numbers=kept.numbers)
         rebased.data = b'%b,"messages_after":[%d,%d,%d],"messages":[%b,%b' % (

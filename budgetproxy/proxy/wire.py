@@ -217,13 +217,12 @@ def _unchecked(payload: dict[str, Any], checked: Checked | None) -> list[Any]:
     """The containers of `payload` an earlier check does not cover. An item of the payload's
     list that is itself a checked conversation entry holds exactly that entry's values; any
     other item (one whose markers the conversation leaves out, say) is walked."""
-    items = None if checked is None or checked.items_key is None else payload.get(
-        checked.items_key)
+    key = None if checked is None else checked.items_key
+    items = None if key is None else payload.get(key)
     if checked is None or type(items) is not list:
         return [payload]
     conversation, heads = checked.conversation, checked.heads
     n = max(0, min(checked.entries - heads, len(items), len(conversation) - heads))
-    key = checked.items_key
     return [[v for k, v in payload.items() if k != key], items[n:],
             [m for i, m in enumerate(items[:n]) if conversation[heads + i] is not m]]
 

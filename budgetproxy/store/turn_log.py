@@ -148,9 +148,8 @@ class MemoryTurnLog:
                 self._expires = now + self._retention
         else:
             eps.move_to_end(episode_id)  # now the most recently written
-        after = entry.after
-        if after is not None and kept.tip != after[:2]:  # (that one was dropped, or never kept)
-            entry = entry.whole()
+        # (an entry kept as what follows another is made only while that one is the tip:
+        # proxy/grouping.py asks `tip` first)
         kept.tip = None
         if len(kept.entries) < self._max_turns:
             size = entry.size
