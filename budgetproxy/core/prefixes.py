@@ -13,7 +13,7 @@ same values from scratch; the differential tests hold it to that.
 
 Kept per process for the episodes that called last, up to `max_bytes` of conversations; a
 turn whose episode is not here (the first one a replica sees, or one pushed out) does the
-whole work, as every turn did before.
+whole work.
 """
 
 from __future__ import annotations
