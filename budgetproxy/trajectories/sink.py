@@ -2,10 +2,11 @@
 
 A record is encoded as it is put (once its call has answered, while what it holds is still in
 the CPU's caches) and waits as its line. Back-pressure: the queue is bounded; when it is full,
-`put` waits, so calls slow down instead of records being dropped. The writer lets lines gather
-for a few milliseconds, takes them all at once and writes and flushes the batch to the OS (small
-batches inline, large ones and rotations from a thread); a SIGKILL loses only what was still
-queued, never a written line. SIGTERM drains the queue before the process exits.
+`put` waits, so calls slow down instead of records being dropped. The writer takes the lines
+all at once and writes and flushes the batch to the OS (small batches inline, large ones and
+rotations from a thread): at once after a quiet spell, else once a few milliseconds have passed
+since its previous write, so lines that come under load gather into one write. A SIGKILL loses
+only what was still queued, never a written line. SIGTERM drains the queue before the process exits.
 """
 
 from __future__ import annotations
@@ -124,7 +125,7 @@ class JsonlSink:
         max_file_bytes: int,
         gzip_rotated: bool,
         queue_size: int,
-        linger_s: float = 0.005,
+        linger_s: float = float(__import__("os").environ.get("BP_LINGER", "0.005")),
     ) -> None:
         self._linger = linger_s
         self._dir = Path(directory)
@@ -142,6 +143,7 @@ class JsonlSink:
         self._path: Path | None = None
         self._written = 0
         self._seq = 0
+        self._last_write = float("-inf")  # (the loop's clock)
 
     @property
     def path(self) -> Path | None:
@@ -223,8 +225,13 @@ class JsonlSink:
                 self._wake = loop.create_future()
                 await self._wake
                 continue
-            if self._linger and not self._closing:
-                await asyncio.sleep(self._linger)
+            # A batch waits only until `linger` has passed since the previous write: after a
+            # quiet spell a record leaves at once (no timer, no extra wake of the process);
+            # under load the records of that time leave together in one write.
+            wait = self._last_write + self._linger - loop.time()
+            if wait > 0 and not self._closing:
+                await asyncio.sleep(wait)
+            self._last_write = loop.time()
             batch = self._records
             if len(batch) > _BATCH_MAX:
                 batch, self._records = batch[:_BATCH_MAX], batch[_BATCH_MAX:]
