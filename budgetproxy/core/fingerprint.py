@@ -119,9 +119,8 @@ def canonical(messages: list[Any]) -> list[Any]:
 
 
 def _conversation_bytes(messages: list[Any]) -> bytes:
-    """The conversation as the proxy parsed it, in its canonical shape, written back (the
-    same bytes every turn)."""
-    messages = canonical(messages)
+    """The conversation as the proxy parsed it, in its canonical shape (`canonical`'s),
+    written back (the same bytes every turn)."""
     try:
         return orjson.dumps(messages)
     except TypeError:  # an integer over 64 bits, or nesting past orjson's 254 levels
@@ -146,7 +145,7 @@ class Tail(NamedTuple):
 class Fingerprint:
     """One conversation (a list of messages, as the client sent it), ready to be compared."""
 
-    __slots__ = ("_messages", "_blob", "_states", "_digests", "_known", "_end")
+    __slots__ = ("_messages", "_blob", "_states", "_digests", "_known", "_end", "as_written")
 
     def __init__(self, messages: list[Any]) -> None:
         self._messages = messages
@@ -156,7 +155,22 @@ class Fingerprint:
         self._known: dict[str | None, bool] = {}
         self._blob: memoryview | None = None
         self._end: Tail | None = None
+        # whether the canonical bytes are the messages as orjson writes them (no message
+        # in another shape): a later turn that starts with these bytes needs to look only
+        # at its new messages' shapes (`written`)
+        self.as_written = False
         self._load()
+
+    @classmethod
+    def written(cls, messages: list[Any], blob: bytes, extends: str | None) -> Fingerprint:
+        """The fingerprint of `messages` whose canonical bytes are `blob`, orjson's writing of
+        them (the caller has seen that no message is in another shape), and that starts with
+        the conversation whose digest is `extends`, if given (its bytes start this one's)."""
+        self = cls.__new__(cls)
+        self._messages, self._digests, self._end, self.as_written = messages, {}, None, True
+        self._known = {} if extends is None else {extends: True}
+        self._index(blob)
+        return self
 
     @classmethod
     def extending(cls, messages: list[Any], tail: Tail, count: int) -> Fingerprint | None:
@@ -180,13 +194,19 @@ class Fingerprint:
             digest = f"{end}/{state.hexdigest(16)}"
         self = cls.__new__(cls)
         self._messages, self._blob, self._states, self._digests = messages, None, [], {}
+        self.as_written = False
         self._known = {tail.digest: True, digest: True}
         self._end = Tail(end, state, digest)
         return self
 
     def _load(self) -> None:
         """The conversation written whole, with hash states every `_STRIDE` bytes."""
-        blob = _conversation_bytes(self._messages)
+        messages = self._messages
+        shaped = canonical(messages)
+        self.as_written = shaped is messages
+        self._index(_conversation_bytes(shaped))
+
+    def _index(self, blob: bytes) -> None:
         self._blob = memoryview(blob)
         end = len(blob) - 1  # what a digest covers: all but the closing bracket
         if end < _STRIDE:  # most turns: one pass over a few KB is cheaper than kept states

@@ -23,7 +23,7 @@ from typing import Any, NamedTuple
 import orjson
 
 from budgetproxy.core.disclosure import Disclosed
-from budgetproxy.core.fingerprint import Tail
+from budgetproxy.core.fingerprint import Fingerprint, Tail, canonical
 
 # What is kept across an episode's turns, in bytes as `_size` counts them: ~90 chat episodes of
 # 400 turns of 400-character messages (345 KB each, with their placed messages), or tens of
@@ -36,12 +36,15 @@ class Prefix(NamedTuple):
 
     written: bytes  # the conversation as orjson writes it
     messages: int  # how many messages it holds
-    tail: Tail | None  # where its digest's hash ended (core.fingerprint; long ones only)
+    # its digest and where that digest's hash ended (core.fingerprint; the hash state is
+    # kept for long ones only: `state` None)
+    tail: Tail | None
     lossless: bool  # its body was checked and held no integer orjson read as a float
     placed: Disclosed | None = None  # its messages with their texts (core.disclosure.placed_last)
     turn: int = 0  # its turn and attempt (0: not known)
     attempt: int = 0
     plain: bool = False  # the upstream got its conversation as the client sent it (no text)
+    as_written: bool = False  # its canonical bytes are `written` (no message in another shape)
 
 
 # What a kept Prefix holds beside its conversation's bytes, as counted against the limit
@@ -58,7 +61,7 @@ TAIL_FROM = 1 << 15
 def _size(prefix: Prefix) -> int:
     """A kept Prefix's bytes as the limit counts them."""
     size = len(prefix.written) + _ENTRY
-    if prefix.tail is not None:
+    if prefix.tail is not None and prefix.tail.state is not None:
         size += _STATE
     if prefix.placed is not None:
         size += len(prefix.written) + _PER_MESSAGE * len(prefix.placed.messages)
@@ -88,6 +91,35 @@ def extended(previous: Prefix | None, written_now: bytes | None) -> Prefix | Non
         return None
     head = memoryview(previous.written)[:-1]  # (all but its closing bracket)
     return previous if starts_with(written_now, head) else None
+
+
+def fingerprint(previous: Prefix | None, conversation: list[Any],
+                written_now: bytes) -> Fingerprint:
+    """The digests of the conversation written as `written_now`, which starts with the
+    `previous` turn's (`extended`) when that is given. Only what is new is looked at where it
+    can be: hashed on from a long conversation's kept hash state; or, when no message of the
+    previous turn's was in another shape, only the new messages' shapes looked at, and the
+    bytes already written hashed as they are."""
+    tail = None if previous is None else previous.tail
+    if tail is not None and tail.state is not None:
+        assert previous is not None
+        prints = Fingerprint.extending(conversation, tail, previous.messages)
+        if prints is not None:
+            return prints
+    if tail is not None and previous is not None and previous.as_written:
+        new = conversation[previous.messages:]
+        if canonical(new) is new:
+            return Fingerprint.written(conversation, written_now, tail.digest)
+    elif canonical(conversation) is conversation:
+        return Fingerprint.written(conversation, written_now, None)
+    return Fingerprint(conversation)
+
+
+def kept_tail(prints: Fingerprint, written_now: bytes) -> Tail:
+    """What a turn keeps of its digest for the next: the hash state only of a conversation
+    long enough that hashing it again would cost more than keeping it (`TAIL_FROM`)."""
+    tail = prints.tail()
+    return tail if len(written_now) >= TAIL_FROM else Tail(tail.length, None, tail.digest)
 
 
 class Prefixes:

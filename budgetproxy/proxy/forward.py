@@ -490,9 +490,7 @@ class ModelCalls:
             return Fingerprint(conversation)
         call.written = now
         previous = call.extends = prefixes.extended(self.prefixes.get(eid), now)
-        prints = None if previous is None or previous.tail is None else Fingerprint.extending(
-            conversation, previous.tail, previous.messages)
-        return prints or Fingerprint(conversation)
+        return prefixes.fingerprint(previous, conversation, now)
 
     def _keep_prefix(self, call: ModelCall, eid: str, grant: Grant, conversation: list[Any],
                      upstream: UpstreamConfig) -> None:
@@ -515,9 +513,9 @@ class ModelCalls:
             elif placed is not None and placed.base:  # (only after a turn read without loss)
                 call.logged_after = (previous.turn, previous.attempt, placed.base,
                                      placed.messages[placed.base:], True)
-        tail = prints.tail() if len(now) >= prefixes.TAIL_FROM else None
-        self.prefixes.keep(eid, Prefix(now, len(prints.messages), tail, call.lossless,
-                                       call.placed, grant.turn, grant.attempt, plain))
+        self.prefixes.keep(eid, Prefix(now, len(prints.messages), prefixes.kept_tail(prints, now),
+                                       call.lossless, call.placed, grant.turn, grant.attempt,
+                                       plain, prints.as_written))
 
     def _new_episode(
         self, call: ModelCall, eid: str, headers: dict[bytes, bytes], now: float,

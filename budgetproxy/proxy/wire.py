@@ -132,12 +132,15 @@ _FIRST_CALL_FIELDS = (
     (b"x-episode-group", "group"),
     (b"x-episode-disclosure", "disclosure"),
 )
+_FIRST_CALL_NAMES = frozenset(name for name, _ in _FIRST_CALL_FIELDS)
 _COUNT_FIELDS = frozenset({"budget", "max_turns", "announced_budget", "min_turns"})
 
 
 def ignored_spec_headers(headers: dict[bytes, bytes], st: EpisodeState) -> bytes | None:
     """The X-Episode-Warning of a later call whose first-call headers differ from what its
     episode holds (those headers are read on the first call only), or None when none do."""
+    if _FIRST_CALL_NAMES.isdisjoint(headers):  # (most calls: none sent again)
+        return None
     ignored: list[str] = []
     for name, attr in _FIRST_CALL_FIELDS:
         raw = headers.get(name)
@@ -223,7 +226,10 @@ def _unchecked(payload: dict[str, Any], checked: Checked | None) -> list[Any]:
         return [payload]
     conversation, heads = checked.conversation, checked.heads
     n = max(0, min(checked.entries - heads, len(items), len(conversation) - heads))
-    return [[v for k, v in payload.items() if k != key], items[n:],
+    rest = [v for k, v in payload.items() if k != key]
+    if items is conversation and heads == 0:  # (chat: the payload's own list)
+        return [rest, items[n:]]
+    return [rest, items[n:],
             [m for i, m in enumerate(items[:n]) if conversation[heads + i] is not m]]
 
 

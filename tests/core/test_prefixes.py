@@ -142,3 +142,54 @@ def test_what_is_kept_stays_within_about_its_limit(
     grown = _rss() - before
     assert limit // 2 < kept.size <= limit  # (full: the episodes are more than it holds)
     assert grown < 2 * limit, f"{grown / 1e6:.1f} MB held for {kept.size / 1e6:.1f} MB counted"
+
+
+_SHAPES = st.sampled_from(["str", "lone", "lone-marked", "blocks"])
+
+
+def _message(i: int, shape: str) -> dict[str, Any]:
+    text = f"message {i}"
+    if shape == "str":
+        return {"role": "user", "content": text}
+    if shape == "blocks":
+        return {"role": "user", "content": [{"type": "text", "text": text},
+                                            {"type": "text", "text": "more"}]}
+    block: dict[str, Any] = {"type": "text", "text": text}
+    if shape == "lone-marked":
+        block["cache_control"] = {"type": "ephemeral"}
+    return {"role": "user", "content": [block]}
+
+
+@given(turns=st.lists(st.tuples(st.lists(_SHAPES, min_size=0, max_size=3),
+                                st.booleans(), _SHAPES), min_size=1, max_size=6))
+def test_a_turn_fingerprinted_from_the_previous_one_is_one_fingerprinted_from_scratch(
+    turns: list[tuple[list[str], bool, str]]
+) -> None:
+    """`fingerprint` looks only at what is new where the previous turn allows it: its digest,
+    and what it says of the previous turn's digest and an older one's, are those of the
+    conversation fingerprinted whole, over turns that add messages in every shape, flip an
+    earlier message's shape (no longer the previous turn's bytes) or add nothing."""
+    from budgetproxy.core.prefixes import fingerprint, kept_tail
+
+    conversation: list[Any] = []
+    kept: Prefix | None = None
+    digests: list[str] = []
+    for added, flip, flipped_to in turns:
+        conversation = conversation + [_message(len(conversation) + i, shape)
+                                       for i, shape in enumerate(added)]
+        if flip and conversation:
+            conversation = [_message(0, flipped_to), *conversation[1:]]
+        if not conversation:
+            continue
+        now = written(conversation)
+        assert now is not None
+        prints = fingerprint(extended(kept, now), conversation, now)
+        whole = Fingerprint(conversation)
+        assert prints.digest() == whole.digest()
+        if prints.as_written:  # (a claim the next turn relies on: never made wrongly)
+            assert whole.as_written
+        for earlier in digests[-2:]:
+            assert prints.extends(earlier) == Fingerprint(conversation).extends(earlier)
+        digests.append(whole.digest())
+        kept = Prefix(now, len(conversation), kept_tail(prints, now), True,
+                      as_written=prints.as_written)
