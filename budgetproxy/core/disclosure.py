@@ -74,17 +74,19 @@ def _turn_texts(template: str, total: int) -> dict[int, str]:
 def _earlier_texts(template: str, total: int, chosen: list[tuple[int, int]]
                    ) -> list[tuple[int, str]]:
     """(index, text) for (index, turn) pairs, with a turn-only template."""
+    if not chosen:
+        return []
     kept = _turn_texts(template, total)
     if len(kept) > _TURN_TEXTS_KEPT:
         kept.clear()
-    get = kept.get
-    out = []
-    for idx, turn in chosen:
-        text = get(turn)
-        if text is None:
-            text = kept[turn] = template.format(**_turn_values(turn, total))
-        out.append((idx, text))
-    return out
+    indexes, turns = zip(*chosen, strict=True)
+    try:  # (in C: a long episode re-applies every earlier turn's text on each call)
+        return list(zip(indexes, map(kept.__getitem__, turns), strict=True))
+    except KeyError:
+        for turn in turns:
+            if turn not in kept:
+                kept[turn] = template.format(**_turn_values(turn, total))
+        return list(zip(indexes, map(kept.__getitem__, turns), strict=True))
 
 
 def disclose(

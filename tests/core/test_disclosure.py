@@ -273,6 +273,18 @@ def test_texts_renders_this_turn_and_replays_only_with_a_conversation() -> None:
     assert disclosure.texts("{turn}/{total}", 2, 5, 4, [(0, 1, 1, "1:x")], None) == ("2/4", [])
 
 
+@given(chosen=st.lists(st.tuples(st.integers(0, 50), st.integers(1, 30)), max_size=20),
+       total=st.integers(1, 30), announced=st.none() | st.integers(1, 30))
+def test_earlier_texts_chosen_are_each_turns_text_rendered(
+        chosen: list[tuple[int, int]], total: int, announced: int | None) -> None:
+    """The texts of earlier turns a long episode re-applies (taken from a cache of rendered
+    texts, in C) are each turn's text as `render` writes it, in the order chosen."""
+    template = "[Turn budget] Turn {turn} of {total}. {turns_remain} after this one."
+    _, again = disclosure.texts(template, 31, total, announced, chosen=chosen)
+    assert again == [(idx, disclosure.render(template, turn, total, announced))
+                     for idx, turn in chosen]
+
+
 def _edit_plainly(items: list[Any], appends: dict[int, list[str]],
                   inserts: dict[int, list[str]]) -> list[Any]:
     """edit's rule, item by item: inserts before index i, then item i with its appends."""
