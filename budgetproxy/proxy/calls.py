@@ -15,6 +15,7 @@ from budgetproxy.core.prefixes import Prefix
 from budgetproxy.proxy.capture import Capture, Tokens
 from budgetproxy.proxy.dialects import Dialect
 from budgetproxy.proxy.outcome import ANSWERED
+from budgetproxy.proxy.wire import Checked, exact_payload
 from budgetproxy.telemetry.tracing import CallTrace
 from budgetproxy.trajectories.records import SCHEMA_VERSION, rfc3339
 
@@ -49,7 +50,8 @@ def with_stream_usage(body: bytes) -> bytes:
 class ModelCall:
     """One model call as forward.py learns it: what admission found (route, model, episode,
     grant), what the upstream leg returned (upstream_call.py `Leg`) and its `outcome`. The
-    phases return values; forward.py alone writes them here."""
+    phases return values; only the model-call path (forward.py, with its admission.py and
+    turns.py) writes them here."""
 
     __slots__ = (
         "t0", "route", "dialect", "kind", "model", "stream", "episode_id", "state", "grant",
@@ -75,7 +77,8 @@ class ModelCall:
         self.t_upstream = 0.0
         self.started = False
         # its status, HTTP status and settle result, as proxy/outcome.py decides them; only
-        # forward.py sets it, from what each phase returns
+        # forward.py (and turns.py, for a spent budget's answer) sets it, from what each
+        # phase returns
         self.outcome = ANSWERED
         self.disclosure_text: str | None = None
         self.conversation: list[Any] | None = None
@@ -236,3 +239,19 @@ def _call_fields(call: ModelCall, kind: str) -> dict[str, Any]:
 def _reply_fields(reply: dict[str, Any]) -> dict[str, Any]:
     return {"response": reply.get("message"), "finish_reason": reply.get("finish_reason"),
             "usage": reply.get("usage")}
+
+
+def exact_payload_for(call: ModelCall, body: bytes,
+                      payload: dict[str, Any]) -> dict[str, Any] | None:
+    """The payload to rewrite, read again when orjson's reading lost an integer's
+    digits (the rewrite must not change what it does not touch); None: `payload` is.
+    The messages the previous turn checked are not looked at again (core/prefixes.py)."""
+    previous, prints, dialect = call.extends, call.prints, call.dialect
+    checked = None
+    if previous is not None and previous.lossless and prints is not None:
+        checked = Checked(prints.messages, previous.messages, dialect.items_key,
+                          dialect.heads)
+    exact = exact_payload(body, payload, checked)
+    call.exact = exact is not None
+    call.lossless = not call.exact
+    return exact

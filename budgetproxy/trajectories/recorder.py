@@ -49,7 +49,7 @@ class Recorder:
         # Whether anything is kept of a turn (a subclass may keep turns without the log).
         self.keeps_turns = self.writes_turns
         # What others keep per episode in this process for its next turn, to forget when it
-        # ends (called with the episode's id; proxy/forward.py's conversations, say).
+        # ends (called with the episode's id; proxy/turns.py's conversations, say).
         self.forget: list[Callable[[str], None]] = []
 
     def labels(self, st: EpisodeState) -> tuple[str, str]:
