@@ -125,7 +125,7 @@ class JsonlSink:
         max_file_bytes: int,
         gzip_rotated: bool,
         queue_size: int,
-        linger_s: float = float(__import__("os").environ.get("BP_LINGER", "0.005")),
+        linger_s: float = 0.005,
     ) -> None:
         self._linger = linger_s
         self._dir = Path(directory)
