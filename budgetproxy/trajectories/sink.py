@@ -2,11 +2,12 @@
 
 A record is encoded as it is put (once its call has answered, while what it holds is still in
 the CPU's caches) and waits as its line. Back-pressure: the queue is bounded; when it is full,
-`put` waits, so calls slow down instead of records being dropped. The writer takes the lines
-all at once and writes and flushes the batch to the OS (small batches inline, large ones and
-rotations from a thread): at once after a quiet spell, else once a few milliseconds have passed
-since its previous write, so lines that come under load gather into one write. A SIGKILL loses
-only what was still queued, never a written line. SIGTERM drains the queue before the process exits.
+`put` waits, so calls slow down instead of records being dropped. After a quiet spell a line
+is written and flushed to the OS at once, by its `put`; lines that come within a few
+milliseconds of the previous write wait for the writer, which takes them all at once when
+those milliseconds have passed and writes them as one batch (small batches inline, large ones
+and rotations from a thread). A SIGKILL loses only what was still queued, never a written
+line. SIGTERM drains the queue before the process exits.
 """
 
 from __future__ import annotations
@@ -178,6 +179,15 @@ class JsonlSink:
             line = _line(record)
         except (TypeError, ValueError):  # what orjson cannot write
             line = record_line(record)
+        if self._wake is not None and not self._records and self._idle(len(line)):
+            # The writer waits for a record, none is queued and its last write is older than
+            # `linger`: this line is the whole batch, written here (one task step fewer).
+            self._last_write = self._wake.get_loop().time()
+            try:
+                self._write_batch(line)
+            except Exception:  # as the writer: later records still land
+                log.exception("could not write 1 trajectory record")
+            return
         if len(self._records) >= self._max_queued or self._space:  # full, or others first
             await self._wait_for_space()
         self._records.append(line)  # (the list the writer takes next)
@@ -186,6 +196,14 @@ class JsonlSink:
             self._wake = None
             if not wake.done():
                 wake.set_result(None)
+
+    def _idle(self, size: int) -> bool:
+        """Whether a line of `size` bytes may be written at once: the sink is not closing, its
+        last write is at least `linger` old and the line does not reach the rotation size."""
+        wake = self._wake
+        return (wake is not None and not self._closing and not self._space
+                and wake.get_loop().time() - self._last_write >= self._linger
+                and self._written + size < self._max_bytes)
 
     async def _wait_for_space(self) -> None:
         loop = asyncio.get_running_loop()

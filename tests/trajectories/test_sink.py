@@ -104,3 +104,22 @@ async def test_a_record_after_a_quiet_spell_leaves_at_once_and_later_ones_gather
     await asyncio.sleep(0.4)
     assert [r["i"] for r in _lines(tmp_path)] == [0, 1, 2]  # then one batch
     await sink.close()
+
+
+@pytest.mark.asyncio
+async def test_records_written_by_put_and_by_the_writer_keep_their_order(
+        tmp_path: Path) -> None:
+    """A record after a quiet spell is written by its own `put`; one while others wait goes
+    behind them: the file holds every record in the order put, whichever wrote it."""
+    sink = JsonlSink(tmp_path, max_file_bytes=1 << 30, gzip_rotated=False, queue_size=100,
+                     linger_s=0.05)
+    await sink.start()
+    await asyncio.sleep(0)  # the writer waits for a first record
+    order = 0
+    for burst in (1, 3, 1, 5, 2):
+        for _ in range(burst):
+            await sink.put({"i": order})
+            order += 1
+        await asyncio.sleep(0.01 if burst % 2 else 0.08)  # sometimes within linger
+    await sink.close()
+    assert [r["i"] for r in _lines(tmp_path)] == list(range(order))
