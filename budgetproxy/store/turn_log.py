@@ -21,7 +21,6 @@ import asyncio
 import logging
 import time
 from collections import OrderedDict
-from collections.abc import Callable
 from importlib import resources
 from typing import TYPE_CHECKING, Any, Protocol
 
@@ -218,22 +217,19 @@ class RedisTurnLog:
         return [base, base + ":bytes", base + ":tip"]
 
     async def append(self, episode_id: str, turn: Entry) -> None:
-        keys = self._key(episode_id)
-        entry, small = turn.encode(), turn.small
+        self._send(episode_id, self._key(episode_id), turn)
+
+    def _send(self, episode_id: str, keys: list[str], turn: Entry) -> None:
+        entry = turn.encode()
         after = turn.after
-        turn_id = _turn_id(turn.numbers)
         fut = self._store.submit(self._append, keys, [
-            entry, self._max_turns, self._ttl, self._max_episode, turn_id,
+            entry, self._max_turns, self._ttl, self._max_episode, _turn_id(turn.numbers),
             "" if after is None else _turn_id(after[:2])])
         self._pending[episode_id] = fut
-        # (a turn kept as what follows another holds its whole form until Redis has it)
-        again = None if after is None else turn.whole
-        fut.add_done_callback(
-            lambda f: self._appended(episode_id, keys, entry, small, f, again))
+        fut.add_done_callback(lambda f: self._appended(episode_id, keys, turn, entry, f))
 
-    def _appended(self, episode_id: str, keys: list[str], entry: bytes,
-                  small: Callable[[], bytes], fut: asyncio.Future[Any],
-                  again: Callable[[], Entry] | None = None) -> None:
+    def _appended(self, episode_id: str, keys: list[str], turn: Entry, entry: bytes,
+                  fut: asyncio.Future[Any]) -> None:
         if self._pending.get(episode_id) is fut:
             del self._pending[episode_id]
         reply = _outcome(fut)
@@ -241,18 +237,14 @@ class RedisTurnLog:
             log.warning("store unavailable: a turn of %s not kept for its trajectory (%s)",
                         episode_id, reply)
             return
-        if reply == -1 and again is not None:  # what it follows is not there: sent whole
-            whole = again()
-            data = whole.encode()
-            retry = self._store.submit(self._append, keys, [
-                data, self._max_turns, self._ttl, self._max_episode,
-                _turn_id(whole.numbers), ""])
-            self._pending[episode_id] = retry
-            retry.add_done_callback(
-                lambda f: self._appended(episode_id, keys, data, whole.small, f))
+        # (a turn kept as what follows another holds its whole form until Redis has it)
+        if reply == -1:  # what it follows is not there: sent whole
+            whole = turn.whole()
+            if whole is not turn:  # (an entry always has its whole form: never sent again)
+                self._send(episode_id, keys, whole)
             return
         if reply:  # past the episode's byte bound: the turn without its messages
-            data = small()
+            data = turn.small()
             swap = self._store.submit(self._swap, keys, [reply - 1, data, len(data) - len(entry)])
             self._pending[episode_id] = swap
             swap.add_done_callback(lambda f: self._swapped(episode_id, f))

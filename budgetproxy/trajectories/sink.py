@@ -179,10 +179,10 @@ class JsonlSink:
             line = _line(record)
         except (TypeError, ValueError):  # what orjson cannot write
             line = record_line(record)
-        if self._wake is not None and not self._records and self._idle(len(line)):
+        if not self._records and self._idle(len(line)):
             # The writer waits for a record, none is queued and its last write is older than
             # `linger`: this line is the whole batch, written here (one task step fewer).
-            self._last_write = self._wake.get_loop().time()
+            self._last_write = asyncio.get_running_loop().time()
             try:
                 self._write_batch(line)
             except Exception:  # as the writer: later records still land
