@@ -82,10 +82,9 @@ def _earlier_texts(template: str, total: int, chosen: list[tuple[int, int]]
     indexes, turns = zip(*chosen, strict=True)
     try:  # (in C: a long episode re-applies every earlier turn's text on each call)
         return list(zip(indexes, map(kept.__getitem__, turns), strict=True))
-    except KeyError:
-        for turn in turns:
-            if turn not in kept:
-                kept[turn] = template.format(**_turn_values(turn, total))
+    except KeyError:  # (only the turns not yet written: the set's difference is taken in C)
+        for turn in set(turns).difference(kept):
+            kept[turn] = template.format(**_turn_values(turn, total))
         return list(zip(indexes, map(kept.__getitem__, turns), strict=True))
 
 
@@ -125,6 +124,9 @@ def texts(
         chosen = replayable(earlier, conversation)
     if not told and fields is None and not uses_axes(template):
         total = announced_budget if announced_budget is not None else budget
+        # This turn's text joins the table its next turns re-apply it from: a turn's earlier
+        # texts are then all found there, and none is written again.
+        _turn_texts(template, total)[turn] = text
         return text, _earlier_texts(template, total, chosen)
     told = told or {}
     return text, [(idx, told.get(str(t)) or render(template, t, budget, announced_budget,

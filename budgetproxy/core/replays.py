@@ -23,13 +23,21 @@ from budgetproxy.core.fingerprint import Fingerprint
 #  the (index, turn) it chose)
 _Answer = tuple[str, int, tuple[tuple[int, int], ...]]
 
+# At most this many (index, turn) pairs are kept across episodes (~120 bytes each: the pair and
+# its two integers): ~16 MiB, 320 episodes of 400 turns. An episode pushed out takes the full
+# comparison on its next turn, and is kept again from then on.
+MAX_PAIRS = 1 << 17
+
 
 class Replays:
-    """The last answer for up to `size` episodes, the least recently used dropped first."""
+    """The last answer for up to `size` episodes and `max_pairs` chosen texts in all, the
+    least recently used dropped first; an ended episode's dropped at once (`drop`)."""
 
-    def __init__(self, size: int = 4096) -> None:
+    def __init__(self, size: int = 4096, max_pairs: int = MAX_PAIRS) -> None:
         self.size = size
+        self.max_pairs = max_pairs
         self._last: dict[str, _Answer] = {}  # in order of use (re-inserted on each)
+        self._pairs = 0  # the (index, turn) pairs the answers kept hold
 
     def known(self, episode_id: str, conversation: Fingerprint) -> Known | None:
         """What this turn's store call may be told (`placements_known`): the episode's last
@@ -44,8 +52,7 @@ class Replays:
                    conversation: Fingerprint) -> list[tuple[int, int]]:
         """(index, turn) of the earlier placements to re-apply, as
         core.disclosure.replayable, remembered for the episode's next turn."""
-        cache = self._last
-        cache.pop(episode_id, None)
+        self.drop(episode_id)
         known, newest, every = placements.known, placements.newest, placements.every
         if known is not None and newest is not None:  # as `known` told: one more than it
             keep = (*known.answer, (newest[0], newest[1]))
@@ -53,7 +60,20 @@ class Replays:
             every = every or ()
             ok = conversation.extends_each([p[3] for p in every]) if every else []
             keep = tuple([(p[0], p[1]) for p, yes in zip(every, ok, strict=True) if yes])
+        cache = self._last
         cache[episode_id] = (conversation.digest(), placements.size, keep)
-        if len(cache) > self.size:
-            del cache[next(iter(cache))]
+        self._pairs += len(keep)
+        while len(cache) > self.size or self._pairs > self.max_pairs:
+            self._pairs -= len(cache.pop(next(iter(cache)))[2])
         return list(keep)
+
+    def drop(self, episode_id: str) -> None:
+        """Forget the episode's answer (it ended: no turn of it follows)."""
+        last = self._last.pop(episode_id, None)
+        if last is not None:
+            self._pairs -= len(last[2])
+
+    @property
+    def pairs(self) -> int:
+        """The (index, turn) pairs kept, in all."""
+        return self._pairs

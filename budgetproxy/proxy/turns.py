@@ -81,7 +81,8 @@ class Turns:
         # Each recent episode's last conversation, for its next turn to hash and check only
         # what it adds (core/prefixes.py).
         self.prefixes = Prefixes()
-        recorder.forget.append(self.prefixes.drop)  # (an ended episode has no next turn)
+        # (an ended episode has no next turn)
+        recorder.forget += (self.prefixes.drop, self.replays.drop)
         self.budget_cfg = config.budget
         self.disc_cfg = config.disclosure
         self.finish_texts = config.budget.finish_texts.model_dump()

@@ -105,3 +105,23 @@ def test_a_call_keeps_what_it_asked_with_while_another_answers() -> None:
     assert p3.every is None and p4.every is not None and p4.known is None
     assert replays.replayable("e", p4, f4) == disclosure.replayable(p4.every, f4)
     assert replays.replayable("e", p3, f3) == [(1, 1), (3, 2)]
+
+
+def test_answers_kept_are_bounded_by_their_pairs_and_an_ended_episode_is_dropped() -> None:
+    """The texts chosen are kept for at most `max_pairs` (index, turn) pairs in all, the
+    episode used least recently dropped first (its next turn compares them all, and gets the
+    same answer); `drop` forgets an ended episode's answer and what it counted."""
+    replays = Replays(max_pairs=10)
+    convos = grow(8)
+    play(replays, convos[:6], "a")  # its last answer: 5 pairs
+    assert replays.pairs == 5
+    play(replays, convos[:7], "b")  # 6 more: past 10, so a's answer goes
+    assert replays.pairs == 6 and replays.known("a", Fingerprint(convos[6])) is None
+    entries = [[2 * t - 1, t, 2 * t, Fingerprint(convos[t - 1]).digest()] for t in range(1, 7)]
+    f = Fingerprint(convos[6])
+    assert replays.replayable("a", placements_of(entries, None), f) == [
+        (2 * t - 1, t) for t in range(1, 7)]
+    assert replays.pairs == 6 and replays.known("b", Fingerprint(convos[7])) is None
+    replays.drop("a")
+    replays.drop("a")  # (twice: counted once)
+    assert replays.pairs == 0 and replays.known("a", Fingerprint(convos[7])) is None

@@ -288,8 +288,9 @@ def test_an_ended_episode_leaves_nothing_kept_for_its_next_turn(
     proxy: ProxyFactory, upstream: WatchedUpstream, rollouts: bool
 ) -> None:
     """What a process keeps of an episode's last turn for its next one (its conversation, its
-    last kept entry) is dropped when the episode ends: an ended episode has no next turn."""
-    p = proxy({"disclosure": {"mode": "disclosed", "template": TEMPLATE},
+    last kept entry, the earlier texts its turn re-applied) is dropped when the episode ends:
+    an ended episode has no next turn."""
+    p = proxy({"disclosure": {"mode": "disclosed", "template": TEMPLATE, "history": "keep"},
                "rollouts": {"keep_turns": rollouts}})
     eid = new_id()
     app = p.server.app
@@ -300,10 +301,12 @@ def test_an_ended_episode_leaves_nothing_kept_for_its_next_turn(
         assert r.status_code == 200, r.text
         history += [{"role": "assistant", "content": f"a{t}"}, {"role": "user", "content": "u"}]
     assert app.calls.prefixes.get(eid) is not None
+    assert app.calls.turns.replays.pairs == 1  # (turn 2 re-applied turn 1's text)
     if rollouts:
         assert eid in app.recorder._last_kept
     p.http().post(f"/v1/episodes/{eid}/outcome", json={"success": True})
     assert app.calls.prefixes.get(eid) is None and app.calls.prefixes.size == 0
+    assert app.calls.turns.replays.pairs == 0
     if rollouts:
         assert eid not in app.recorder._last_kept
 
