@@ -45,13 +45,17 @@ class Prefix(NamedTuple):
     attempt: int = 0
     plain: bool = False  # the upstream got its conversation as the client sent it (no text)
     as_written: bool = False  # its canonical bytes are `written` (no message in another shape)
+    # its body's values but the conversation's list, as orjson writes them, when its check
+    # for integers read as floats looked at them and found none (proxy/wire.py `Checked`)
+    others: bytes | None = None
 
 
 # What a kept Prefix holds beside its conversation's bytes, as counted against the limit
 # (measured by RSS, tests/core/test_prefixes.py): the tuple, its digest and so on; a BLAKE3
-# state (kept only for conversations of at least TAIL_FROM bytes: below that, hashing the
-# whole again costs a few microseconds); and, with placed messages, the objects of each (the
-# turn's parse and the copy with its text) and their text.
+# state (kept for conversations of at least TAIL_FROM bytes, and for those with a message in
+# another shape: below that, hashing the whole again costs a few microseconds); and, with
+# placed messages, the objects of each (the turn's parse and the copy with its text) and
+# their text.
 _ENTRY = 512
 _STATE = 4096
 _PER_MESSAGE = 480
@@ -61,6 +65,8 @@ TAIL_FROM = 1 << 15
 def _size(prefix: Prefix) -> int:
     """A kept Prefix's bytes as the limit counts them."""
     size = len(prefix.written) + _ENTRY
+    if prefix.others is not None:
+        size += len(prefix.others)
     if prefix.tail is not None and prefix.tail.state is not None:
         size += _STATE
     if prefix.placed is not None:
@@ -117,9 +123,13 @@ def fingerprint(previous: Prefix | None, conversation: list[Any],
 
 def kept_tail(prints: Fingerprint, written_now: bytes) -> Tail:
     """What a turn keeps of its digest for the next: the hash state only of a conversation
-    long enough that hashing it again would cost more than keeping it (`TAIL_FROM`)."""
+    long enough that hashing it again would cost more than keeping it (`TAIL_FROM`), or of one
+    with a message in another shape (its next turn would otherwise look at every message's
+    shape again, not only the new ones': Claude Code's first prompt, after its first turn)."""
     tail = prints.tail()
-    return tail if len(written_now) >= TAIL_FROM else Tail(tail.length, None, tail.digest)
+    if len(written_now) >= TAIL_FROM or not prints.as_written:
+        return tail
+    return Tail(tail.length, None, tail.digest)
 
 
 class Prefixes:

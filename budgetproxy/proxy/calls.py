@@ -8,6 +8,7 @@ from typing import TYPE_CHECKING, Any
 from blake3 import blake3
 
 from budgetproxy.config import UpstreamConfig
+from budgetproxy.core import prefixes
 from budgetproxy.core.disclosure import Disclosed
 from budgetproxy.core.episode import EpisodeState, Grant, GrantKind
 from budgetproxy.core.fingerprint import Fingerprint
@@ -15,7 +16,7 @@ from budgetproxy.core.prefixes import Prefix
 from budgetproxy.proxy.capture import Capture, Tokens
 from budgetproxy.proxy.dialects import Dialect
 from budgetproxy.proxy.outcome import ANSWERED
-from budgetproxy.proxy.wire import Checked, exact_payload
+from budgetproxy.proxy.wire import Checked, exact_payload, others
 from budgetproxy.telemetry.tracing import CallTrace
 from budgetproxy.trajectories.records import SCHEMA_VERSION, rfc3339
 
@@ -60,7 +61,7 @@ class ModelCall:
         "settled", "span", "prints", "previous_response", "exact", "ended", "probe", "query",
         "payload", "timed_out", "cumulative", "capture", "tokens", "sent", "upstream_body",
         "counts", "answer", "warning", "compaction", "leg", "written", "extends", "lossless",
-        "placed", "logged_after",
+        "placed", "logged_after", "others",
     )
 
     def __init__(self, route: str, dialect: Dialect) -> None:
@@ -96,6 +97,9 @@ class ModelCall:
         # process, when this one starts with it
         self.written: bytes | None = None
         self.extends: Prefix | None = None
+        # the payload's values but its conversation's list as orjson writes them, when the
+        # check found none (for the next turn: the same bytes need no check again)
+        self.others: bytes | None = None
         # its conversation with the disclosure texts placed, for the next turn to start from
         self.placed: Disclosed | None = None
         # (turn, attempt, n, new messages, lossless): the conversation the upstream got is the
@@ -247,11 +251,15 @@ def exact_payload_for(call: ModelCall, body: bytes,
     digits (the rewrite must not change what it does not touch); None: `payload` is.
     The messages the previous turn checked are not looked at again (core/prefixes.py)."""
     previous, prints, dialect = call.extends, call.prints, call.dialect
+    key = dialect.items_key
+    # (written only for a turn that keeps its conversation for the next: core/prefixes.py)
+    written = None if call.written is None else prefixes.written(others(payload, key))
     checked = None
     if previous is not None and previous.lossless and prints is not None:
-        checked = Checked(prints.messages, previous.messages, dialect.items_key,
-                          dialect.heads)
+        checked = Checked(prints.messages, previous.messages, key, dialect.heads,
+                          written is not None and written == previous.others)
     exact = exact_payload(body, payload, checked)
     call.exact = exact is not None
     call.lossless = not call.exact
+    call.others = written if call.lossless else None
     return exact

@@ -281,7 +281,7 @@ class Turns:
                                      placed.messages[placed.base:], True)
         self.prefixes.keep(eid, Prefix(now, len(prints.messages), prefixes.kept_tail(prints, now),
                                        call.lossless, call.placed, grant.turn, grant.attempt,
-                                       plain, prints.as_written))
+                                       plain, prints.as_written, call.others))
 
     def _new_episode(
         self, call: ModelCall, eid: str, headers: dict[bytes, bytes], now: float,

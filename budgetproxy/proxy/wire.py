@@ -194,6 +194,14 @@ class Checked(NamedTuple):
     entries: int
     items_key: str | None  # the payload's list the conversation's messages come from
     heads: int  # conversation entries before them (instructions, system prompt)
+    # the payload's other values (`others`) are, as orjson writes them, those of that turn,
+    # whose check found none (a Messages call's tools and system prompt: the same every turn)
+    others_checked: bool = False
+
+
+def others(payload: dict[str, Any], items_key: str | None) -> list[Any]:
+    """The payload's values but the list the conversation's messages come from, in order."""
+    return [v for k, v in payload.items() if k != items_key]
 
 
 def exact_payload(body: bytes, payload: dict[str, Any],
@@ -205,7 +213,8 @@ def exact_payload(body: bytes, payload: dict[str, Any],
     upstream as sent); one that is forwarded as is keeps its bytes anyway. The check walks
     the parsed values, not the bytes: its cost follows the number of values, not the size of
     the texts and images they carry. With `checked`, the payload's items that are (the same
-    objects as) entries of the conversation's checked part are not walked again.
+    objects as) entries of the conversation's checked part are not walked again, nor its other
+    values when they are checked (`others_checked`).
     """
     if not _has_lossy_float(_unchecked(payload, checked)):
         return None
@@ -226,7 +235,7 @@ def _unchecked(payload: dict[str, Any], checked: Checked | None) -> list[Any]:
         return [payload]
     conversation, heads = checked.conversation, checked.heads
     n = max(0, min(checked.entries - heads, len(items), len(conversation) - heads))
-    rest = [v for k, v in payload.items() if k != key]
+    rest = [] if checked.others_checked else others(payload, key)
     if items is conversation and heads == 0:  # (chat: the payload's own list)
         return [rest, items[n:]]
     return [rest, items[n:],

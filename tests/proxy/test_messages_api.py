@@ -236,14 +236,15 @@ def test_a_client_that_hangs_up_after_the_last_event_got_its_whole_answer(
 
 
 @pytest.mark.parametrize("api,where", [("messages", "new"), ("messages", "marker"),
-                                       ("responses", "new")])
+                                       ("messages", "tools"), ("responses", "new")])
 def test_integers_past_64_bits_stay_exact_in_a_long_session(
     proxy: ProxyFactory, upstream: FakeUpstream, api: str, where: str
 ) -> None:
     """A turn walks only what its previous turn did not check (core/prefixes.py): an item
     that is the conversation's own entry, checked last turn, is skipped; one whose markers the
     conversation leaves out (a marked message) is walked. An integer past 64 bits arriving in
-    a new message, or in the marker of an old one, after clean turns reaches the upstream
+    a new message, or in the marker of an old one, or in the tools (which the same bytes as
+    the previous turn's let the check pass over), after clean turns reaches the upstream
     exact, on that turn and the ones after it."""
     import json
 
@@ -259,10 +260,13 @@ def test_integers_past_64_bits_stay_exact_in_a_long_session(
         if t == 3 and where == "marker":  # the first prompt's marker, on an old message
             history[0] = {"role": "user", "content": [
                 {"type": "text", "text": "u1", "cache_control": {"type": "ephemeral", "n": big}}]}
+        default = big if t >= 3 and where == "tools" else 1
+        tools = [{"name": "Tool", "input_schema": {"type": "object", "properties": {
+            "n": {"type": "integer", "default": default}}}}]
         if api == "messages":  # the newest message marked, as Claude Code does
             newest = {**history[-1], "content": [
                 {**history[-1]["content"][0], "cache_control": EPHEMERAL}]}
-            body = {"model": "m1", "max_tokens": 16, "system": "sys",
+            body = {"model": "m1", "max_tokens": 16, "system": "sys", "tools": tools,
                     "messages": [*history[:-1], newest] if t > 1 else history}
         else:
             body = {"model": "m1", "instructions": "sys", "input": history}
@@ -273,9 +277,13 @@ def test_integers_past_64_bits_stay_exact_in_a_long_session(
         seen = [json.loads(q.body) for q in upstream.requests
                 if q.headers.get("x-test-episode") == eid][-1]
         items = seen["messages"] if api == "messages" else seen["input"]
-        found = ([m["n"] for m in items if "n" in m] if where == "new"
-                 else [b["cache_control"].get("n") for b in items[0]["content"]
-                       if "cache_control" in b])
-        assert found == ([big] if t >= 3 else [] if where == "new" else [None]), (t, found)
+        if where == "tools":
+            found = [seen["tools"][0]["input_schema"]["properties"]["n"]["default"]]
+            assert found == [big if t >= 3 else 1], (t, found)
+        else:
+            found = ([m["n"] for m in items if "n" in m] if where == "new"
+                     else [b["cache_control"].get("n") for b in items[0]["content"]
+                           if "cache_control" in b])
+            assert found == ([big] if t >= 3 else [] if where == "new" else [None]), (t, found)
         history += [{"role": "assistant", "content": [{"type": "text", "text": f"a{t}"}]},
                     {"role": "user", "content": [{"type": "text", "text": f"u{t + 1}"}]}]
