@@ -31,6 +31,17 @@ from budgetproxy.core.fingerprint import Fingerprint, Tail, canonical
 MAX_BYTES = 64 << 20
 
 
+class Raw(NamedTuple):
+    """A turn's body as the client wrote it up to its last message, for a dialect whose
+    conversation is not the body's own list (Messages: its cache markers left out, which
+    clients move every turn): a next turn whose body starts with the same bytes takes the
+    conversation's entries for them from this turn's, instead of reading them again."""
+
+    head: bytes  # as the dialect writes it, up to (not including) the last message
+    messages: int  # the messages the head holds: all but the last
+    conversation: list[Any]  # the turn's conversation (its first entries are those messages')
+
+
 class Prefix(NamedTuple):
     """A turn's conversation, for its episode's next turn to compare with."""
 
@@ -48,6 +59,7 @@ class Prefix(NamedTuple):
     # its body's values but the conversation's list, as orjson writes them, when its check
     # for integers read as floats looked at them and found none (proxy/wire.py `Checked`)
     others: bytes | None = None
+    raw: Raw | None = None  # its body up to its last message, for a dialect that keeps one
 
 
 # What a kept Prefix holds beside its conversation's bytes, as counted against the limit
@@ -67,6 +79,8 @@ def _size(prefix: Prefix) -> int:
     size = len(prefix.written) + _ENTRY
     if prefix.others is not None:
         size += len(prefix.others)
+    if prefix.raw is not None:
+        size += len(prefix.raw.head) + _PER_MESSAGE * len(prefix.raw.conversation)
     if prefix.tail is not None and prefix.tail.state is not None:
         size += _STATE
     if prefix.placed is not None:

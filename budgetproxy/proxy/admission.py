@@ -9,6 +9,7 @@ from typing import Any, NamedTuple
 from budgetproxy.config import Config, UpstreamConfig
 from budgetproxy.core import compaction
 from budgetproxy.core.keys import KeyRing, Principal
+from budgetproxy.core.prefixes import Prefixes
 from budgetproxy.core.tenants import TENANT_HEADER, local_id, qualified, tenant_for, tenant_of
 from budgetproxy.errors import (
     ProxyError,
@@ -39,8 +40,10 @@ class Admission:
     """A model call's key, episode id and body, each checked, with a clear error for each."""
 
     def __init__(self, config: Config, pool: UpstreamPool, metrics: Metrics | None,
-                 episode_keys: EpisodeKeys | None) -> None:
+                 episode_keys: EpisodeKeys | None, prefixes: Prefixes) -> None:
         self.cfg = config
+        # each recent episode's last turn: a counted call reads its conversation on from it
+        self.prefixes = prefixes
         self.pool = pool
         self.metrics = metrics
         self.episode_keys = episode_keys
@@ -156,7 +159,12 @@ class Admission:
         counted = eid is not None and not (
             self.uncounted_models
             and any(fnmatch.fnmatchcase(model, p) for p in self.uncounted_models))
-        conversation = dialect.conversation(payload) if counted else []
+        conversation: list[Any] = []
+        if counted:
+            assert eid is not None
+            call.raw_from = earlier = self.prefixes.get(eid)
+            conversation, call.raw, call.raw_proven = dialect.conversation_from(
+                payload, None if earlier is None else earlier.raw)
         if counted and self.uncounted_prompts and (
                 lone_text(conversation, dialect.heads) in self.uncounted_prompts):
             counted = False  # a capability probe, not a turn of the task

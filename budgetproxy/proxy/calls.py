@@ -12,7 +12,7 @@ from budgetproxy.core import prefixes
 from budgetproxy.core.disclosure import Disclosed
 from budgetproxy.core.episode import EpisodeState, Grant, GrantKind
 from budgetproxy.core.fingerprint import Fingerprint
-from budgetproxy.core.prefixes import Prefix
+from budgetproxy.core.prefixes import Prefix, Raw
 from budgetproxy.proxy.capture import Capture, Tokens
 from budgetproxy.proxy.dialects import Dialect
 from budgetproxy.proxy.outcome import ANSWERED
@@ -61,7 +61,7 @@ class ModelCall:
         "settled", "span", "prints", "previous_response", "exact", "ended", "probe", "query",
         "payload", "timed_out", "cumulative", "capture", "tokens", "sent", "upstream_body",
         "counts", "answer", "warning", "compaction", "leg", "written", "extends", "lossless",
-        "placed", "logged_after", "others",
+        "placed", "logged_after", "others", "raw", "raw_proven", "raw_from",
     )
 
     def __init__(self, route: str, dialect: Dialect) -> None:
@@ -100,6 +100,11 @@ class ModelCall:
         # the payload's values but its conversation's list as orjson writes them, when the
         # check found none (for the next turn: the same bytes need no check again)
         self.others: bytes | None = None
+        # its body up to its last message, for the next turn (a Messages call's: core/prefixes.py
+        # `Raw`), and how many of its items are byte for byte those of the turn `raw_from`
+        self.raw: Raw | None = None
+        self.raw_proven = 0
+        self.raw_from: Prefix | None = None
         # its conversation with the disclosure texts placed, for the next turn to start from
         self.placed: Disclosed | None = None
         # (turn, attempt, n, new messages, lossless): the conversation the upstream got is the
@@ -257,7 +262,8 @@ def exact_payload_for(call: ModelCall, body: bytes,
     checked = None
     if previous is not None and previous.lossless and prints is not None:
         checked = Checked(prints.messages, previous.messages, key, dialect.heads,
-                          written is not None and written == previous.others)
+                          written is not None and written == previous.others,
+                          call.raw_proven if call.raw_from is previous else 0)
     exact = exact_payload(body, payload, checked)
     call.exact = exact is not None
     call.lossless = not call.exact

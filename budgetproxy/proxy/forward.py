@@ -71,9 +71,9 @@ class ModelCalls:
         self.max_body = config.server.max_body_bytes
         prices = PriceTable({g: p.model_dump() for g, p in config.prices.items()})
         self.settlement = Settlement(config, store, recorder, metrics, tracing, prices)
-        self.admission = Admission(config, pool, metrics, episode_keys)
         self.turns = Turns(config, pool, store, recorder, metrics, self.settlement, prices,
                            groups=groups, experiments=experiments)
+        self.admission = Admission(config, pool, metrics, episode_keys, self.turns.prefixes)
         self.upstream = UpstreamCall(
             pool, metrics, tracing, litellm_call,
             header_policy=HeaderPolicy(config.server.forward_headers,

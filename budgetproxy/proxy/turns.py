@@ -185,8 +185,9 @@ class Turns:
         # client changed reads as the same float, so equal bytes would not prove it equal)
         extended = call.extends
         previous = extended.placed if extended is not None and extended.lossless else None
+        proven = call.raw_proven if call.raw_from is extended else 0
         payload, call.placed = call.dialect.place(payload, conversation, cfg.placement, text,
-                                                  again, previous)
+                                                  again, previous, proven)
         return payload, conversation
 
     async def _open_turn(
@@ -281,7 +282,7 @@ class Turns:
                                      placed.messages[placed.base:], True)
         self.prefixes.keep(eid, Prefix(now, len(prints.messages), prefixes.kept_tail(prints, now),
                                        call.lossless, call.placed, grant.turn, grant.attempt,
-                                       plain, prints.as_written, call.others))
+                                       plain, prints.as_written, call.others, call.raw))
 
     def _new_episode(
         self, call: ModelCall, eid: str, headers: dict[bytes, bytes], now: float,

@@ -197,6 +197,8 @@ class Checked(NamedTuple):
     # the payload's other values (`others`) are, as orjson writes them, those of that turn,
     # whose check found none (a Messages call's tools and system prompt: the same every turn)
     others_checked: bool = False
+    # the payload's first items are, as the dialect writes them, that turn's (its `Raw`)
+    items_proven: int = 0
 
 
 def others(payload: dict[str, Any], items_key: str | None) -> list[Any]:
@@ -238,8 +240,9 @@ def _unchecked(payload: dict[str, Any], checked: Checked | None) -> list[Any]:
     rest = [] if checked.others_checked else others(payload, key)
     if items is conversation and heads == 0:  # (chat: the payload's own list)
         return [rest, items[n:]]
+    start = min(checked.items_proven, n)
     return [rest, items[n:],
-            [m for i, m in enumerate(items[:n]) if conversation[heads + i] is not m]]
+            [m for i, m in enumerate(items[start:n], start) if conversation[heads + i] is not m]]
 
 
 def _has_lossy_float(stack: list[Any]) -> bool:

@@ -2,15 +2,29 @@
 
 from __future__ import annotations
 
-from typing import Any, Protocol
+from typing import Any, NamedTuple, Protocol
 
 from budgetproxy.core.disclosure import Disclosed, Placement
+from budgetproxy.core.prefixes import Raw
 from budgetproxy.errors import ProxyError
 
 # What a reply read back gives the log, metrics and spans:
 # {"message": {role, content (text or None), tool_calls?, ...}, "finish_reason", "usage"}
 Reply = dict[str, Any]
 EMPTY_REPLY: Reply = {"message": None, "finish_reason": None, "usage": None}
+
+
+class Read(NamedTuple):
+    """A counted call's conversation as `Dialect.conversation_from` reads it."""
+
+    conversation: list[Any]
+    raw: Raw | None  # for the episode's next turn (None: the dialect keeps none)
+    proven: int  # the payload's items byte for byte those of the `earlier` turn (0: none)
+
+
+def read_whole(conversation: list[Any]) -> Read:
+    """A conversation read whole, by a dialect that keeps no `Raw`."""
+    return Read(conversation, None, 0)
 
 
 class Dialect(Protocol):
@@ -41,6 +55,11 @@ class Dialect(Protocol):
     def conversation(self, payload: dict[str, Any]) -> list[Any]:
         """The conversation a payload carries, as the client sent it."""
 
+    def conversation_from(self, payload: dict[str, Any], earlier: Raw | None) -> Read:
+        """`conversation`, with the entries that `earlier` (the episode's previous turn's
+        `Raw`) proves unchanged taken from it; and this turn's `Raw`, for a dialect that
+        keeps one (core/prefixes.py)."""
+
     def continues(self, payload: dict[str, Any]) -> str | None:
         """The id of a response stored upstream that this call continues (Responses)."""
 
@@ -49,12 +68,13 @@ class Dialect(Protocol):
 
     def place(
         self, payload: dict[str, Any], conversation: list[Any], placement: Placement, text: str,
-        again: list[tuple[int, str]], previous: Disclosed | None = None,
+        again: list[tuple[int, str]], previous: Disclosed | None = None, proven: int = 0,
     ) -> tuple[dict[str, Any], Disclosed | None]:
         """The payload with this turn's text placed and earlier ones (index, text) re-applied;
         what it does not touch stays the client's own objects. With it, what the episode's
         next turn may start from when its conversation starts with this one's (`previous`:
-        the previous turn's; core.disclosure.placed_last), or None."""
+        the previous turn's; core.disclosure.placed_last), or None. `proven`: how many of the
+        payload's items are, byte for byte, those of the `previous` turn's (its `Raw`)."""
 
     def read_body(self, data: bytes) -> Reply:
         """The reply in a whole (non-streamed) response body."""

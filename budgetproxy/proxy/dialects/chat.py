@@ -8,9 +8,10 @@ import orjson
 
 from budgetproxy.core import disclosure
 from budgetproxy.core.disclosure import Disclosed, Placement
+from budgetproxy.core.prefixes import Raw
 from budgetproxy.errors import ProxyError, invalid_request
 from budgetproxy.proxy import synthetic
-from budgetproxy.proxy.dialects.base import EMPTY_REPLY, Reply
+from budgetproxy.proxy.dialects.base import EMPTY_REPLY, Read, Reply, read_whole
 from budgetproxy.proxy.sse import assemble, event_data
 
 
@@ -104,12 +105,15 @@ class ChatDialect(ChoicesDialect):
         msgs: list[Any] = payload["messages"]
         return msgs
 
+    def conversation_from(self, payload: dict[str, Any], earlier: Raw | None) -> Read:
+        return read_whole(payload["messages"])  # (the payload's own list)
+
     def placement_index(self, placement: Placement, conversation: list[Any]) -> int | None:
         return disclosure.placement_index(placement, len(conversation))
 
     def place(
         self, payload: dict[str, Any], conversation: list[Any], placement: Placement, text: str,
-        again: list[tuple[int, str]], previous: Disclosed | None = None,
+        again: list[tuple[int, str]], previous: Disclosed | None = None, proven: int = 0,
     ) -> tuple[dict[str, Any], Disclosed | None]:
         if placement == "last_message":
             payload["messages"], placed = disclosure.placed_last(conversation, text, again,

@@ -5,7 +5,9 @@ from __future__ import annotations
 from typing import Any
 
 from budgetproxy.core.disclosure import Disclosed, Placement
+from budgetproxy.core.prefixes import Raw
 from budgetproxy.errors import invalid_request
+from budgetproxy.proxy.dialects.base import Read, read_whole
 from budgetproxy.proxy.dialects.chat import ChoicesDialect
 
 
@@ -23,12 +25,15 @@ class CompletionsDialect(ChoicesDialect):
     def conversation(self, payload: dict[str, Any]) -> list[Any]:
         return [{"role": "user", "content": payload.get("prompt")}]
 
+    def conversation_from(self, payload: dict[str, Any], earlier: Raw | None) -> Read:
+        return read_whole(self.conversation(payload))
+
     def placement_index(self, placement: Placement, conversation: list[Any]) -> int | None:
         return None  # a prompt is sent whole each time: nothing earlier to re-apply
 
     def place(
         self, payload: dict[str, Any], conversation: list[Any], placement: Placement, text: str,
-        again: list[tuple[int, str]], previous: Disclosed | None = None,
+        again: list[tuple[int, str]], previous: Disclosed | None = None, proven: int = 0,
     ) -> tuple[dict[str, Any], Disclosed | None]:
         # A prompt is raw text the model continues: a disclosure in it would be continued as
         # if the client had written it, so completions are forwarded as sent.

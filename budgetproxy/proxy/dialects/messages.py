@@ -2,15 +2,17 @@
 
 from __future__ import annotations
 
+import bisect
 from typing import Any
 
 import orjson
 
 from budgetproxy.core import disclosure
 from budgetproxy.core.disclosure import Disclosed, Placement
+from budgetproxy.core.prefixes import Raw
 from budgetproxy.errors import ProxyError
 from budgetproxy.proxy.dialects import messages_finish
-from budgetproxy.proxy.dialects.base import EMPTY_REPLY, Reply, head_log_fields
+from budgetproxy.proxy.dialects.base import EMPTY_REPLY, Read, Reply, head_log_fields
 from budgetproxy.proxy.dialects.chat import check_messages
 from budgetproxy.proxy.sse import json_objects
 
@@ -157,6 +159,33 @@ class MessagesDialect:
         return [{"system": _unmarked(payload.get("system"))},
                 *[_unmarked_message(m) for m in payload["messages"]]]
 
+    def conversation_from(self, payload: dict[str, Any], earlier: Raw | None) -> Read:
+        """The conversation, reading only the messages after those `earlier` proves: the body's
+        system prompt and messages, markers and all, written in C as `[system,[m0,m1,..`,
+        start with its bytes up to a message boundary. Every message but the newest is then
+        the one read last turn (Claude Code moves its marker off the newest): looking at each
+        one's markers again would make each call's work grow with the history."""
+        system, messages = payload.get("system"), payload["messages"]
+        try:
+            raw = orjson.dumps([system, messages])
+            last = len(orjson.dumps(messages[-1]))
+        except (TypeError, ValueError):  # nesting past orjson's depth: read whole, none kept
+            return Read(self.conversation(payload), None, 0)
+        proven = 0
+        conversation: list[Any] | None = None
+        if earlier is not None:
+            head, n = earlier.head, earlier.messages
+            # (a head ends where a message does, or with `,[`: messages delimit themselves)
+            if n <= len(messages) and raw.startswith(head):
+                conversation = earlier.conversation[:1 + n]
+                conversation += [_unmarked_message(m) for m in messages[n:]]
+                proven = n
+        if conversation is None:
+            conversation = self.conversation(payload)
+        # all but the newest message, for the next turn: `,` and it, then `]]`, cut off
+        cut = len(raw) - 2 - last - (len(messages) > 1)
+        return Read(conversation, Raw(raw[:cut], len(messages) - 1, conversation), proven)
+
     def continues(self, payload: dict[str, Any]) -> str | None:
         return None
 
@@ -170,7 +199,7 @@ class MessagesDialect:
 
     def place(
         self, payload: dict[str, Any], conversation: list[Any], placement: Placement, text: str,
-        again: list[tuple[int, str]], previous: Disclosed | None = None,
+        again: list[tuple[int, str]], previous: Disclosed | None = None, proven: int = 0,
     ) -> tuple[dict[str, Any], Disclosed | None]:
         if placement == "system":
             payload["system"] = _system_with(payload.get("system"), text)
@@ -179,10 +208,13 @@ class MessagesDialect:
         n = len(items)
         appends: dict[int, list[str]] = {}
         inserts: dict[int, list[str]] = {}
+        moved = False  # a text placed on another item than its own, inserted, or left off
 
         def put(at: int, t: str) -> None:
             # A text placed before item `at` joins the user message there instead of
             # making two user messages in a row (which the API refuses).
+            nonlocal moved
+            moved = True
             if at - 1 >= 0 and _is_user(items[at - 1]):
                 appends.setdefault(at - 1, []).append(t)
             elif at < n and _is_user(items[at]):
@@ -191,20 +223,43 @@ class MessagesDialect:
                 inserts.setdefault(at, []).append(t)
 
         target = _last_user(items) if placement == "last_message" else None
-        for idx, old in sorted(again):
+        texts = sorted(again)
+        # The previous turn's placed items stand for this turn's first `proven` ones (the same
+        # bytes) when the texts that went on them, each on its own user item, are the texts
+        # this turn puts there: only the texts after them are placed (a long episode re-applies
+        # a text to every earlier turn's message).
+        base = 0
+        if previous is not None and target is not None and 0 < proven <= target and (
+                proven <= len(previous.messages)):
+            mine = bisect.bisect_left(texts, (proven + 1,))  # (item i is conversation i + 1)
+            theirs = bisect.bisect_left(previous.texts, (proven + 1,))
+            if texts[:mine] == previous.texts[:theirs]:
+                base, texts = proven, texts[mine:]
+        for idx, old in texts:
             i = idx - 1  # conversation index -> message index
             if i == target:  # this turn's own place (a resend of it): its text is new
+                moved = True
                 continue
             if placement == "last_message" and 0 <= i < n and _is_user(items[i]):
                 appends.setdefault(i, []).append(old)
             elif 0 <= i < n:
                 put(i, old)
+            else:
+                moved = True
         if target is not None:
             appends.setdefault(target, []).append(text)
         else:
             put(n, text)
-        payload["messages"] = disclosure.edit(items, appends, inserts, _append, _new)
-        return payload, None
+        if base and (moved or min(appends) < base):  # (an edit among the items taken)
+            return self.place(payload, conversation, placement, text, again)
+        placed = disclosure.edit(items, appends, inserts, _append, _new)
+        if base:
+            placed[:base] = previous.messages[:base] if previous is not None else ()
+        payload["messages"] = placed
+        if moved or placement != "last_message" or target is None:
+            return payload, None
+        # every text on its own user item: the next turn may take these items as they are
+        return payload, Disclosed(placed, sorted([*again, (target + 1, text)]))
 
     def read_body(self, data: bytes) -> Reply:
         try:

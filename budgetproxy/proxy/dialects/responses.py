@@ -8,9 +8,16 @@ import orjson
 
 from budgetproxy.core import disclosure
 from budgetproxy.core.disclosure import Disclosed, Placement
+from budgetproxy.core.prefixes import Raw
 from budgetproxy.errors import ProxyError, invalid_request
 from budgetproxy.proxy.dialects import responses_finish
-from budgetproxy.proxy.dialects.base import EMPTY_REPLY, Reply, head_log_fields
+from budgetproxy.proxy.dialects.base import (
+    EMPTY_REPLY,
+    Read,
+    Reply,
+    head_log_fields,
+    read_whole,
+)
 from budgetproxy.proxy.sse import json_objects
 
 _TOOL_OUTPUTS = frozenset({"function_call_output", "custom_tool_call_output",
@@ -120,6 +127,9 @@ class ResponsesDialect:
     def conversation(self, payload: dict[str, Any]) -> list[Any]:
         return [{"instructions": payload.get("instructions")}, *_items(payload)]
 
+    def conversation_from(self, payload: dict[str, Any], earlier: Raw | None) -> Read:
+        return read_whole(self.conversation(payload))
+
     def continues(self, payload: dict[str, Any]) -> str | None:
         prev = payload.get("previous_response_id")
         return prev if isinstance(prev, str) and prev else None
@@ -134,7 +144,7 @@ class ResponsesDialect:
 
     def place(
         self, payload: dict[str, Any], conversation: list[Any], placement: Placement, text: str,
-        again: list[tuple[int, str]], previous: Disclosed | None = None,
+        again: list[tuple[int, str]], previous: Disclosed | None = None, proven: int = 0,
     ) -> tuple[dict[str, Any], Disclosed | None]:
         if placement == "system":
             instructions = payload.get("instructions")
