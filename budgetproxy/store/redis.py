@@ -189,6 +189,7 @@ class RedisStore:
         self._keep_told = self._redis.register_script(_KEEP_TOLD)
         self._read = self._redis.register_script(_READ)
         self._finish_reply = self._redis.register_script(_FINISH_REPLY)
+        self._index = self._redis.register_script(_INDEX)
 
     # -- keys ----------------------------------------------------------------------------------
     def episode_key(self, episode_id: str) -> str:
@@ -355,11 +356,13 @@ class RedisStore:
             create = [*args, *encode_state(st)]
             score = st.last_activity or now
 
-            reply = (await self._pipeline([
-                lambda pipe: pipe.zadd(self._active_key, {episode_id: score}, nx=True),
-                _Eval(self._open, keys, create),
-            ]))[1]
-            reply = _json(reply)
+            # Indexed (for the sweep of idle episodes) in the same write as its creation,
+            # on the pipelined connection: once per episode, not through redis-py's pipeline
+            # (~5,000 opcodes, a tenth of a 10-turn episode's extra cost per call).
+            indexed = self.submit(self._index, [self._active_key], [repr(float(score)),
+                                                                   episode_id])
+            reply = _json(await self._eval(_Eval(self._open, keys, create)))
+            _raised(await indexed)
         opened = _turn_open(episode_id, body_hash, reply, placements_known)
         st = opened.state
         if (opened.grant.kind is GrantKind.FORWARD and st.status == "active"
@@ -558,6 +561,12 @@ class RedisStore:
 # An episode and its placements, read together (the hash's field/value pairs, the list).
 _READ = """
 return {redis.call('HGETALL', KEYS[1]), redis.call('LRANGE', KEYS[2], 0, -1)}
+"""
+
+
+# ZADD NX as a script: it goes with the scripts of its event-loop iteration (`submit`).
+_INDEX = """
+return redis.call('ZADD', KEYS[1], 'NX', ARGV[1], ARGV[2])
 """
 
 

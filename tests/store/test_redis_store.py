@@ -371,6 +371,24 @@ async def test_finish_all_active_leaves_shared_episodes_alone(store: RedisStore)
 
 
 # -- idle expiry ---------------------------------------------------------------------------------
+async def test_an_episode_its_first_call_creates_is_indexed_and_swept_when_idle() -> None:
+    """The first call's turn creates the episode and indexes it for the idle sweep in the
+    same write (the pipelined connection): an episode that then goes quiet is ended."""
+    require_redis()
+    s = RedisStore(REDIS_URL, prefix=new_prefix())
+    try:
+        now = time.time()
+        eid = new_eid()
+        opened = await open_(s, eid, lambda: episode(eid, created_at=now - 100), "b", now - 100)
+        assert opened.created
+        await s.close_turn(eid, opened.grant, SettleResult.OK, now - 100, count_failed=False)
+        assert await s.active_count() == 1
+        assert [st.episode_id for st in await s.expire_idle(now, 30, 60)] == [eid]
+        assert await s.active_count() == 0
+    finally:
+        await s.close()
+
+
 async def test_idle_expiry_fires_once_across_replicas() -> None:
     require_redis()
     prefix = new_prefix()  # its own index: other tests' episodes are not swept here
@@ -756,24 +774,26 @@ async def test_close_sends_the_settles_and_turns_still_pending(prefix: str) -> N
 
 async def test_a_burst_waits_for_a_connection_and_a_busy_pool_is_not_read_as_down(
         prefix: str) -> None:
-    """More new episodes at once than the pool has connections: each waits its turn. A pool
-    whose connections all stay busy past the wait is StoreBusy (fail_open does not forward
-    on it), not a down Redis."""
+    """More episodes created at once (POST /v1/episodes) than the pool has connections: each
+    waits its turn. A pool whose connections all stay busy past the wait is StoreBusy
+    (fail_open does not forward on it), not a down Redis. A model call's turn, its episode's
+    creation included, goes on the pipelined connection and needs none of them."""
     from budgetproxy.store.base import StoreBusy
 
     s = RedisStore(REDIS_URL, prefix=prefix, max_connections=2, socket_timeout_s=0.5)
     try:
         ids = [new_eid() for _ in range(40)]
-        opened = await asyncio.gather(*(open_(s, e, lambda e=e: episode(e), "b", T0)
-                                        for e in ids))
-        assert all(o.created for o in opened)
+        created = await asyncio.gather(*(s.create(episode(e)) for e in ids))
+        assert all(created)
         pool = s._redis.connection_pool
         held = [await pool.get_connection(), await pool.get_connection()]
         eid = new_eid()
         with pytest.raises(StoreBusy):
-            await open_(s, eid, lambda: episode(eid), "b", T0)
+            await s.create(episode(eid))
+        other = new_eid()
+        assert (await open_(s, other, lambda: episode(other), "b", T0)).created
         for conn in held:
             await pool.release(conn)
-        assert (await open_(s, eid, lambda: episode(eid), "b", T0)).created
+        assert await s.create(episode(eid))
     finally:
         await s.close()
