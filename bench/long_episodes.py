@@ -4,15 +4,17 @@ without one, as the history grows.
 An episode's conversation grows by one user and one assistant message a turn (400-character
 messages by default; the disclosed arm, last_message placement, `history: keep`, trajectories
 and metrics on). For each history length, the episode is played up to that many turns; over
-its last `--measured` turns each body is sent twice, with the episode's id and without any
-(forwarded untouched), in alternating order, and the proxy process's own CPU time (utime +
+its last `--measured` turns (an episode shorter than that is played again, every turn
+measured, until as many calls are) each body is sent twice, with the episode's id and without
+any (forwarded untouched), in alternating order, and the proxy process's own CPU time (utime +
 stime of every thread, from /proc/PID/task/*/schedstat, nanoseconds) is read around each
 call after the proxy has gone quiet. The ratio is the episode calls' CPU over the same
-bodies' forwarding CPU. One run, one proxy per store (memory, and Redis when redis-server is
-installed: a private instance on a free port). On Redis, the measured episode calls' scripts
-are also read from the server (INFO, before and after): Redis's time in EVALSHA per call
-(the turn's open and settle scripts, `redis_us_per_call`) and the bytes Redis sent per call
-(their replies, `redis_reply_bytes`).
+bodies' forwarding CPU, with a 95% bootstrap interval (the calls resampled in their pairs:
+the machine's own noise between calls). One run, one proxy per store (memory, and Redis
+when redis-server is installed: a private instance on a free port). On Redis, the measured
+episode calls' scripts are also read from the server (INFO, before and after): Redis's time
+in EVALSHA per call (the turn's open and settle scripts, `redis_us_per_call`) and the bytes
+Redis sent per call (their replies, `redis_reply_bytes`).
 
     python bench/long_episodes.py                       # 10, 50, 200, 400 turns, plus ~400 KB
     python bench/long_episodes.py --turns 10,50 --stores memory
@@ -30,6 +32,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import random
 import shutil
 import subprocess
 import sys
@@ -209,6 +212,20 @@ def run_store_counted(store: str, url: str, pid: int, prefix: Path,
     return out
 
 
+def ratio_interval(ep: list[int], fwd: list[int], draws: int = 2000,
+                   seed: int = 0) -> tuple[float, float]:
+    """A 95% bootstrap interval of sum(ep) / sum(fwd), the calls resampled in their pairs
+    (each episode call with its body's forwarding)."""
+    rnd = random.Random(seed)
+    n = len(ep)
+    ratios = []
+    for _ in range(draws):
+        picks = [rnd.randrange(n) for _ in range(n)]
+        ratios.append(sum(ep[i] for i in picks) / max(1, sum(fwd[i] for i in picks)))
+    ratios.sort()
+    return ratios[int(0.025 * draws)], ratios[int(0.975 * draws) - 1]
+
+
 def run_store(store: str, url: str, pid: int, rows: list[tuple[int, int]], measured: int,
               settle_s: float, redis_url: str | None = None) -> list[dict[str, Any]]:
     out = []
@@ -224,37 +241,41 @@ def run_store(store: str, url: str, pid: int, rows: list[tuple[int, int]], measu
         warm_up(client, store)
         plain = {"content-type": "application/json"}
         for n, (turns, size) in enumerate(rows):
-            eid = f"long-{store}-{n}-{time.time_ns()}"
-            episode = {**plain, "X-Episode-Id": eid}
             seq = bodies(turns, size)
-            ep_ns = fwd_ns = 0
+            ep_ns: list[int] = []
+            fwd_ns: list[int] = []
             evalsha = [0, 0, 0]
-            for t, body in enumerate(seq, 1):
-                if t <= turns - measured:  # growing the episode to its length
-                    r = client.post(ROUTE, content=body, headers=episode)
-                    if r.status_code != 200:
-                        raise SystemExit(f"HTTP {r.status_code}: {r.text[:300]}")
-                    continue
-                pair = [(episode, True), (plain, False)]
-                if t % 2:
-                    pair.reverse()
-                for headers, is_episode in pair:
-                    before = redis_counters(server) if server and is_episode else None
-                    ns = measured_call(client, pid, body, headers, settle_s)
-                    if is_episode:
-                        ep_ns += ns
-                    else:
-                        fwd_ns += ns
-                    if before is not None and server is not None:
-                        after = redis_counters(server)
-                        for i in range(3):
-                            evalsha[i] += after[i] - before[i]
-            calls = min(measured, turns)
+            # An episode shorter than --measured is played again (a new one each time), every
+            # turn measured, until as many calls are; a longer one is grown to its length and
+            # its last --measured turns are.
+            episodes = max(1, -(-measured // turns))
+            for k in range(episodes):
+                episode = {**plain, "X-Episode-Id": f"long-{store}-{n}-{k}-{time.time_ns()}"}
+                for t, body in enumerate(seq, 1):
+                    if t <= turns - measured:  # growing the episode to its length
+                        r = client.post(ROUTE, content=body, headers=episode)
+                        if r.status_code != 200:
+                            raise SystemExit(f"HTTP {r.status_code}: {r.text[:300]}")
+                        continue
+                    pair = [(episode, True), (plain, False)]
+                    if (t + k) % 2:
+                        pair.reverse()
+                    for headers, is_episode in pair:
+                        before = redis_counters(server) if server and is_episode else None
+                        ns = measured_call(client, pid, body, headers, settle_s)
+                        (ep_ns if is_episode else fwd_ns).append(ns)
+                        if before is not None and server is not None:
+                            after = redis_counters(server)
+                            for i in range(3):
+                                evalsha[i] += after[i] - before[i]
+            calls = len(ep_ns)
+            low, high = ratio_interval(ep_ns, fwd_ns)
             row = {"store": store, "turns": turns, "message_chars": size,
-                   "last_body_bytes": len(seq[-1]), "calls": calls,
-                   "episode_us_per_call": round(ep_ns / calls / 1000, 1),
-                   "forward_us_per_call": round(fwd_ns / calls / 1000, 1),
-                   "ratio": round(ep_ns / fwd_ns, 3) if fwd_ns else None}
+                   "last_body_bytes": len(seq[-1]), "calls": calls, "episodes": episodes,
+                   "episode_us_per_call": round(sum(ep_ns) / calls / 1000, 1),
+                   "forward_us_per_call": round(sum(fwd_ns) / calls / 1000, 1),
+                   "ratio": round(sum(ep_ns) / sum(fwd_ns), 3) if sum(fwd_ns) else None,
+                   "ratio_95": [round(low, 3), round(high, 3)]}
             extra = ""
             if server is not None:
                 row["evalsha_per_call"] = round(evalsha[0] / calls, 2)
@@ -264,7 +285,8 @@ def run_store(store: str, url: str, pid: int, rows: list[tuple[int, int]], measu
                          f"{row['redis_reply_bytes']:6} B")
             print(f"{store:7} {turns:4} turns  {len(seq[-1]) / 1000:7.0f} KB  episode "
                   f"{row['episode_us_per_call']:8.1f} us  forwarding "
-                  f"{row['forward_us_per_call']:8.1f} us  {row['ratio']}x{extra}", flush=True)
+                  f"{row['forward_us_per_call']:8.1f} us  {row['ratio']}x "
+                  f"[{low:.2f}, {high:.2f}] over {calls} calls{extra}", flush=True)
             out.append(row)
     if server is not None:
         server.close()
