@@ -40,6 +40,7 @@ class Raw(NamedTuple):
     head: bytes  # as the dialect writes it, up to (not including) the last message
     messages: int  # the messages the head holds: all but the last
     conversation: list[Any]  # the turn's conversation (its first entries are those messages')
+    last: int  # the length of the conversation's last entry as orjson writes it
 
 
 class Prefix(NamedTuple):
@@ -88,9 +89,19 @@ def _size(prefix: Prefix) -> int:
     return size
 
 
-def written(conversation: list[Any]) -> bytes | None:
-    """The conversation as orjson writes it; None when it cannot (nesting past 254 levels)."""
+def written(conversation: list[Any], earlier: Prefix | None = None,
+            entries: int = 0) -> bytes | None:
+    """The conversation as orjson writes it; None when it cannot (nesting past 254 levels).
+    With `earlier`, whose `Raw` conversation's first `entries` are this one's (the same
+    objects), and all but the last of its entries: their bytes are taken from its `written`,
+    and only the others written (a long conversation is not written whole every turn)."""
     try:
+        raw = None if earlier is None else earlier.raw
+        if earlier is not None and raw is not None and (
+                0 < entries == len(raw.conversation) - 1 < len(conversation)):
+            # `[e0,...,e(n-1),` of its bytes, then `e(n),...]`: the bytes orjson would write
+            cut = len(earlier.written) - 1 - raw.last
+            return earlier.written[:cut] + orjson.dumps(conversation[entries:])[1:]
         return orjson.dumps(conversation)
     except (TypeError, ValueError):
         return None

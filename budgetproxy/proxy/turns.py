@@ -252,7 +252,9 @@ class Turns:
         """The conversation's digests. When it starts, byte for byte, with the conversation of
         the episode's previous turn in this process, only the new messages are hashed
         (core/prefixes.py), and a check of the body needs to look only at those."""
-        now = prefixes.written(conversation)
+        earlier = call.raw_from  # (the episode's previous turn, when its Raw proves some)
+        now = prefixes.written(conversation, earlier, call.dialect.heads + call.raw_proven
+                               if earlier is not None and call.raw_proven else 0)
         if now is None:
             return Fingerprint(conversation)
         call.written = now

@@ -13,7 +13,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from budgetproxy.core.disclosure import Disclosed
-from budgetproxy.core.prefixes import Raw
+from budgetproxy.core.prefixes import Prefix, Raw, written
 from budgetproxy.proxy.dialects import DIALECTS
 
 MESSAGES = DIALECTS["/v1/messages"]
@@ -74,6 +74,7 @@ def test_a_turn_read_on_from_the_previous_one_is_the_turn_read_whole(
                                                       if system_marked else {})}]
     history: list[dict[str, Any]] = [{"role": "user", "content": "u0"}]
     raw: Raw | None = None
+    kept: Prefix | None = None
     placed: Disclosed | None = None
     again: list[tuple[int, str]] = []  # each turn's text at its place, as history: keep has it
     for t, step in enumerate(["first", *steps]):
@@ -84,6 +85,11 @@ def test_a_turn_read_on_from_the_previous_one_is_the_turn_read_whole(
         read = MESSAGES.conversation_from(on, raw)
         assert read.conversation == MESSAGES.conversation(whole)
         assert orjson.dumps(read.conversation) == orjson.dumps(MESSAGES.conversation(whole))
+        # its bytes, the proven entries' taken from the previous turn's: orjson's writing
+        now = written(read.conversation, kept, 1 + read.proven if read.proven else 0)
+        assert now == orjson.dumps(MESSAGES.conversation(whole)), (t, step)
+        assert now is not None
+        kept = Prefix(now, len(read.conversation), None, True, raw=read.raw)
         if step == "forget" and again:
             again = again[1:]
         text = f"[text of turn {t}]"
@@ -95,7 +101,7 @@ def test_a_turn_read_on_from_the_previous_one_is_the_turn_read_whole(
         assert orjson.dumps(got) == orjson.dumps(expected), (t, step)
         raw = read.raw
         if step == "rewrite":
-            again, placed, raw = [], None, None  # (the earlier texts no longer apply)
+            again = []  # (the earlier texts no longer apply)
         if index is not None:
             again = [*again, (index, text)]
 

@@ -184,7 +184,12 @@ class MessagesDialect:
             conversation = self.conversation(payload)
         # all but the newest message, for the next turn: `,` and it, then `]]`, cut off
         cut = len(raw) - 2 - last - (len(messages) > 1)
-        return Read(conversation, Raw(raw[:cut], len(messages) - 1, conversation), proven)
+        try:
+            written_last = len(orjson.dumps(conversation[-1]))
+        except (TypeError, ValueError):
+            return Read(conversation, None, proven)
+        return Read(conversation, Raw(raw[:cut], len(messages) - 1, conversation, written_last),
+                    proven)
 
     def continues(self, payload: dict[str, Any]) -> str | None:
         return None
