@@ -164,6 +164,7 @@ class Prefixes:
     def __init__(self, max_bytes: int = MAX_BYTES) -> None:
         self.max_bytes = max_bytes
         self._last: dict[str, Prefix] = {}  # in order of use (re-inserted on each)
+        self._sizes: dict[str, int] = {}  # their sizes as counted
         self._bytes = 0
 
     def get(self, episode_id: str) -> Prefix | None:
@@ -176,15 +177,14 @@ class Prefixes:
         if size > self.max_bytes:
             return
         self._last[episode_id] = prefix
+        self._sizes[episode_id] = size
         self._bytes += size
         while self._bytes > self.max_bytes:
-            oldest = next(iter(self._last))
-            self._bytes -= _size(self._last.pop(oldest))
+            self.drop(next(iter(self._last)))
 
     def drop(self, episode_id: str) -> None:
-        old = self._last.pop(episode_id, None)
-        if old is not None:
-            self._bytes -= _size(old)
+        if self._last.pop(episode_id, None) is not None:
+            self._bytes -= self._sizes.pop(episode_id)
 
     @property
     def size(self) -> int:
