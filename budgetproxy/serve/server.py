@@ -159,7 +159,9 @@ class ProxyServer:
         import time
 
         deadline = time.monotonic() + timeout
-        while not self._server.started:
+        # (uvicorn marks the server started inside its startup, before the bound port is read
+        # back after it: a caller that looked between the two got a URL without a port)
+        while not self._server.started or self._server.bound_port is None:
             if not self._thread.is_alive() or time.monotonic() > deadline:
                 raise RuntimeError("budgetproxy did not start")
             time.sleep(0.01)
