@@ -269,8 +269,8 @@ def exact_payload_for(call: ModelCall, body: bytes,
         checked = Checked(prints.messages, previous.messages, key, dialect.heads,
                           written is not None and written == previous.others,
                           call.raw_proven if call.raw_from is previous else 0)
-    exact = exact_payload(body, payload, checked)
+    exact, lossy = exact_payload(body, payload, checked)
     call.exact = exact is not None
-    call.lossless = not call.exact
+    call.lossless = not lossy
     call.others = written if call.lossless else None
     return exact

@@ -207,9 +207,12 @@ def others(payload: dict[str, Any], items_key: str | None) -> list[Any]:
 
 
 def exact_payload(body: bytes, payload: dict[str, Any],
-                  checked: Checked | None = None) -> dict[str, Any] | None:
+                  checked: Checked | None = None) -> tuple[dict[str, Any] | None, bool]:
     """The body read again keeping every integer exact, when orjson's reading of it (the
-    `payload`) turned one past 64 bits into a float; None when that reading is exact.
+    `payload`) turned one past 64 bits into a float (None when that reading is exact, or the
+    standard library cannot read the body: nesting past its depth); and whether such a float
+    was found (a turn that found one never stands for the next turn's check, whether or not
+    it could be read again).
 
     Only a body the proxy re-encodes needs this (a seed, or a schema default, must reach the
     upstream as sent); one that is forwarded as is keeps its bytes anyway. The check walks
@@ -219,12 +222,12 @@ def exact_payload(body: bytes, payload: dict[str, Any],
     values when they are checked (`others_checked`).
     """
     if not _has_lossy_float(_unchecked(payload, checked)):
-        return None
+        return None, False
     try:
         exact = json.loads(body)
     except (RecursionError, ValueError):  # deeper than the stdlib parser goes: keep orjson's
-        return None
-    return exact if isinstance(exact, dict) else None
+        return None, True
+    return (exact if isinstance(exact, dict) else None), True
 
 
 def _unchecked(payload: dict[str, Any], checked: Checked | None) -> list[Any]:

@@ -287,3 +287,41 @@ def test_integers_past_64_bits_stay_exact_in_a_long_session(
             assert found == ([big] if t >= 3 else [] if where == "new" else [None]), (t, found)
         history += [{"role": "assistant", "content": [{"type": "text", "text": f"a{t}"}]},
                     {"role": "user", "content": [{"type": "text", "text": f"u{t + 1}"}]}]
+
+
+@pytest.mark.parametrize("where", ["tools", "message"])
+def test_a_turn_whose_integers_could_not_be_read_again_stands_for_no_later_check(
+    proxy: ProxyFactory, upstream: FakeUpstream, where: str
+) -> None:
+    """A body with an integer past 64 bits that the standard library cannot read again (a
+    marker nested past its depth) is refused; the next turn, whose bytes start as that one's
+    did, still finds the integer and sends it exact (the refused turn checked nothing)."""
+    import json
+
+    p = proxy({"disclosure": {"mode": "disclosed", "template": TEMPLATE}})
+    eid = new_id()
+    big = 2**64 + 1  # (no float equals it)
+    deep = "[" * 1010 + "]" * 1010  # (orjson reads it; the standard library's parser does not)
+    tools = [{"name": "look", "description": "d", "input_schema": {
+        "type": "object", **({"maximum": big} if where == "tools" else {})}}]
+    first: dict[str, Any] = {"role": "user", "content": [
+        {"type": "text", "text": "u0", "cache_control": {"type": "ephemeral", "x": "DEEP"}}]}
+    if where == "message":
+        first["n"] = big
+    turns = [[first], [{**first, "content": [{"type": "text", "text": "u0"}]},
+                       {"role": "assistant", "content": "a1"},
+                       {"role": "user", "content": [{"type": "text", "text": "u1",
+                                                     "cache_control": EPHEMERAL}]}]]
+    for t, messages in enumerate(turns, 1):
+        body = json.dumps({"model": "m1", "max_tokens": 64, "tools": tools,
+                           "messages": messages}).replace('"DEEP"', deep).encode()
+        r = httpx.post(f"{p.url}/v1/messages", content=body, timeout=20,
+                       headers={"content-type": "application/json", "X-Episode-Id": eid,
+                                "X-Test-Episode": eid, "X-Episode-Budget": "9"})
+        assert r.status_code == (400 if t == 1 else 200), r.text
+    seen = json.loads([q.body for q in upstream.requests
+                       if q.headers.get("x-test-episode") == eid][-1])
+    if where == "tools":
+        assert seen["tools"][0]["input_schema"]["maximum"] == big
+    else:
+        assert seen["messages"][0]["n"] == big
