@@ -280,8 +280,8 @@ class Turns:
                 call.logged_after = (previous.turn, previous.attempt, previous.messages,
                                      conversation[previous.messages:], previous.lossless)
             elif placed is not None and placed.base:  # (only after a turn read without loss)
-                call.logged_after = (previous.turn, previous.attempt, placed.base,
-                                     placed.messages[placed.base:], True)
+                n, after = call.dialect.kept_after(placed)
+                call.logged_after = (previous.turn, previous.attempt, n, after, True)
         self.prefixes.keep(eid, Prefix(now, len(prints.messages), prefixes.kept_tail(prints, now),
                                        call.lossless, call.placed, grant.turn, grant.attempt,
                                        plain, prints.as_written, call.others, call.raw))

@@ -225,6 +225,14 @@ def _newest_marked(history: list[dict[str, Any]]) -> list[dict[str, Any]]:
         {"type": "text", "text": history[-1]["content"], "cache_control": {"type": "ephemeral"}}]}]
 
 
+def _blocks_newest_marked(history: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """The same with every user message a text block: only the marker moves."""
+    out = [{**m, "content": [{"type": "text", "text": m["content"]}]} if m["role"] == "user"
+           else m for m in history]
+    out[-1]["content"][0]["cache_control"] = {"type": "ephemeral"}
+    return out
+
+
 @contextlib.contextmanager
 def _on_store(proxy: ProxyFactory, store: str,
               over: dict[str, Any]) -> Iterator[tuple[Proxy, str | None]]:
@@ -258,29 +266,38 @@ def _kept_entries(p: Proxy, eid: str, prefix: str | None) -> list[bytes]:
 
 
 @pytest.mark.parametrize("store", ["memory", "redis"])
-def test_a_long_claude_code_session_keeps_each_turn_as_what_is_new_in_redis(
-    proxy: ProxyFactory, upstream: WatchedUpstream, store: str
+@pytest.mark.parametrize("shape", ["flips", "blocks"])
+def test_a_long_claude_code_session_keeps_each_turn_as_what_is_new(
+    proxy: ProxyFactory, upstream: WatchedUpstream, store: str, shape: str
 ) -> None:
     """Claude Code's shape on /v1/messages, disclosed: the newest block marked each turn, so
-    the body's earlier messages change from turn to turn. The turn log compares what it writes
-    with the previous entry's messages: with Redis (which writes each entry) a turn is kept as
-    its new messages; in memory entries are the bodies sent, read back when asked for. Either
-    way the trajectory gives each turn the conversation the upstream got."""
+    the body's earlier messages change from turn to turn. With the newest prompt a block and
+    the earlier ones strings (`flips`), the turn log compares what it writes with the previous
+    entry's messages: with Redis (which writes each entry) a turn is kept as its new messages;
+    in memory entries are the bodies sent, read back when asked for. With every prompt a
+    block (`blocks`: only the marker moves), a turn from the third on takes the previous
+    turn's placed messages and is kept as its new ones in either store. Either way the
+    trajectory gives each turn the conversation the upstream got."""
     over: dict[str, Any] = {"disclosure": {"mode": "disclosed", "template": TEMPLATE,
                                            "history": "keep"}}
+    marked = _newest_marked if shape == "flips" else _blocks_newest_marked
     with _on_store(proxy, store, over) as (p, prefix):
         eid = new_id()
         data = _session(p, eid, "/v1/messages", [{"role": "user", "content": "begin " * 100}],
                         10, lambda history: {"model": "m1", "max_tokens": 16, "system": "sys",
-                                             "messages": _newest_marked(history)})
+                                             "messages": marked(history)})
         seen = [MESSAGES.conversation(q.json) for q in upstream.requests
                 if q.headers.get("x-test-episode") == eid]
         assert [t["messages"] for t in data["turns"]] == seen
         assert not any(t.get("truncated") for t in data["turns"])
         kept = _kept_entries(p, eid, prefix)
-        assert [b'"messages_after"' in e for e in kept] == [False] + [store == "redis"] * 9
-        if store == "redis":
-            assert max(len(e) for e in kept[1:]) < 4000 < len(str(seen[-1]))
+        after = [b'"messages_after"' in e for e in kept]
+        if shape == "flips":
+            assert after == [False] + [store == "redis"] * 9
+        else:  # (the second turn's first prompt was the first turn's newest: no base yet)
+            assert after == [False] + [store == "redis"] + [True] * 8
+        if store == "redis" or shape == "blocks":
+            assert max(len(e) for e in kept[2:]) < 6000 < 2 * 6000 < len(str(seen[-1]))
 
 
 @pytest.mark.parametrize("rollouts", [True, False])

@@ -76,6 +76,11 @@ class Dialect(Protocol):
         the previous turn's; core.disclosure.placed_last), or None. `proven`: how many of the
         payload's items are, byte for byte, those of the `previous` turn's (its `Raw`)."""
 
+    def kept_after(self, placed: Disclosed) -> tuple[int, list[Any]]:
+        """For a turn whose placed items start with `placed.base` of the previous turn's: how
+        many entries of the conversation the upstream got are that turn's, and the entries
+        after them (its turn log entry keeps only those, proxy/grouping.py)."""
+
     def read_body(self, data: bytes) -> Reply:
         """The reply in a whole (non-streamed) response body."""
 

@@ -64,6 +64,9 @@ class ChoicesDialect:
     def continues(self, payload: dict[str, Any]) -> str | None:
         return None
 
+    def kept_after(self, placed: Disclosed) -> tuple[int, list[Any]]:
+        return placed.base, placed.messages[placed.base:]  # (the upstream's list itself)
+
     def read_body(self, data: bytes) -> Reply:
         return read_choice_body(data, self.text_key)
 

@@ -264,7 +264,11 @@ class MessagesDialect:
         if moved or placement != "last_message" or target is None:
             return payload, None
         # every text on its own user item: the next turn may take these items as they are
-        return payload, Disclosed(placed, sorted([*again, (target + 1, text)]))
+        return payload, Disclosed(placed, sorted([*again, (target + 1, text)]), base)
+
+    def kept_after(self, placed: Disclosed) -> tuple[int, list[Any]]:
+        # (the system prompt, the same bytes as the previous turn's, and the items taken)
+        return 1 + placed.base, [_unmarked_message(m) for m in placed.messages[placed.base:]]
 
     def read_body(self, data: bytes) -> Reply:
         try:

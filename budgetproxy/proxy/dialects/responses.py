@@ -185,6 +185,9 @@ class ResponsesDialect:
         payload["input"] = disclosure.edit(items, appends, inserts, _append, _new)
         return payload, None
 
+    def kept_after(self, placed: Disclosed) -> tuple[int, list[Any]]:
+        raise AssertionError("place() gives no Disclosed on the Responses API")
+
     def read_body(self, data: bytes) -> Reply:
         try:
             return read_response(orjson.loads(data))
