@@ -8,8 +8,9 @@ lost, every budget text kept, every prompt append-only?
 Starts the fake upstream in this process (`session_agents.PromptWatch`: it keeps each session's
 last prompt for the check) and `budgetproxy serve` as bench/soak.py does (disclosed arm,
 last_message placement, `history: keep`, trajectories to a temp dir), with Claude Code's
-session header as the episode id, its compaction calls free and at most 300 finished
-episodes retained (the retention's own growth, bounded by design, reaches that bound early).
+session header as the episode id, its compaction calls free, at most 300 finished episodes
+retained and 32 MiB of their turns kept (what retention keeps, bounded by design, reaches those
+bounds early).
 Runs `--sessions` sessions at once on /v1/messages (session_agents.py: up to `--turns` turns
 with a growing history, one compaction mid-way, a share with a small budget that ends at the
 refusal), samples the proxy as soak.py does, stops it with SIGTERM, and checks the trajectory
@@ -41,13 +42,15 @@ import soak_report  # noqa: E402
 import targets as tg  # noqa: E402
 from session_agents import PromptWatch, SessionLedger, Sessions  # noqa: E402
 
-# Finished episodes are kept for `episodes.retention_s` (a day) by design, under 1 KiB each:
-# here at most 300 of them, reached in the first minutes, so that what the second half measures
+# Finished episodes are kept for `episodes.retention_s` (a day) by design, under 1 KiB each,
+# and their turns for the trajectory API up to `rollouts.max_bytes`: here at most 300 episodes
+# and 32 MiB of turns, both reached in the first minutes, so that what the second half measures
 # is what does not stay bounded (`budgetproxy serve --check` prints what retention costs).
 CONFIG = [
     "budget: {default_turns: 1000000}",
     "episodes: {id_header_presets: [claude_code], compaction_presets: [claude_code], "
     "compaction: free, max_retained: 300}",
+    "rollouts: {max_bytes: 33554432}",
 ]
 
 
