@@ -52,10 +52,7 @@ class Replays:
                    conversation: Fingerprint) -> list[tuple[int, int]]:
         """(index, turn) of the earlier placements to re-apply, as
         core.disclosure.replayable, remembered for the episode's next turn."""
-        cache = self._last
-        old = cache.pop(episode_id, None)  # (re-inserted below: the most recent last)
-        if old is not None:
-            self._pairs -= len(old[2])
+        self.drop(episode_id)  # (re-inserted below: the most recent last)
         known, newest, every = placements.known, placements.newest, placements.every
         if known is not None and newest is not None:  # as `known` told: one more than it
             keep = (*known.answer, (newest[0], newest[1]))
@@ -63,6 +60,7 @@ class Replays:
             every = every or ()
             ok = conversation.extends_each([p[3] for p in every]) if every else []
             keep = tuple([(p[0], p[1]) for p, yes in zip(every, ok, strict=True) if yes])
+        cache = self._last
         cache[episode_id] = (conversation.digest(), placements.size, keep)
         self._pairs += len(keep)
         while len(cache) > self.size or self._pairs > self.max_pairs:

@@ -5,10 +5,10 @@ from __future__ import annotations
 import time
 from typing import TYPE_CHECKING, Any
 
-import orjson
 from blake3 import blake3
 
 from budgetproxy.config import UpstreamConfig
+from budgetproxy.core import prefixes
 from budgetproxy.core.disclosure import Disclosed
 from budgetproxy.core.episode import EpisodeState, Grant, GrantKind
 from budgetproxy.core.fingerprint import Fingerprint
@@ -258,12 +258,7 @@ def exact_payload_for(call: ModelCall, body: bytes,
     previous, prints, dialect = call.extends, call.prints, call.dialect
     key = dialect.items_key
     # (written only for a turn that keeps its conversation for the next: core/prefixes.py)
-    written = None
-    if call.written is not None:
-        try:
-            written = orjson.dumps(others(payload, key))
-        except (TypeError, ValueError):  # (nesting past orjson's depth: walked every turn)
-            pass
+    written = None if call.written is None else prefixes.written(others(payload, key))
     checked = None
     if previous is not None and previous.lossless and prints is not None:
         checked = Checked(prints.messages, previous.messages, key, dialect.heads,

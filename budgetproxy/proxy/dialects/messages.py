@@ -233,13 +233,14 @@ class MessagesDialect:
         # bytes) when the texts that went on them, each on its own user item, are the texts
         # this turn puts there: only the texts after them are placed (a long episode re-applies
         # a text to every earlier turn's message).
-        base = 0
+        taken: list[Any] = []
         if previous is not None and target is not None and 0 < proven <= target and (
                 proven <= len(previous.messages)):
             mine = bisect.bisect_left(texts, (proven + 1,))  # (item i is conversation i + 1)
             theirs = bisect.bisect_left(previous.texts, (proven + 1,))
             if texts[:mine] == previous.texts[:theirs]:
-                base, texts = proven, texts[mine:]
+                taken, texts = previous.messages[:proven], texts[mine:]
+        base = len(taken)
         for idx, old in texts:
             i = idx - 1  # conversation index -> message index
             if i == target:  # this turn's own place (a resend of it): its text is new
@@ -258,8 +259,7 @@ class MessagesDialect:
         if base and (moved or min(appends) < base):  # (an edit among the items taken)
             return self.place(payload, conversation, placement, text, again)
         placed = disclosure.edit(items, appends, inserts, _append, _new)
-        if base:
-            placed[:base] = previous.messages[:base] if previous is not None else ()
+        placed[:base] = taken
         payload["messages"] = placed
         if moved or placement != "last_message" or target is None:
             return payload, None
