@@ -57,9 +57,6 @@ class Prefix(NamedTuple):
     attempt: int = 0
     plain: bool = False  # the upstream got its conversation as the client sent it (no text)
     as_written: bool = False  # its canonical bytes are `written` (no message in another shape)
-    # its body's values but the conversation's list, as orjson writes them, when its check
-    # for integers read as floats looked at them and found none (proxy/wire.py `Checked`)
-    others: bytes | None = None
     raw: Raw | None = None  # its body up to its last message, for a dialect that keeps one
 
 
@@ -78,8 +75,6 @@ TAIL_FROM = 1 << 15
 def _size(prefix: Prefix) -> int:
     """A kept Prefix's bytes as the limit counts them."""
     size = len(prefix.written) + _ENTRY
-    if prefix.others is not None:
-        size += len(prefix.others)
     if prefix.raw is not None:
         size += len(prefix.raw.head) + _PER_MESSAGE * len(prefix.raw.conversation)
     if prefix.tail is not None and prefix.tail.state is not None:
@@ -157,6 +152,33 @@ def kept_tail(prints: Fingerprint, written_now: bytes) -> Tail:
     return Tail(tail.length, None, tail.digest)
 
 
+class CheckedOthers:
+    """A body's values but its conversation's list (a Messages call's tools and system
+    prompt), as orjson writes them, that a check for integers read as floats looked at and
+    found none in (proxy/wire.py `Checked`): a later body whose other values are these bytes
+    holds none either, in whichever episode. An agent sends the same tools with every call
+    of every episode, so they are looked at once per process, not on each episode's first
+    turns. At most `max_entries`, one per length (a lookup is one comparison of bytes), each
+    at most `max_bytes`."""
+
+    def __init__(self, max_entries: int = 32, max_bytes: int = 1 << 20) -> None:
+        self.max_entries = max_entries
+        self.max_bytes = max_bytes
+        self._by_length: dict[int, bytes] = {}
+
+    def __contains__(self, others: bytes) -> bool:
+        return self._by_length.get(len(others)) == others
+
+    def add(self, others: bytes) -> None:
+        if len(others) > self.max_bytes:
+            return
+        table = self._by_length
+        table.pop(len(others), None)
+        table[len(others)] = others  # (the newest last; the oldest goes first)
+        if len(table) > self.max_entries:
+            del table[next(iter(table))]
+
+
 class Prefixes:
     """The last turn's `Prefix` of recent episodes, at most `max_bytes` of conversations;
     the episode that called least recently is dropped first."""
@@ -166,6 +188,7 @@ class Prefixes:
         self._last: dict[str, Prefix] = {}  # in order of use (re-inserted on each)
         self._sizes: dict[str, int] = {}  # their sizes as counted
         self._bytes = 0
+        self.others = CheckedOthers()  # (shared by every episode)
 
     def get(self, episode_id: str) -> Prefix | None:
         return self._last.get(episode_id)

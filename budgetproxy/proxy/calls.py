@@ -12,7 +12,7 @@ from budgetproxy.core import prefixes
 from budgetproxy.core.disclosure import Disclosed
 from budgetproxy.core.episode import EpisodeState, Grant, GrantKind
 from budgetproxy.core.fingerprint import Fingerprint
-from budgetproxy.core.prefixes import Prefix, Raw
+from budgetproxy.core.prefixes import CheckedOthers, Prefix, Raw
 from budgetproxy.proxy.capture import Capture, Tokens
 from budgetproxy.proxy.dialects import Dialect
 from budgetproxy.proxy.outcome import ANSWERED
@@ -61,7 +61,7 @@ class ModelCall:
         "settled", "span", "prints", "previous_response", "exact", "ended", "probe", "query",
         "payload", "timed_out", "cumulative", "capture", "tokens", "sent", "upstream_body",
         "counts", "answer", "warning", "compaction", "leg", "written", "extends", "lossless",
-        "placed", "logged_after", "others", "raw", "raw_proven", "raw_from",
+        "placed", "logged_after", "raw", "raw_proven", "raw_from",
     )
 
     def __init__(self, route: str, dialect: Dialect) -> None:
@@ -97,9 +97,6 @@ class ModelCall:
         # process, when this one starts with it
         self.written: bytes | None = None
         self.extends: Prefix | None = None
-        # the payload's values but its conversation's list as orjson writes them, when the
-        # check found none (for the next turn: the same bytes need no check again)
-        self.others: bytes | None = None
         # its body up to its last message, for the next turn (a Messages call's: core/prefixes.py
         # `Raw`), and how many of its items are byte for byte those of the turn `raw_from`
         self.raw: Raw | None = None
@@ -250,22 +247,26 @@ def _reply_fields(reply: dict[str, Any]) -> dict[str, Any]:
             "usage": reply.get("usage")}
 
 
-def exact_payload_for(call: ModelCall, body: bytes,
-                      payload: dict[str, Any]) -> dict[str, Any] | None:
+def exact_payload_for(call: ModelCall, body: bytes, payload: dict[str, Any],
+                      checked_others: CheckedOthers | None = None) -> dict[str, Any] | None:
     """The payload to rewrite, read again when orjson's reading lost an integer's
     digits (the rewrite must not change what it does not touch); None: `payload` is.
-    The messages the previous turn checked are not looked at again (core/prefixes.py)."""
+    The messages the previous turn checked are not looked at again (core/prefixes.py), nor
+    other values this process has checked before (`checked_others`)."""
     previous, prints, dialect = call.extends, call.prints, call.dialect
     key = dialect.items_key
     # (written only for a turn that keeps its conversation for the next: core/prefixes.py)
     written = None if call.written is None else prefixes.written(others(payload, key))
+    known = written is not None and checked_others is not None and written in checked_others
     checked = None
     if previous is not None and previous.lossless and prints is not None:
-        checked = Checked(prints.messages, previous.messages, key, dialect.heads,
-                          written is not None and written == previous.others,
+        checked = Checked(prints.messages, previous.messages, key, dialect.heads, known,
                           call.raw_proven if call.raw_from is previous else 0)
+    elif known and prints is not None:  # (no message checked: only the other values)
+        checked = Checked(prints.messages, 0, key, dialect.heads, True)
     exact, lossy = exact_payload(body, payload, checked)
     call.exact = exact is not None
     call.lossless = not lossy
-    call.others = written if call.lossless else None
+    if written is not None and not lossy and checked_others is not None and not known:
+        checked_others.add(written)
     return exact

@@ -209,7 +209,8 @@ class ModelCalls:
             return with_stream_usage(body), payload, conversation, True
         if isinstance(so, dict) and so.get("include_usage"):
             return body, payload, conversation, False
-        exact = exact_payload_for(call, body, payload) if body else None
+        checked = self.turns.prefixes.others
+        exact = exact_payload_for(call, body, payload, checked) if body else None
         if exact is not None:
             payload, so = exact, exact.get("stream_options")
             if conversation is not None:
@@ -227,7 +228,7 @@ class ModelCalls:
         if not add:
             return body, payload
         if body and not add.keys().isdisjoint(payload):  # re-encoded: integers stay exact
-            exact = exact_payload_for(call, body, payload)
+            exact = exact_payload_for(call, body, payload, self.turns.prefixes.others)
             if exact is not None:
                 payload = exact
         return capture.add_fields(body, payload, add, cap.members), payload

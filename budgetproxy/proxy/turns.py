@@ -117,13 +117,13 @@ class Turns:
         # then); the hidden arm's turn goes as the client sent it.
         if grant.hold is not None and grant.hold.cap is not None:
             payload = axis_calls.clamped(
-                call, exact_payload_for(call, body, payload) or payload, grant.hold.cap)
+                call, self._exact(call, body, payload) or payload, grant.hold.cap)
             conversation, body = call.dialect.conversation(payload), b""
         if st.arm is not None and self.experiments is not None:
             routed = self._arm_upstream(call, st)
             if routed is not None:  # the arm's model instead
                 upstream, arm_model = routed
-                exact = exact_payload_for(call, body, payload) if body else None
+                exact = self._exact(call, body, payload) if body else None
                 payload = dict(exact or payload)
                 payload["model"] = call.model = arm_model
                 body = b""
@@ -137,6 +137,11 @@ class Turns:
             await axis_calls.keep_told(self.store, eid, grant.turn, text)
         self._keep_prefix(call, eid, grant, conversation, upstream)
         return Plan(upstream, headers, body, payload, conversation)
+
+    def _exact(self, call: ModelCall, body: bytes,
+               payload: dict[str, Any]) -> dict[str, Any] | None:
+        """calls.exact_payload_for, with the other values this process has checked."""
+        return exact_payload_for(call, body, payload, self.prefixes.others)
 
     def _arm_upstream(
         self, call: ModelCall, st: EpisodeState
@@ -158,7 +163,7 @@ class Turns:
     ) -> tuple[dict[str, Any], list[Any]]:
         """The disclosed arm: this turn's text, and the earlier ones to re-apply, placed in
         the conversation by the dialect (the payload to send, and its conversation)."""
-        exact = exact_payload_for(call, body, payload) if body else None
+        exact = self._exact(call, body, payload) if body else None
         if exact is not None:
             payload, conversation = exact, call.dialect.conversation(exact)
         # Earlier texts go back only where this conversation still extends the one they
@@ -284,7 +289,7 @@ class Turns:
                 call.logged_after = (previous.turn, previous.attempt, n, after, True)
         self.prefixes.keep(eid, Prefix(now, len(prints.messages), prefixes.kept_tail(prints, now),
                                        call.lossless, call.placed, grant.turn, grant.attempt,
-                                       plain, prints.as_written, call.others, call.raw))
+                                       plain, prints.as_written, call.raw))
 
     def _new_episode(
         self, call: ModelCall, eid: str, headers: dict[bytes, bytes], now: float,

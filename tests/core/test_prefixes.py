@@ -193,3 +193,20 @@ def test_a_turn_fingerprinted_from_the_previous_one_is_one_fingerprinted_from_sc
         digests.append(whole.digest())
         kept = Prefix(now, len(conversation), kept_tail(prints, now), True,
                       as_written=prints.as_written)
+
+
+def test_checked_other_values_are_kept_one_per_length_and_bounded() -> None:
+    """A lookup is one comparison of bytes: the values of the same length kept last, the
+    oldest length dropped first past `max_entries`, none larger than `max_bytes`."""
+    from budgetproxy.core.prefixes import CheckedOthers
+
+    checked = CheckedOthers(max_entries=2, max_bytes=8)
+    checked.add(b"[1,2]")
+    assert b"[1,2]" in checked and b"[1,3]" not in checked  # (same length, other bytes)
+    checked.add(b"[1,3]")
+    assert b"[1,3]" in checked and b"[1,2]" not in checked
+    checked.add(b"[10,2]")
+    checked.add(b"[100,2]")  # a third length: the oldest goes
+    assert b"[1,3]" not in checked and b"[10,2]" in checked and b"[100,2]" in checked
+    checked.add(b"[1000,20]")  # past max_bytes: not kept
+    assert b"[1000,20]" not in checked

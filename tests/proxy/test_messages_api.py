@@ -289,6 +289,42 @@ def test_integers_past_64_bits_stay_exact_in_a_long_session(
                     {"role": "user", "content": [{"type": "text", "text": f"u{t + 1}"}]}]
 
 
+def test_tools_another_episode_checked_let_only_their_own_bytes_pass(
+    proxy: ProxyFactory, upstream: FakeUpstream
+) -> None:
+    """The tools one episode's check found clean are not looked at again in another episode
+    (core/prefixes.py `CheckedOthers`), but only when their bytes are the same: tools of the
+    same length as orjson writes them, with an integer past 64 bits, are checked and sent
+    exact; and the same tools do not stand for the messages beside them."""
+    import json
+
+    p = proxy({"disclosure": {"mode": "disclosed", "template": TEMPLATE, "history": "keep"}})
+    big = 123456789012345678901234567891  # orjson writes 1.2345678901234568e29
+    clean = 1.2345678901234568e18  # orjson writes 1.2345678901234568e18: the same length
+
+    def first_turn(default: Any, message: dict[str, Any]) -> dict[str, Any]:
+        eid = new_id()
+        tools = [{"name": "Tool", "input_schema": {"type": "object", "properties": {
+            "n": {"type": "integer", "default": default}}}}]
+        body = {"model": "m1", "max_tokens": 16, "system": "sys", "tools": tools,
+                "messages": [{"role": "user", "content": "u1", **message}]}
+        r = httpx.post(f"{p.url}/v1/messages", content=json.dumps(body).encode(),
+                       headers={"content-type": "application/json", "X-Episode-Id": eid,
+                                "X-Test-Episode": eid}, timeout=20)
+        assert r.status_code == 200, r.text
+        seen: dict[str, Any] = json.loads(next(
+            q.body for q in upstream.requests if q.headers.get("x-test-episode") == eid))
+        return seen
+
+    for _ in range(2):  # (the second time, the clean tools are known)
+        seen = first_turn(clean, {})
+        assert seen["tools"][0]["input_schema"]["properties"]["n"]["default"] == clean
+    seen = first_turn(big, {})
+    assert seen["tools"][0]["input_schema"]["properties"]["n"]["default"] == big
+    seen = first_turn(clean, {"n": big})
+    assert seen["messages"][0]["n"] == big
+
+
 @pytest.mark.parametrize("where", ["tools", "message"])
 def test_a_turn_whose_integers_could_not_be_read_again_stands_for_no_later_check(
     proxy: ProxyFactory, upstream: FakeUpstream, where: str
