@@ -17,6 +17,7 @@ from budgetproxy.errors import invalid_request
 from budgetproxy.proxy.calls import ModelCall, turn_numbers
 from budgetproxy.proxy.capture import Tokens
 from budgetproxy.proxy.experiments import Experiments
+from budgetproxy.proxy.wire import encode_exact
 from budgetproxy.store.base import StoreUnavailable
 from budgetproxy.store.groups import GroupKey, GroupStore
 from budgetproxy.store.turn_log import MemoryTurnLog, TurnLog
@@ -115,7 +116,12 @@ class KeptTurn:
             messages = strip_text(messages)
         try:
             text = orjson.dumps(messages)
-        except (TypeError, ValueError):  # nesting past orjson's depth: kept without messages
+        except TypeError:  # an integer past 64 bits (a payload read again exact, wire.py)
+            try:
+                text = encode_exact(messages)
+            except (RecursionError, ValueError):
+                return self.small()
+        except ValueError:  # nesting past orjson's depth: kept without messages
             return self.small()
         if after is not None:
             return b'%b,"messages_after":[%d,%d,%d],"messages":%b,%b' % (

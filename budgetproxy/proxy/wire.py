@@ -263,8 +263,9 @@ def _has_lossy_float(stack: list[Any]) -> bool:
     return False
 
 
-def encode_exact(payload: dict[str, Any]) -> bytes:
-    """A payload from `exact_payload` written back: the standard library writes integers of
-    any size, which orjson refuses. Raises ValueError or RecursionError when it cannot."""
+def encode_exact(payload: Any) -> bytes:
+    """A payload from `exact_payload` (or values taken from one) written back: the standard
+    library writes integers of any size, which orjson refuses. Raises ValueError or
+    RecursionError when it cannot."""
     return json.dumps(payload, ensure_ascii=False, allow_nan=False,
                       separators=(",", ":")).encode()

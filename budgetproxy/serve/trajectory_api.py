@@ -13,6 +13,7 @@ from budgetproxy.core.rewards import final_reward
 from budgetproxy.core.tenants import local_id
 from budgetproxy.core.tokens import sequence
 from budgetproxy.errors import ProxyError
+from budgetproxy.proxy.wire import encode_exact, exact_payload
 from budgetproxy.serve.episode_api import stored_id
 from budgetproxy.store.base import EpisodeStore
 from budgetproxy.store.turn_log import TurnLog, expand
@@ -24,6 +25,15 @@ def last_attempts(entries: list[dict[str, Any]]) -> list[dict[str, Any]]:
     for e in entries:
         by_turn[int(e.get("turn") or 0)] = e
     return [by_turn[t] for t in sorted(by_turn)]
+
+
+def _entry(data: bytes) -> dict[str, Any]:
+    """A kept turn's JSON, read keeping every integer exact: an entry whose messages carry
+    an integer past 64 bits (a body the proxy sent exact, proxy/wire.py) is read again by
+    the standard library, which orjson would turn into a float."""
+    entry: dict[str, Any] = orjson.loads(data)
+    exact, _ = exact_payload(data, entry)
+    return entry if exact is None else exact
 
 
 def add_trajectory_route(app: FastAPI, config: Config, store: EpisodeStore,
@@ -51,7 +61,7 @@ def add_trajectory_route(app: FastAPI, config: Config, store: EpisodeStore,
                              "This proxy keeps no trajectories (rollouts.keep_turns: false)",
                              param="episode_id")
         raw = await turns.read(episode_id) or []
-        kept = last_attempts(expand([orjson.loads(b) for b in raw]))
+        kept = last_attempts(expand([_entry(b) for b in raw]))
         seq = sequence(kept)
         body: dict[str, Any] = {
             "episode_id": local_id(st.episode_id),
@@ -72,4 +82,8 @@ def add_trajectory_route(app: FastAPI, config: Config, store: EpisodeStore,
         if seq is not None:
             body["token_ids"] = seq.token_ids
             body["loss_mask"] = seq.loss_mask
-        return Response(orjson.dumps(body), media_type="application/json")
+        try:
+            data = orjson.dumps(body)
+        except TypeError:  # an integer past 64 bits in a turn's messages (`_entry`)
+            data = encode_exact(body)
+        return Response(data, media_type="application/json")

@@ -398,3 +398,49 @@ def test_a_turn_redis_lost_leaves_the_turns_after_it_whole(
         assert [got[t]["messages"] for t in (3, 4, 5)] == seen[2:]
         kept = _kept_entries(p, eid, prefix)
         assert [b'"messages_after"' in e for e in kept] == [False, False, True, True]
+
+
+@pytest.mark.parametrize("store", ["memory", "redis"])
+@pytest.mark.parametrize("stream", [False, True])
+def test_a_turn_with_an_integer_past_64_bits_keeps_its_messages_exact(
+    proxy: ProxyFactory, upstream: WatchedUpstream, store: str, stream: bool
+) -> None:
+    """A body with an integer orjson cannot hold (past 64 bits) is sent upstream exact
+    (proxy/wire.py); its kept turn gives the messages the upstream got with that integer,
+    not a turn without messages, and so do the turns after it."""
+    import json
+
+    import httpx
+
+    extra: dict[str, Any] = {}
+    prefix = None
+    if store == "redis":
+        require_redis()
+        prefix = new_prefix()
+        extra = {"store": {"kind": "redis", "url": REDIS_URL, "key_prefix": prefix}}
+    p = proxy({"disclosure": {"mode": "disclosed", "template": TEMPLATE, "history": "keep"},
+               **extra})
+    eid = new_id()
+    big = 123456789012345678901234567891
+    messages: list[dict[str, Any]] = [{"role": "user", "content": "begin", "n": big}]
+    try:
+        for t in range(1, 4):
+            body = {"model": "m1", "messages": messages, "stream": stream}
+            r = httpx.post(f"{p.url}/v1/chat/completions", content=json.dumps(body).encode(),
+                           headers={"content-type": "application/json", "X-Episode-Id": eid},
+                           timeout=20)
+            assert r.status_code == 200, r.text
+            messages = [*messages, {"role": "assistant", "content": f"a{t}"},
+                        {"role": "user", "content": f"u{t}"}]
+        p.http().post(f"/v1/episodes/{eid}/outcome", json={"success": True})
+        r = p.http().get(f"/v1/episodes/{eid}/trajectory")
+        assert r.status_code == 200, r.text
+        turns = json.loads(r.content)["turns"]  # (the standard library keeps the integer)
+        assert [t.get("truncated") for t in turns] == [None, None, None]
+        for t in turns:
+            assert t["messages"][0]["n"] == big, t
+            assert t["messages"][0]["content"].startswith("begin")
+        assert len(turns[2]["messages"]) == 5
+    finally:
+        if prefix is not None:
+            drop_prefix(prefix)
