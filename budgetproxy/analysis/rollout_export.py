@@ -22,7 +22,7 @@ from budgetproxy.analysis.load import AXIS_FIELDS
 from budgetproxy.core import disclosure
 from budgetproxy.core.disclosure import Placement
 from budgetproxy.core.rewards import OnExhausted, advantages, final_reward
-from budgetproxy.core.tokens import sequence
+from budgetproxy.core.tokens import last_attempts, sequence
 
 MESSAGE = ("STRUCT(role VARCHAR, content VARCHAR, tool_calls VARCHAR, tool_call_id VARCHAR, "
            "name VARCHAR)")
@@ -89,13 +89,6 @@ def seen_messages(turns: Sequence[dict[str, Any]], placement: Placement | None,
             earlier.append((index, text))
     last = turns[-1].get("response") if turns else None
     return [*placed, last] if isinstance(last, dict) else list(placed)
-
-
-def last_attempts(turns: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
-    by_turn: dict[int, dict[str, Any]] = {}
-    for t in turns:
-        by_turn[int(t.get("turn") or 0)] = t
-    return [by_turn[k] for k in sorted(by_turn)]
 
 
 def episode_rows(episodes: list[dict[str, Any]], turns: dict[str, list[dict[str, Any]]], *,

@@ -8,6 +8,19 @@ from dataclasses import dataclass
 from typing import Any
 
 
+def last_attempts(turns: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
+    """One entry per turn, in turn order: its highest answered attempt, the one the agent went
+    on from (a client resends a turn only after giving up on the attempt before, whose answer
+    may still be logged after the resend's); of entries with the same attempt, the last."""
+    by_turn: dict[int, dict[str, Any]] = {}
+    for t in turns:
+        turn = int(t.get("turn") or 0)
+        kept = by_turn.get(turn)
+        if kept is None or int(t.get("attempt") or 0) >= int(kept.get("attempt") or 0):
+            by_turn[turn] = t
+    return [by_turn[k] for k in sorted(by_turn)]
+
+
 def extends(prev_prompt: Sequence[int] | None, prev_completion: Sequence[int] | None,
             prompt: Sequence[int] | None) -> bool:
     """Whether `prompt` starts with the previous turn's prompt followed by its completion:

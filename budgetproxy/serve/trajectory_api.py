@@ -11,20 +11,12 @@ from fastapi.responses import Response
 from budgetproxy.config import Config
 from budgetproxy.core.rewards import final_reward
 from budgetproxy.core.tenants import local_id
-from budgetproxy.core.tokens import sequence
+from budgetproxy.core.tokens import last_attempts, sequence
 from budgetproxy.errors import ProxyError
 from budgetproxy.proxy.wire import encode_exact, exact_payload
 from budgetproxy.serve.episode_api import stored_id
 from budgetproxy.store.base import EpisodeStore
 from budgetproxy.store.turn_log import TurnLog, expand
-
-
-def last_attempts(entries: list[dict[str, Any]]) -> list[dict[str, Any]]:
-    """One entry per turn, its last answered attempt (the one the agent went on from)."""
-    by_turn: dict[int, dict[str, Any]] = {}
-    for e in entries:
-        by_turn[int(e.get("turn") or 0)] = e
-    return [by_turn[t] for t in sorted(by_turn)]
 
 
 def _entry(data: bytes) -> dict[str, Any]:

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from budgetproxy.core.tokens import extends, sequence
+from budgetproxy.core.tokens import extends, last_attempts, sequence
 
 
 def turn(prompt: list[int], completion: list[int], lps: list[float] | None = None) -> dict:
@@ -31,3 +31,13 @@ def test_no_sequence_when_a_turn_does_not_extend() -> None:
     assert sequence([turn([1, 2], [3]), turn([1, 9, 3], [4])]) is None
     assert sequence([turn([1], [2]), {"prompt_token_ids": None}]) is None
     assert sequence([]) is None
+
+
+def test_a_trajectory_keeps_each_turns_highest_attempt_in_turn_order() -> None:
+    """Whatever order the entries were logged in: per turn its highest attempt (the one the
+    agent went on from), and of two with the same attempt the later."""
+    logged = [{"turn": 2, "attempt": 2, "id": "a"}, {"turn": 1, "attempt": 1, "id": "b"},
+              {"turn": 2, "attempt": 1, "id": "c"}, {"turn": 1, "attempt": 1, "id": "d"},
+              {"turn": 3, "id": "e"}]
+    assert [t["id"] for t in last_attempts(logged)] == ["d", "a", "e"]
+    assert last_attempts([]) == []

@@ -444,3 +444,4 @@ def test_a_turn_with_an_integer_past_64_bits_keeps_its_messages_exact(
     finally:
         if prefix is not None:
             drop_prefix(prefix)
+
