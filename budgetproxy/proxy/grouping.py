@@ -116,13 +116,11 @@ class KeptTurn:
             messages = strip_text(messages)
         try:
             text = orjson.dumps(messages)
-        except TypeError:  # an integer past 64 bits (a payload read again exact, wire.py)
-            try:
+        except TypeError:  # an integer past 64 bits (a payload read again exact, wire.py), or
+            try:  # nesting past orjson's 254 levels: written by the standard library
                 text = encode_exact(messages)
-            except (RecursionError, ValueError):
+            except (RecursionError, ValueError):  # past its depth too: kept without messages
                 return self.small()
-        except ValueError:  # nesting past orjson's depth: kept without messages
-            return self.small()
         if after is not None:
             return b'%b,"messages_after":[%d,%d,%d],"messages":%b,%b' % (
                 self.head[:-1], *after, text, self.tail[1:])

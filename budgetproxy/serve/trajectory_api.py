@@ -28,6 +28,28 @@ def _entry(data: bytes) -> dict[str, Any]:
     return entry if exact is None else exact
 
 
+def _written(body: dict[str, Any]) -> bytes:
+    """The trajectory's JSON. A turn's messages may hold what orjson does not write (an
+    integer past 64 bits, nesting past 254 levels: kept turns written by the standard library,
+    proxy/grouping.py); the standard library writes those, and a turn whose messages it
+    cannot write either (nested deeper than its own limit, within the response) is given
+    as truncated, without them."""
+    try:
+        return orjson.dumps(body)
+    except TypeError:
+        pass
+    try:
+        return encode_exact(body)
+    except (RecursionError, ValueError):
+        pass
+    for turn in body["turns"]:
+        try:
+            encode_exact({"turns": [turn]})  # (at the depth it has in the response)
+        except (RecursionError, ValueError):
+            turn["messages"], turn["truncated"] = None, True
+    return encode_exact(body)
+
+
 def add_trajectory_route(app: FastAPI, config: Config, store: EpisodeStore,
                          turns: TurnLog | None) -> None:
     @app.get("/v1/episodes/{episode_id}/trajectory", responses={
@@ -74,8 +96,4 @@ def add_trajectory_route(app: FastAPI, config: Config, store: EpisodeStore,
         if seq is not None:
             body["token_ids"] = seq.token_ids
             body["loss_mask"] = seq.loss_mask
-        try:
-            data = orjson.dumps(body)
-        except TypeError:  # an integer past 64 bits in a turn's messages (`_entry`)
-            data = encode_exact(body)
-        return Response(data, media_type="application/json")
+        return Response(_written(body), media_type="application/json")

@@ -445,3 +445,48 @@ def test_a_turn_with_an_integer_past_64_bits_keeps_its_messages_exact(
         if prefix is not None:
             drop_prefix(prefix)
 
+
+
+@pytest.mark.parametrize("store", ["memory", "redis"])
+@pytest.mark.parametrize("depth", [300, 960])
+def test_a_deeply_nested_turn_with_an_integer_past_64_bits_is_served(
+    proxy: ProxyFactory, upstream: WatchedUpstream, store: str, depth: int
+) -> None:
+    """Such a turn's messages are written by the standard library (orjson refuses both the
+    integer and the depth): the trajectory gives them exact where the response can hold them,
+    and the turn without its messages (`truncated`) where nesting reaches the standard
+    library's own limit — an answer either way, never a 500."""
+    import json
+
+    import httpx
+
+    extra: dict[str, Any] = {}
+    prefix = None
+    if store == "redis":
+        require_redis()
+        prefix = new_prefix()
+        extra = {"store": {"kind": "redis", "url": REDIS_URL, "key_prefix": prefix}}
+    p = proxy({"disclosure": {"mode": "disclosed", "template": TEMPLATE}, **extra})
+    eid = new_id()
+    big = 1 << 70
+    deep = "[" * depth + str(big) + "]" * depth
+    raw = ('{"model":"m1","messages":[{"role":"user","content":"begin","deep":%s}]}'
+           % deep).encode()
+    try:
+        r = httpx.post(f"{p.url}/v1/chat/completions", content=raw, timeout=20,
+                       headers={"content-type": "application/json", "X-Episode-Id": eid})
+        assert r.status_code == 200, r.text[:300]
+        p.http().post(f"/v1/episodes/{eid}/outcome", json={"success": True})
+        r = p.http().get(f"/v1/episodes/{eid}/trajectory")
+        assert r.status_code == 200, r.text[:300]
+        (turn,) = json.loads(r.content)["turns"]
+        if depth == 300:
+            value = turn["messages"][0]["deep"]
+            for _ in range(depth):
+                (value,) = value
+            assert value == big
+        else:
+            assert turn["messages"] is None and turn["truncated"] is True
+    finally:
+        if prefix is not None:
+            drop_prefix(prefix)
