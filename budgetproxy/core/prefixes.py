@@ -159,9 +159,9 @@ class CheckedOthers:
     holds none either, in whichever episode. An agent sends the same tools with every call
     of every episode, so they are looked at once per process, not on each episode's first
     turns. At most `max_entries`, one per length (a lookup is one comparison of bytes), each
-    at most `max_bytes`."""
+    at most `max_bytes` (8 MiB in all by default)."""
 
-    def __init__(self, max_entries: int = 32, max_bytes: int = 1 << 20) -> None:
+    def __init__(self, max_entries: int = 32, max_bytes: int = 256 << 10) -> None:
         self.max_entries = max_entries
         self.max_bytes = max_bytes
         self._by_length: dict[int, bytes] = {}
