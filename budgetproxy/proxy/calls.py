@@ -16,7 +16,7 @@ from budgetproxy.core.prefixes import CheckedOthers, Prefix, Raw
 from budgetproxy.proxy.capture import Capture, Tokens
 from budgetproxy.proxy.dialects import Dialect
 from budgetproxy.proxy.outcome import ANSWERED
-from budgetproxy.proxy.wire import Checked, exact_payload, others
+from budgetproxy.proxy.wire import Checked, exact_payload, has_lossy_float, others, read_exact
 from budgetproxy.telemetry.tracing import CallTrace
 from budgetproxy.trajectories.records import SCHEMA_VERSION, rfc3339
 
@@ -165,6 +165,8 @@ def turn_record(
     if seen and (attempt > 1 or prints is None or call.previous_response is not None
                  or seen > len(msgs) or not prints.extends(digest)):
         seen = 0
+    if unchecked(call) and seen < len(msgs) and has_lossy_float(msgs[seen:]):
+        msgs = exact_conversation(call, msgs)
     response, finish_reason, usage = (None, None, None) if reply is None else (
         reply.get("message"), reply.get("finish_reason"), reply.get("usage"))
     record: dict[str, Any] = {
@@ -245,6 +247,28 @@ def _call_fields(call: ModelCall, kind: str) -> dict[str, Any]:
 def _reply_fields(reply: dict[str, Any]) -> dict[str, Any]:
     return {"response": reply.get("message"), "finish_reason": reply.get("finish_reason"),
             "usage": reply.get("usage")}
+
+
+def unchecked(call: ModelCall) -> bool:
+    """Whether the call's body went upstream as the client wrote it, never checked for
+    integers orjson read as floats (the hidden arm's): what the proxy logs of it is looked at
+    for them (`exact_conversation`)."""
+    return not (call.lossless or call.exact)
+
+
+def exact_conversation(call: ModelCall, conversation: list[Any]) -> list[Any]:
+    """The conversation of a body the proxy forwarded as the client sent it, as the upstream
+    got it: read again keeping integers past 64 bits, which orjson's reading (`conversation`)
+    turned into floats (a rewritten body was read again before it was written)."""
+    body = call.upstream_body
+    exact = None if call.exact or body is None else read_exact(body)
+    if exact is None:
+        return conversation
+    try:
+        read = call.dialect.conversation(exact)
+    except (KeyError, TypeError, ValueError):
+        return conversation
+    return read if len(read) == len(conversation) else conversation
 
 
 def exact_payload_for(call: ModelCall, body: bytes, payload: dict[str, Any],

@@ -14,10 +14,10 @@ from budgetproxy.core.episode import EpisodeState
 from budgetproxy.core.prefixes import starts_with
 from budgetproxy.core.tenants import tenant_of
 from budgetproxy.errors import invalid_request
-from budgetproxy.proxy.calls import ModelCall, turn_numbers
+from budgetproxy.proxy.calls import ModelCall, exact_conversation, turn_numbers, unchecked
 from budgetproxy.proxy.capture import Tokens
 from budgetproxy.proxy.experiments import Experiments
-from budgetproxy.proxy.wire import encode_exact
+from budgetproxy.proxy.wire import encode_exact, has_lossy_float, read_exact
 from budgetproxy.store.base import StoreUnavailable
 from budgetproxy.store.groups import GroupKey, GroupStore
 from budgetproxy.store.turn_log import MemoryTurnLog, TurnLog
@@ -104,7 +104,10 @@ class KeptTurn:
             return self.data
         messages = None
         if self.body is not None and self.read is not None:
-            messages = self.read(orjson.loads(self.body))
+            payload = orjson.loads(self.body)
+            if has_lossy_float(payload):  # (a body sent as the client wrote it)
+                payload = read_exact(self.body) or payload
+            messages = self.read(payload)
         return self.written(messages)
 
     def written(self, messages: list[Any] | None,
@@ -152,7 +155,12 @@ class KeptTurn:
             head, tail = _head_tail(turn, attempt, reply, call.disclosure_text,
                                     None if call.tokens is None else call.tokens.fields(), full)
             kept = cls(head, tail, full=full, numbers=(turn, attempt))
-            kept.data = exact(kept.written(after[3], after[:3]))
+            new = after[3]
+            if unchecked(call) and has_lossy_float(new):  # (read again, exact)
+                conversation = call.conversation or []
+                new = exact_conversation(call, conversation)[after[2]:] if (
+                    conversation[after[2]:] == new) else new
+            kept.data = exact(kept.written(new, after[:3]))
             kept.after = after[:3]
             return kept
         body = call.upstream_body
@@ -172,6 +180,8 @@ class KeptTurn:
                        numbers=(turn, attempt))
         kept = cls(head, tail, full=full, numbers=(turn, attempt))
         messages = None if call.sent is None else call.dialect.conversation(call.sent)
+        if messages is not None and unchecked(call) and has_lossy_float(messages):
+            messages = exact_conversation(call, messages)
         kept.data = kept.written(messages)
         kept.count = None if messages is None else len(messages)
         return kept

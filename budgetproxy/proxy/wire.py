@@ -223,11 +223,8 @@ def exact_payload(body: bytes, payload: dict[str, Any],
     """
     if not _has_lossy_float(_unchecked(payload, checked)):
         return None, False
-    try:
-        exact = json.loads(body)
-    except (RecursionError, ValueError):  # deeper than the stdlib parser goes: keep orjson's
-        return None, True
-    return (exact if isinstance(exact, dict) else None), True
+    # (None when deeper than the stdlib parser goes: orjson's reading is kept)
+    return read_exact(body), True
 
 
 def _unchecked(payload: dict[str, Any], checked: Checked | None) -> list[Any]:
@@ -246,6 +243,22 @@ def _unchecked(payload: dict[str, Any], checked: Checked | None) -> list[Any]:
     start = min(checked.items_proven, n)
     return [rest, items[n:],
             [m for i, m in enumerate(items[start:n], start) if conversation[heads + i] is not m]]
+
+
+def has_lossy_float(values: Any) -> bool:
+    """Whether a container orjson read holds a float an integer past 64 bits may have
+    become."""
+    return (type(values) is dict or type(values) is list) and _has_lossy_float([values])
+
+
+def read_exact(body: bytes) -> dict[str, Any] | None:
+    """`body` read by the standard library, every integer exact (None: it cannot be, as an
+    object)."""
+    try:
+        exact = json.loads(body)
+    except (RecursionError, ValueError):
+        return None
+    return exact if isinstance(exact, dict) else None
 
 
 def _has_lossy_float(stack: list[Any]) -> bool:

@@ -468,7 +468,7 @@ def test_a_deeply_nested_turn_with_an_integer_past_64_bits_is_served(
         extra = {"store": {"kind": "redis", "url": REDIS_URL, "key_prefix": prefix}}
     p = proxy({"disclosure": {"mode": "disclosed", "template": TEMPLATE}, **extra})
     eid = new_id()
-    big = 1 << 70
+    big = (1 << 70) + 1  # (no float is)
     deep = "[" * depth + str(big) + "]" * depth
     raw = ('{"model":"m1","messages":[{"role":"user","content":"begin","deep":%s}]}'
            % deep).encode()
@@ -484,9 +484,58 @@ def test_a_deeply_nested_turn_with_an_integer_past_64_bits_is_served(
             value = turn["messages"][0]["deep"]
             for _ in range(depth):
                 (value,) = value
-            assert value == big
+            assert value == big and type(value) is int
         else:
             assert turn["messages"] is None and turn["truncated"] is True
+    finally:
+        if prefix is not None:
+            drop_prefix(prefix)
+
+
+@pytest.mark.parametrize("store", ["memory", "redis"])
+@pytest.mark.parametrize("stream", [False, True])
+def test_a_body_forwarded_as_sent_is_logged_and_kept_with_its_integers_exact(
+    proxy: ProxyFactory, upstream: WatchedUpstream, store: str, stream: bool
+) -> None:
+    """The hidden arm forwards a body as the client wrote it, an integer past 64 bits
+    included; its turn record and its kept turn give that integer too, not the float orjson
+    read it as: the first turn's (kept whole) and a later one that adds such an integer (kept
+    as what is new)."""
+    import json
+
+    import httpx
+
+    extra: dict[str, Any] = {}
+    prefix = None
+    if store == "redis":
+        require_redis()
+        prefix = new_prefix()
+        extra = {"store": {"kind": "redis", "url": REDIS_URL, "key_prefix": prefix}}
+    p = proxy({"disclosure": {"mode": "hidden"}, **extra})
+    eid = new_id()
+    big, other = 123456789012345678901234567891, -98765432109876543210987  # (no float is)
+    messages: list[dict[str, Any]] = [{"role": "user", "content": "begin", "n": big}]
+    try:
+        for t in range(1, 4):
+            body = {"model": "m1", "messages": messages, "stream": stream}
+            r = httpx.post(f"{p.url}/v1/chat/completions", content=json.dumps(body).encode(),
+                           headers={"content-type": "application/json", "X-Episode-Id": eid,
+                                    "X-Test-Episode": eid}, timeout=20)
+            assert r.status_code == 200, r.text
+            messages = [*messages, {"role": "assistant", "content": f"a{t}"},
+                        {"role": "user", "content": f"u{t}", **({"m": other} if t == 1 else {})}]
+        sent = [json.loads(q.body)["messages"] for q in upstream.requests
+                if q.headers.get("x-test-episode") == eid]
+        assert [m[0]["n"] for m in sent] == [big] * 3  # (forwarded as written)
+        records = p.wait_records(3, type="turn", episode_id=eid)
+        logged = [m for rec in records for m in rec["request_messages"]]
+        assert [m.get("n") for m in logged if "n" in m] == [big]
+        assert [m.get("m") for m in logged if "m" in m] == [other]
+        p.http().post(f"/v1/episodes/{eid}/outcome", json={"success": True})
+        r = p.http().get(f"/v1/episodes/{eid}/trajectory")
+        assert r.status_code == 200, r.text
+        turns = json.loads(r.content)["turns"]
+        assert [t["messages"] for t in turns] == sent
     finally:
         if prefix is not None:
             drop_prefix(prefix)
