@@ -58,6 +58,9 @@ class Prefix(NamedTuple):
     plain: bool = False  # the upstream got its conversation as the client sent it (no text)
     as_written: bool = False  # its canonical bytes are `written` (no message in another shape)
     raw: Raw | None = None  # its body up to its last message, for a dialect that keeps one
+    # its conversation, sent as the client wrote it, held a float orjson read an integer past
+    # 64 bits as (a next turn that starts with it holds that float too)
+    lossy: bool = False
 
 
 # What a kept Prefix holds beside its conversation's bytes, as counted against the limit

@@ -61,7 +61,7 @@ class ModelCall:
         "settled", "span", "prints", "previous_response", "exact", "ended", "probe", "query",
         "payload", "timed_out", "cumulative", "capture", "tokens", "sent", "upstream_body",
         "counts", "answer", "warning", "compaction", "leg", "written", "extends", "lossless",
-        "placed", "logged_after", "raw", "raw_proven", "raw_from",
+        "lossy", "placed", "logged_after", "raw", "raw_proven", "raw_from",
     )
 
     def __init__(self, route: str, dialect: Dialect) -> None:
@@ -93,6 +93,10 @@ class ModelCall:
         self.exact = False  # the payload was read again to keep integers past 64 bits
         # checked for integers orjson read as floats (wire.exact_payload) and found none
         self.lossless = False
+        # its conversation holds such a float though its body went as the client wrote it
+        # (the hidden arm's: turns.py `_keep_prefix`); its record and kept turn are then
+        # written whole, read again exact (`exact_conversation`)
+        self.lossy = False
         # the conversation as written (core.prefixes), and the previous turn's, kept by this
         # process, when this one starts with it
         self.written: bytes | None = None
@@ -162,10 +166,12 @@ def turn_record(
     attempt = 1 if grant is None else grant.attempt
     msgs = conversation or []
     prints = call.prints
+    # (a conversation with integers past 64 bits is logged whole: one changed to another
+    # that orjson reads as the same float leaves the digests equal)
     if seen and (attempt > 1 or prints is None or call.previous_response is not None
-                 or seen > len(msgs) or not prints.extends(digest)):
+                 or call.exact or call.lossy or seen > len(msgs) or not prints.extends(digest)):
         seen = 0
-    if unchecked(call) and seen < len(msgs) and has_lossy_float(msgs[seen:]):
+    if unchecked(call) and seen < len(msgs) and (call.lossy or has_lossy_float(msgs[seen:])):
         msgs = exact_conversation(call, msgs)
     response, finish_reason, usage = (None, None, None) if reply is None else (
         reply.get("message"), reply.get("finish_reason"), reply.get("usage"))
@@ -252,8 +258,10 @@ def _reply_fields(reply: dict[str, Any]) -> dict[str, Any]:
 def unchecked(call: ModelCall) -> bool:
     """Whether the call's body went upstream as the client wrote it, never checked for
     integers orjson read as floats (the hidden arm's): what the proxy logs of it is looked at
-    for them (`exact_conversation`)."""
-    return not (call.lossless or call.exact)
+    for them (`exact_conversation`). (A litellm upstream gets the payload as orjson read it.)"""
+    upstream = call.upstream
+    return not (call.lossless or call.exact or call.upstream_body is None or (
+        upstream is not None and upstream.kind == "litellm"))
 
 
 def exact_conversation(call: ModelCall, conversation: list[Any]) -> list[Any]:
@@ -261,7 +269,7 @@ def exact_conversation(call: ModelCall, conversation: list[Any]) -> list[Any]:
     got it: read again keeping integers past 64 bits, which orjson's reading (`conversation`)
     turned into floats (a rewritten body was read again before it was written)."""
     body = call.upstream_body
-    exact = None if call.exact or body is None else read_exact(body)
+    exact = None if not unchecked(call) or body is None else read_exact(body)
     if exact is None:
         return conversation
     try:

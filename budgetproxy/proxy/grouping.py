@@ -325,7 +325,8 @@ class RolloutRecorder(Recorder):
         # these are (orjson's reading; a call read again keeps its entry whole): integers
         # past 64 bits that differ can read as the same float, so only a turn read without
         # loss, or one whose messages were written from orjson's reading too, agrees.
-        if after is not None and (last is None or last[:2] != after[:2] or call.exact or not (
+        read_again = call.exact or call.lossy  # (its messages written exact, whole)
+        if after is not None and (last is None or last[:2] != after[:2] or read_again or not (
                 after[4] or not last[2])):
             after = None
         # The memory log says now what its last entry with messages is (it may have dropped
@@ -359,7 +360,7 @@ class RolloutRecorder(Recorder):
             self._written.pop(eid, None)
             return
         kept_last = self._last_kept
-        kept_last[eid] = (*numbers, call.exact)
+        kept_last[eid] = (*numbers, read_again)
         if len(kept_last) > LAST_KEPT:
             del kept_last[next(iter(kept_last))]
 

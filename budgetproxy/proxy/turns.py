@@ -37,7 +37,7 @@ from budgetproxy.proxy.refusal import refusal_status
 from budgetproxy.proxy.settlement import Settlement
 from budgetproxy.proxy.sse import EventSplitter
 from budgetproxy.proxy.upstream import UpstreamPool
-from budgetproxy.proxy.wire import ignored_spec_headers, spec_from_headers
+from budgetproxy.proxy.wire import has_lossy_float, ignored_spec_headers, spec_from_headers
 from budgetproxy.store.base import EpisodeStore, StoreBusy, StoreUnavailable, TurnOpen
 from budgetproxy.store.groups import GroupStore
 from budgetproxy.telemetry.metrics import Metrics
@@ -271,12 +271,19 @@ class Turns:
         """This turn's conversation, for the episode's next turn (core/prefixes.py), and what
         its kept entry may leave out (`call.logged_after`)."""
         now, prints = call.written, call.prints
+        previous = call.extends
+        if not (call.lossless or call.exact) and upstream.kind != "litellm":
+            # A body sent as the client wrote it is checked for integers past 64 bits only
+            # for its log (calls.py `exact_conversation`): what it adds to its previous turn's.
+            call.lossy = previous.lossy if previous is not None else False
+            if not call.lossy:
+                call.lossy = has_lossy_float(
+                    conversation[previous.messages:] if previous is not None else conversation)
         if now is None or prints is None:
             return
         if upstream.kind == "litellm":  # (it may change the messages it is given in place)
             call.placed = None
         plain = call.disclosure_text is None  # the upstream gets the conversation as sent
-        previous = call.extends
         if previous is not None and previous.turn:
             # The upstream's conversation starts with all of the previous turn's: it is the
             # client's on both turns, or this one started from that one's placed messages.
@@ -289,7 +296,7 @@ class Turns:
                 call.logged_after = (previous.turn, previous.attempt, n, after, True)
         self.prefixes.keep(eid, Prefix(now, len(prints.messages), prefixes.kept_tail(prints, now),
                                        call.lossless, call.placed, grant.turn, grant.attempt,
-                                       plain, prints.as_written, call.raw))
+                                       plain, prints.as_written, call.raw, call.lossy))
 
     def _new_episode(
         self, call: ModelCall, eid: str, headers: dict[bytes, bytes], now: float,

@@ -80,3 +80,38 @@ def test_other_apis_to_a_litellm_upstream_are_a_clear_400(proxy: ProxyServer) ->
         assert r.status_code == 400 and r.json()["type"] == "error"
         assert "chat completions only" in r.json()["error"]["message"]
         assert http.get("/v1/episodes/lite-2").status_code == 404  # no turn was opened
+
+
+@pytest.mark.parametrize("stream", [False, True])
+def test_a_litellm_turn_is_logged_as_the_upstream_got_it(
+    proxy: ProxyServer, upstream: FakeUpstream, stream: bool
+) -> None:
+    """litellm gets the payload as orjson read it, an integer past 64 bits as a float: the
+    turn's record says what the upstream got, not the client's bytes it never saw."""
+    import json
+    import time
+
+    from pathlib import Path
+
+    from conftest import read_jsonl
+
+    big = (1 << 70) + 1
+    eid = f"lite-big-{int(stream)}-{time.time_ns()}"
+    body = {"model": "claude-x", "stream": stream,
+            "messages": [{"role": "user", "content": eid, "name": "u", "n": big}]}
+    r = httpx.post(f"{proxy.url}/v1/chat/completions", content=json.dumps(body).encode(),
+                   headers={"content-type": "application/json", "X-Episode-Id": eid}, timeout=60)
+    assert r.status_code == 200, r.text
+    (seen,) = [q for q in upstream.requests if eid.encode() in q.body]
+    got = json.loads(seen.body)["messages"][0]["n"]
+    assert got == float(big)
+    deadline = time.monotonic() + 5
+    while True:
+        records = [rec for rec in read_jsonl(Path(proxy.config.trajectories.dir))
+                   if rec.get("type") == "turn" and rec.get("episode_id") == eid]
+        if records or time.monotonic() > deadline:
+            break
+        time.sleep(0.05)
+    (rec,) = records
+    logged = rec["request_messages"][0]["n"]
+    assert logged == got and type(logged) is float

@@ -498,9 +498,8 @@ def test_a_body_forwarded_as_sent_is_logged_and_kept_with_its_integers_exact(
     proxy: ProxyFactory, upstream: WatchedUpstream, store: str, stream: bool
 ) -> None:
     """The hidden arm forwards a body as the client wrote it, an integer past 64 bits
-    included; its turn record and its kept turn give that integer too, not the float orjson
-    read it as: the first turn's (kept whole) and a later one that adds such an integer (kept
-    as what is new)."""
+    included; its turn records and its kept turns give that integer too, not the float orjson
+    read it as, on the first turn and on a later one that adds another such integer."""
     import json
 
     import httpx
@@ -527,14 +526,67 @@ def test_a_body_forwarded_as_sent_is_logged_and_kept_with_its_integers_exact(
         sent = [json.loads(q.body)["messages"] for q in upstream.requests
                 if q.headers.get("x-test-episode") == eid]
         assert [m[0]["n"] for m in sent] == [big] * 3  # (forwarded as written)
-        records = p.wait_records(3, type="turn", episode_id=eid)
-        logged = [m for rec in records for m in rec["request_messages"]]
-        assert [m.get("n") for m in logged if "n" in m] == [big]
-        assert [m.get("m") for m in logged if "m" in m] == [other]
+        logged: list[Any] = []
+        for rec, messages_sent in zip(sorted(p.wait_records(3, type="turn", episode_id=eid),
+                                             key=lambda r: r["turn"]), sent, strict=True):
+            logged = logged[:rec["messages_offset"]] + rec["request_messages"]
+            assert logged == messages_sent
         p.http().post(f"/v1/episodes/{eid}/outcome", json={"success": True})
         r = p.http().get(f"/v1/episodes/{eid}/trajectory")
         assert r.status_code == 200, r.text
         turns = json.loads(r.content)["turns"]
+        assert [t["messages"] for t in turns] == sent
+    finally:
+        if prefix is not None:
+            drop_prefix(prefix)
+
+
+@pytest.mark.parametrize("store", ["memory", "redis"])
+@pytest.mark.parametrize("stream", [False, True])
+@pytest.mark.parametrize("mode", ["hidden", "disclosed"])
+def test_an_earlier_integer_changed_to_one_orjson_reads_as_the_same_float_is_logged(
+    proxy: ProxyFactory, upstream: WatchedUpstream, store: str, stream: bool, mode: str
+) -> None:
+    """2**70 + 1 and 2**70 + 3 read as the same float, so the digests of two conversations
+    that differ only there are equal: a conversation with such integers is logged whole, and
+    kept whole, each turn with the integers it was sent with."""
+    import json
+
+    import httpx
+
+    extra: dict[str, Any] = {}
+    prefix = None
+    if store == "redis":
+        require_redis()
+        prefix = new_prefix()
+        extra = {"store": {"kind": "redis", "url": REDIS_URL, "key_prefix": prefix}}
+    disclosure: dict[str, Any] = {"mode": mode, "template": TEMPLATE, "history": "keep"}
+    p = proxy({"disclosure": disclosure, **extra})
+    eid = new_id()
+    first, changed = (1 << 70) + 1, (1 << 70) + 3
+    conversation: list[dict[str, Any]] = [{"role": "user", "content": "begin", "n": first}]
+    try:
+        for t in range(1, 4):
+            body = {"model": "m1", "messages": conversation, "stream": stream}
+            r = httpx.post(f"{p.url}/v1/chat/completions", content=json.dumps(body).encode(),
+                           headers={"content-type": "application/json", "X-Episode-Id": eid,
+                                    "X-Test-Episode": eid}, timeout=20)
+            assert r.status_code == 200, r.text
+            conversation = [{**conversation[0], "n": changed}, *conversation[1:],
+                            {"role": "assistant", "content": f"a{t}"},
+                            {"role": "user", "content": f"u{t}"}]
+        sent = [json.loads(q.body)["messages"] for q in upstream.requests
+                if q.headers.get("x-test-episode") == eid]
+        assert [m[0]["n"] for m in sent] == [first, changed, changed]
+        logged: list[Any] = []
+        rebuilt = []
+        for rec in sorted(p.wait_records(3, type="turn", episode_id=eid),
+                          key=lambda r: r["turn"]):
+            logged = logged[:rec["messages_offset"]] + rec["request_messages"]
+            rebuilt.append(logged[0]["n"])
+        assert rebuilt == [first, changed, changed]
+        p.http().post(f"/v1/episodes/{eid}/outcome", json={"success": True})
+        turns = json.loads(p.http().get(f"/v1/episodes/{eid}/trajectory").content)["turns"]
         assert [t["messages"] for t in turns] == sent
     finally:
         if prefix is not None:
