@@ -90,7 +90,6 @@ def test_a_litellm_turn_is_logged_as_the_upstream_got_it(
     turn's record says what the upstream got, not the client's bytes it never saw."""
     import json
     import time
-
     from pathlib import Path
 
     from conftest import read_jsonl

@@ -412,18 +412,11 @@ def test_a_turn_with_an_integer_past_64_bits_keeps_its_messages_exact(
 
     import httpx
 
-    extra: dict[str, Any] = {}
-    prefix = None
-    if store == "redis":
-        require_redis()
-        prefix = new_prefix()
-        extra = {"store": {"kind": "redis", "url": REDIS_URL, "key_prefix": prefix}}
-    p = proxy({"disclosure": {"mode": "disclosed", "template": TEMPLATE, "history": "keep"},
-               **extra})
+    over = {"disclosure": {"mode": "disclosed", "template": TEMPLATE, "history": "keep"}}
     eid = new_id()
     big = 123456789012345678901234567891
     messages: list[dict[str, Any]] = [{"role": "user", "content": "begin", "n": big}]
-    try:
+    with _on_store(proxy, store, over) as (p, _):
         for t in range(1, 4):
             body = {"model": "m1", "messages": messages, "stream": stream}
             r = httpx.post(f"{p.url}/v1/chat/completions", content=json.dumps(body).encode(),
@@ -441,9 +434,6 @@ def test_a_turn_with_an_integer_past_64_bits_keeps_its_messages_exact(
             assert t["messages"][0]["n"] == big, t
             assert t["messages"][0]["content"].startswith("begin")
         assert len(turns[2]["messages"]) == 5
-    finally:
-        if prefix is not None:
-            drop_prefix(prefix)
 
 
 
@@ -460,19 +450,13 @@ def test_a_deeply_nested_turn_with_an_integer_past_64_bits_is_served(
 
     import httpx
 
-    extra: dict[str, Any] = {}
-    prefix = None
-    if store == "redis":
-        require_redis()
-        prefix = new_prefix()
-        extra = {"store": {"kind": "redis", "url": REDIS_URL, "key_prefix": prefix}}
-    p = proxy({"disclosure": {"mode": "disclosed", "template": TEMPLATE}, **extra})
+    over = {"disclosure": {"mode": "disclosed", "template": TEMPLATE}}
     eid = new_id()
     big = (1 << 70) + 1  # (no float is)
     deep = "[" * depth + str(big) + "]" * depth
-    raw = ('{"model":"m1","messages":[{"role":"user","content":"begin","deep":%s}]}'
-           % deep).encode()
-    try:
+    raw = (b'{"model":"m1","messages":[{"role":"user","content":"begin","deep":'
+           + deep.encode() + b"}]}")
+    with _on_store(proxy, store, over) as (p, _):
         r = httpx.post(f"{p.url}/v1/chat/completions", content=raw, timeout=20,
                        headers={"content-type": "application/json", "X-Episode-Id": eid})
         assert r.status_code == 200, r.text[:300]
@@ -487,9 +471,35 @@ def test_a_deeply_nested_turn_with_an_integer_past_64_bits_is_served(
             assert value == big and type(value) is int
         else:
             assert turn["messages"] is None and turn["truncated"] is True
-    finally:
-        if prefix is not None:
-            drop_prefix(prefix)
+
+
+def _sent_logged_kept(p: Proxy, upstream: WatchedUpstream, stream: bool,
+                     conversations: list[list[dict[str, Any]]]) -> list[list[Any]]:
+    """Send each conversation as a chat turn of one episode (JSON written by the standard
+    library), end it, and give [what the upstream got, what the turn records say, what the
+    trajectory says] of each turn's messages, all read by the standard library."""
+    import json
+
+    import httpx
+
+    eid = new_id()
+    for conversation in conversations:
+        body = {"model": "m1", "messages": conversation, "stream": stream}
+        r = httpx.post(f"{p.url}/v1/chat/completions", content=json.dumps(body).encode(),
+                       headers={"content-type": "application/json", "X-Episode-Id": eid,
+                                "X-Test-Episode": eid}, timeout=20)
+        assert r.status_code == 200, r.text
+    sent = [json.loads(q.body)["messages"] for q in upstream.requests
+            if q.headers.get("x-test-episode") == eid]
+    logged, rebuilt = [], []
+    for rec in sorted(p.wait_records(len(conversations), type="turn", episode_id=eid),
+                      key=lambda r: r["turn"]):
+        logged = logged[:rec["messages_offset"]] + rec["request_messages"]
+        rebuilt.append(logged)
+    p.http().post(f"/v1/episodes/{eid}/outcome", json={"success": True})
+    r = p.http().get(f"/v1/episodes/{eid}/trajectory")
+    assert r.status_code == 200, r.text
+    return [sent, rebuilt, [t["messages"] for t in json.loads(r.content)["turns"]]]
 
 
 @pytest.mark.parametrize("store", ["memory", "redis"])
@@ -500,45 +510,16 @@ def test_a_body_forwarded_as_sent_is_logged_and_kept_with_its_integers_exact(
     """The hidden arm forwards a body as the client wrote it, an integer past 64 bits
     included; its turn records and its kept turns give that integer too, not the float orjson
     read it as, on the first turn and on a later one that adds another such integer."""
-    import json
-
-    import httpx
-
-    extra: dict[str, Any] = {}
-    prefix = None
-    if store == "redis":
-        require_redis()
-        prefix = new_prefix()
-        extra = {"store": {"kind": "redis", "url": REDIS_URL, "key_prefix": prefix}}
-    p = proxy({"disclosure": {"mode": "hidden"}, **extra})
-    eid = new_id()
     big, other = 123456789012345678901234567891, -98765432109876543210987  # (no float is)
-    messages: list[dict[str, Any]] = [{"role": "user", "content": "begin", "n": big}]
-    try:
-        for t in range(1, 4):
-            body = {"model": "m1", "messages": messages, "stream": stream}
-            r = httpx.post(f"{p.url}/v1/chat/completions", content=json.dumps(body).encode(),
-                           headers={"content-type": "application/json", "X-Episode-Id": eid,
-                                    "X-Test-Episode": eid}, timeout=20)
-            assert r.status_code == 200, r.text
-            messages = [*messages, {"role": "assistant", "content": f"a{t}"},
-                        {"role": "user", "content": f"u{t}", **({"m": other} if t == 1 else {})}]
-        sent = [json.loads(q.body)["messages"] for q in upstream.requests
-                if q.headers.get("x-test-episode") == eid]
-        assert [m[0]["n"] for m in sent] == [big] * 3  # (forwarded as written)
-        logged: list[Any] = []
-        for rec, messages_sent in zip(sorted(p.wait_records(3, type="turn", episode_id=eid),
-                                             key=lambda r: r["turn"]), sent, strict=True):
-            logged = logged[:rec["messages_offset"]] + rec["request_messages"]
-            assert logged == messages_sent
-        p.http().post(f"/v1/episodes/{eid}/outcome", json={"success": True})
-        r = p.http().get(f"/v1/episodes/{eid}/trajectory")
-        assert r.status_code == 200, r.text
-        turns = json.loads(r.content)["turns"]
-        assert [t["messages"] for t in turns] == sent
-    finally:
-        if prefix is not None:
-            drop_prefix(prefix)
+    conversations = [[{"role": "user", "content": "begin", "n": big}]]
+    for t in range(1, 3):
+        conversations.append([*conversations[-1], {"role": "assistant", "content": f"a{t}"},
+                              {"role": "user", "content": f"u{t}",
+                               **({"m": other} if t == 1 else {})}])
+    with _on_store(proxy, store, {"disclosure": {"mode": "hidden"}}) as (p, _):
+        sent, logged, kept = _sent_logged_kept(p, upstream, stream, conversations)
+    assert sent == conversations  # (forwarded as written)
+    assert logged == kept == sent
 
 
 @pytest.mark.parametrize("store", ["memory", "redis"])
@@ -550,44 +531,15 @@ def test_an_earlier_integer_changed_to_one_orjson_reads_as_the_same_float_is_log
     """2**70 + 1 and 2**70 + 3 read as the same float, so the digests of two conversations
     that differ only there are equal: a conversation with such integers is logged whole, and
     kept whole, each turn with the integers it was sent with."""
-    import json
-
-    import httpx
-
-    extra: dict[str, Any] = {}
-    prefix = None
-    if store == "redis":
-        require_redis()
-        prefix = new_prefix()
-        extra = {"store": {"kind": "redis", "url": REDIS_URL, "key_prefix": prefix}}
-    disclosure: dict[str, Any] = {"mode": mode, "template": TEMPLATE, "history": "keep"}
-    p = proxy({"disclosure": disclosure, **extra})
-    eid = new_id()
     first, changed = (1 << 70) + 1, (1 << 70) + 3
-    conversation: list[dict[str, Any]] = [{"role": "user", "content": "begin", "n": first}]
-    try:
-        for t in range(1, 4):
-            body = {"model": "m1", "messages": conversation, "stream": stream}
-            r = httpx.post(f"{p.url}/v1/chat/completions", content=json.dumps(body).encode(),
-                           headers={"content-type": "application/json", "X-Episode-Id": eid,
-                                    "X-Test-Episode": eid}, timeout=20)
-            assert r.status_code == 200, r.text
-            conversation = [{**conversation[0], "n": changed}, *conversation[1:],
-                            {"role": "assistant", "content": f"a{t}"},
-                            {"role": "user", "content": f"u{t}"}]
-        sent = [json.loads(q.body)["messages"] for q in upstream.requests
-                if q.headers.get("x-test-episode") == eid]
-        assert [m[0]["n"] for m in sent] == [first, changed, changed]
-        logged: list[Any] = []
-        rebuilt = []
-        for rec in sorted(p.wait_records(3, type="turn", episode_id=eid),
-                          key=lambda r: r["turn"]):
-            logged = logged[:rec["messages_offset"]] + rec["request_messages"]
-            rebuilt.append(logged[0]["n"])
-        assert rebuilt == [first, changed, changed]
-        p.http().post(f"/v1/episodes/{eid}/outcome", json={"success": True})
-        turns = json.loads(p.http().get(f"/v1/episodes/{eid}/trajectory").content)["turns"]
-        assert [t["messages"] for t in turns] == sent
-    finally:
-        if prefix is not None:
-            drop_prefix(prefix)
+    conversations = [[{"role": "user", "content": "begin", "n": first}]]
+    for t in range(1, 3):
+        conversations.append([{**conversations[-1][0], "n": changed}, *conversations[-1][1:],
+                              {"role": "assistant", "content": f"a{t}"},
+                              {"role": "user", "content": f"u{t}"}])
+    over = {"disclosure": {"mode": mode, "template": TEMPLATE, "history": "keep"}}
+    with _on_store(proxy, store, over) as (p, _):
+        sent, logged, kept = _sent_logged_kept(p, upstream, stream, conversations)
+    assert [m[0]["n"] for m in sent] == [first, changed, changed]
+    assert [m[0]["n"] for m in logged] == [first, changed, changed]
+    assert kept == sent
