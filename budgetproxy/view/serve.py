@@ -4,8 +4,10 @@ from __future__ import annotations
 
 import http.server
 import re
+import signal
 import sys
 from pathlib import Path
+from types import FrameType
 
 _PAGE = re.compile(r"/([A-Za-z0-9_.-]+\.html)")
 
@@ -48,10 +50,17 @@ def make_server(folder: Path, port: int = 0, first: str = "index.html"
     return http.server.ThreadingHTTPServer(("127.0.0.1", port), _handler(folder, first))
 
 
+def _stop(signum: int, frame: FrameType | None) -> None:
+    raise KeyboardInterrupt
+
+
 def serve_folder(folder: Path, port: int, first: str) -> int:
-    """Serve until interrupted; prints the URL of the first page."""
+    """Serve until SIGINT (Ctrl-C) or SIGTERM; prints the URL of the first page. Both are
+    handled here, as `budgetproxy serve` handles them: a process started in the background
+    by a shell inherits SIGINT ignored, and would otherwise not stop on it."""
     server = make_server(folder, port, first)
     host, bound = server.server_address[:2]
+    previous = {s: signal.signal(s, _stop) for s in (signal.SIGINT, signal.SIGTERM)}
     print(f"budgetproxy view: serving on http://{host!s}:{bound}/{first} (Ctrl-C stops)",
           flush=True)
     try:
@@ -59,6 +68,8 @@ def serve_folder(folder: Path, port: int, first: str) -> int:
     except KeyboardInterrupt:
         pass
     finally:
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)
         server.server_close()
     print("budgetproxy view: stopped", file=sys.stderr)
     return 0

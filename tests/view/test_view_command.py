@@ -90,3 +90,29 @@ def test_serve_answers_on_127_0_0_1_until_interrupted(logs: Path) -> None:
         proc.send_signal(signal.SIGINT)
         code = proc.wait(20)
     assert code == 0
+
+
+@pytest.mark.parametrize("stop", ["SIGTERM", "SIGINT, ignored by the shell that started it"])
+def test_serve_stops_on_sigterm_and_on_a_sigint_its_shell_ignored(logs: Path, stop: str) -> None:
+    """A shell starts a background job with SIGINT ignored, and a process manager stops a
+    server with SIGTERM: --serve stops cleanly on either (exit 0, "stopped")."""
+    argv = [sys.executable, "-m", "budgetproxy", "view", str(logs), "--serve"]
+    if stop.startswith("SIGINT"):  # (trap "" INT: what `cmd &` in a script does)
+        argv = ["sh", "-c", 'trap "" INT; exec "$@"', "sh", *argv]
+    proc = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                            env={**os.environ, "PYTHONUNBUFFERED": "1"})
+    try:
+        assert proc.stdout is not None
+        line = proc.stdout.readline()
+        assert line.startswith("budgetproxy view: serving on http://127.0.0.1:"), line
+        url = line.split(" on ", 1)[1].split(" ", 1)[0]
+        assert httpx.get(url, timeout=10).status_code == 200
+    finally:
+        proc.send_signal(signal.SIGTERM if stop == "SIGTERM" else signal.SIGINT)
+        try:
+            code = proc.wait(20)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            raise
+    assert code == 0
+    assert proc.stderr is not None and "budgetproxy view: stopped" in proc.stderr.read()
