@@ -16,7 +16,7 @@ from budgetproxy.core.prefixes import CheckedOthers, Prefix, Raw
 from budgetproxy.proxy.capture import Capture, Tokens
 from budgetproxy.proxy.dialects import Dialect
 from budgetproxy.proxy.outcome import ANSWERED
-from budgetproxy.proxy.wire import Checked, exact_payload, has_lossy_float, others, read_exact
+from budgetproxy.proxy.wire import Checked, exact_payload, others, read_exact
 from budgetproxy.telemetry.tracing import CallTrace
 from budgetproxy.trajectories.records import SCHEMA_VERSION, rfc3339
 
@@ -94,8 +94,9 @@ class ModelCall:
         # checked for integers orjson read as floats (wire.exact_payload) and found none
         self.lossless = False
         # its conversation holds such a float though its body went as the client wrote it
-        # (the hidden arm's: turns.py `_keep_prefix`); its record and kept turn are then
-        # written whole, read again exact (`exact_conversation`)
+        # (the hidden arm's; a litellm upstream's is never: it gets orjson's reading; turns.py
+        # `_keep_prefix`): its record and kept turn are written whole, read again exact
+        # (`exact_conversation`)
         self.lossy = False
         # the conversation as written (core.prefixes), and the previous turn's, kept by this
         # process, when this one starts with it
@@ -171,7 +172,7 @@ def turn_record(
     if seen and (attempt > 1 or prints is None or call.previous_response is not None
                  or call.exact or call.lossy or seen > len(msgs) or not prints.extends(digest)):
         seen = 0
-    if unchecked(call) and seen < len(msgs) and (call.lossy or has_lossy_float(msgs[seen:])):
+    if call.lossy:
         msgs = exact_conversation(call, msgs)
     response, finish_reason, usage = (None, None, None) if reply is None else (
         reply.get("message"), reply.get("finish_reason"), reply.get("usage"))
@@ -255,21 +256,13 @@ def _reply_fields(reply: dict[str, Any]) -> dict[str, Any]:
             "usage": reply.get("usage")}
 
 
-def unchecked(call: ModelCall) -> bool:
-    """Whether the call's body went upstream as the client wrote it, never checked for
-    integers orjson read as floats (the hidden arm's): what the proxy logs of it is looked at
-    for them (`exact_conversation`). (A litellm upstream gets the payload as orjson read it.)"""
-    upstream = call.upstream
-    return not (call.lossless or call.exact or call.upstream_body is None or (
-        upstream is not None and upstream.kind == "litellm"))
-
-
 def exact_conversation(call: ModelCall, conversation: list[Any]) -> list[Any]:
-    """The conversation of a body the proxy forwarded as the client sent it, as the upstream
-    got it: read again keeping integers past 64 bits, which orjson's reading (`conversation`)
-    turned into floats (a rewritten body was read again before it was written)."""
+    """The conversation of a `lossy` call, whose body went upstream as the client wrote it,
+    as the upstream got it: read again from those bytes keeping the integers past 64 bits that
+    orjson's reading (`conversation`) turned into floats. (A body the proxy rewrote was read
+    again before it was written: `exact`.)"""
     body = call.upstream_body
-    exact = None if not unchecked(call) or body is None else read_exact(body)
+    exact = None if body is None or call.exact else read_exact(body)
     if exact is None:
         return conversation
     try:
@@ -280,7 +273,7 @@ def exact_conversation(call: ModelCall, conversation: list[Any]) -> list[Any]:
 
 
 def exact_payload_for(call: ModelCall, body: bytes, payload: dict[str, Any],
-                      checked_others: CheckedOthers | None = None) -> dict[str, Any] | None:
+                      checked_others: CheckedOthers) -> dict[str, Any] | None:
     """The payload to rewrite, read again when orjson's reading lost an integer's
     digits (the rewrite must not change what it does not touch); None: `payload` is.
     The messages the previous turn checked are not looked at again (core/prefixes.py), nor
@@ -289,7 +282,7 @@ def exact_payload_for(call: ModelCall, body: bytes, payload: dict[str, Any],
     key = dialect.items_key
     # (written only for a turn that keeps its conversation for the next: core/prefixes.py)
     written = None if call.written is None else prefixes.written(others(payload, key))
-    known = written is not None and checked_others is not None and written in checked_others
+    known = written is not None and written in checked_others
     checked = None
     if previous is not None and previous.lossless and prints is not None:
         checked = Checked(prints.messages, previous.messages, key, dialect.heads, known,
@@ -299,6 +292,6 @@ def exact_payload_for(call: ModelCall, body: bytes, payload: dict[str, Any],
     exact, lossy = exact_payload(body, payload, checked)
     call.exact = exact is not None
     call.lossless = not lossy
-    if written is not None and not lossy and checked_others is not None and not known:
+    if written is not None and not lossy and not known:
         checked_others.add(written)
     return exact

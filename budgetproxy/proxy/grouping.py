@@ -14,7 +14,7 @@ from budgetproxy.core.episode import EpisodeState
 from budgetproxy.core.prefixes import starts_with
 from budgetproxy.core.tenants import tenant_of
 from budgetproxy.errors import invalid_request
-from budgetproxy.proxy.calls import ModelCall, exact_conversation, turn_numbers, unchecked
+from budgetproxy.proxy.calls import ModelCall, exact_conversation, turn_numbers
 from budgetproxy.proxy.capture import Tokens
 from budgetproxy.proxy.experiments import Experiments
 from budgetproxy.proxy.wire import encode_exact, has_lossy_float, read_exact
@@ -155,12 +155,7 @@ class KeptTurn:
             head, tail = _head_tail(turn, attempt, reply, call.disclosure_text,
                                     None if call.tokens is None else call.tokens.fields(), full)
             kept = cls(head, tail, full=full, numbers=(turn, attempt))
-            new = after[3]
-            if unchecked(call) and has_lossy_float(new):  # (read again, exact)
-                conversation = call.conversation or []
-                new = exact_conversation(call, conversation)[after[2]:] if (
-                    conversation[after[2]:] == new) else new
-            kept.data = exact(kept.written(new, after[:3]))
+            kept.data = exact(kept.written(after[3], after[:3]))
             kept.after = after[:3]
             return kept
         body = call.upstream_body
@@ -180,7 +175,7 @@ class KeptTurn:
                        numbers=(turn, attempt))
         kept = cls(head, tail, full=full, numbers=(turn, attempt))
         messages = None if call.sent is None else call.dialect.conversation(call.sent)
-        if messages is not None and unchecked(call) and has_lossy_float(messages):
+        if messages is not None and call.lossy:  # (never kept as what follows: `keep`)
             messages = exact_conversation(call, messages)
         kept.data = kept.written(messages)
         kept.count = None if messages is None else len(messages)
