@@ -306,8 +306,9 @@ def start_redis(workdir: Path) -> tuple[subprocess.Popen[bytes], str]:
     raise SystemExit("redis-server did not start")
 
 
-def start_proxy(workdir: Path, upstream: str, store: str,
-                counted: bool = False) -> tuple[subprocess.Popen[bytes], str]:
+def start_proxy(workdir: Path, upstream: str, store: str, counted: bool = False,
+                repo: Path | None = None) -> tuple[subprocess.Popen[bytes], str]:
+    """A proxy of CONFIG on a free port, from this checkout or the one at `repo`."""
     port = tg.free_port()
     config = workdir / f"proxy-{port}.yaml"
     config.write_text(CONFIG.format(store=f"store: {{kind: redis, url: '{store}'}}"
@@ -317,7 +318,7 @@ def start_proxy(workdir: Path, upstream: str, store: str,
     if counted:
         argv = ["valgrind", "--tool=callgrind", "--cache-sim=no",
                 f"--callgrind-out-file={workdir / 'proxy.callgrind'}", *argv]
-    proc = tg.spawn(argv, workdir / f"proxy-{port}.log", {"PYTHONPATH": str(tg.REPO_DIR)},
+    proc = tg.spawn(argv, workdir / f"proxy-{port}.log", {"PYTHONPATH": str(repo or tg.REPO_DIR)},
                     cwd=workdir)
     target = tg.Target("budgetproxy", "", f"http://127.0.0.1:{port}/v1", proc=proc)
     if not tg.wait_ready(target, 300 if counted else 60):

@@ -130,7 +130,14 @@ class KeptTurn:
         return b'%b,"messages":%b,%b' % (self.head[:-1], text, self.tail[1:])
 
     def small(self) -> bytes:
-        return b'%b,"messages":null,%b,"truncated":true}' % (self.head[:-1], self.tail[1:-1])
+        head, tail = self.head, self.tail
+        if not head and self.data is not None:  # (written in one go: `following`)
+            fields = orjson.loads(self.data)
+            keys = list(fields)
+            cut, end = keys.index("messages_after"), keys.index("messages") + 1
+            head = orjson.dumps({k: fields[k] for k in keys[:cut]})
+            tail = orjson.dumps({k: fields[k] for k in keys[end:]})
+        return b'%b,"messages":null,%b,"truncated":true}' % (head[:-1], tail[1:-1])
 
     def messages_json(self) -> bytes | None:
         """The messages of an entry written whole (`data`), as JSON; None for any other."""
@@ -152,12 +159,9 @@ class KeptTurn:
         messages are kept, written now (a long episode's entries do not grow with it)."""
         turn, attempt = turn_numbers(call, st)
         if after is not None:  # what follows an earlier turn's messages: written now, small
-            head, tail = _head_tail(turn, attempt, reply, call.disclosure_text,
-                                    None if call.tokens is None else call.tokens.fields(), full)
-            kept = cls(head, tail, full=full, numbers=(turn, attempt))
-            kept.data = exact(kept.written(after[3], after[:3]))
-            kept.after = after[:3]
-            return kept
+            return cls.following(turn, attempt, reply, call.disclosure_text,
+                                 None if call.tokens is None else call.tokens.fields(), full,
+                                 after)
         body = call.upstream_body
         # A body with integers orjson reads as floats (call.exact) is not read back: those
         # messages are written from the objects sent, as they always were.
@@ -179,6 +183,38 @@ class KeptTurn:
             messages = exact_conversation(call, messages)
         kept.data = kept.written(messages)
         kept.count = None if messages is None else len(messages)
+        return kept
+
+
+    @classmethod
+    def following(cls, turn: int, attempt: int, reply: dict[str, Any] | None,
+                  text: str | None, tokens: dict[str, Any] | None, full: bool,
+                  after: tuple[int, int, int, list[Any]]) -> KeptTurn:
+        """The entry of a turn whose messages follow the first n of an earlier turn's (`after`:
+        turn, attempt, n, its new messages), written in one go: the bytes `written` makes of
+        `_head_tail`'s with `after`, which it falls back to for what orjson cannot write. Its
+        head and tail are not kept beside them (`small` reads them back when it is needed)."""
+        response = finish_reason = usage = None
+        if reply is not None:
+            response, finish_reason, usage = (
+                reply.get("message"), reply.get("finish_reason"), reply.get("usage"))
+        messages, told = after[3], text
+        if not full:
+            response, told, messages = strip_text(response), strip_text(text), strip_text(messages)
+        fields = {"turn": turn, "attempt": attempt, "response": response,
+                  "finish_reason": finish_reason, "usage": usage, "messages_after": after[:3],
+                  "messages": messages, "disclosure_text": told}
+        if tokens is not None:
+            fields.update(tokens)
+        try:
+            data = orjson.dumps(fields)
+        except TypeError:  # (an integer past 64 bits, nesting past 254 levels: as `written`)
+            head, tail = _head_tail(turn, attempt, reply, text, tokens, full)
+            kept = cls(head, tail, full=full, numbers=(turn, attempt))
+            kept.data = exact(kept.written(after[3], after[:3]))
+        else:
+            kept = cls(b"", b"", data=exact(data), full=full, numbers=(turn, attempt))
+        kept.after = after[:3]
         return kept
 
 

@@ -384,7 +384,7 @@ class RedisStore:
         """Sent at once, with the scripts of this event-loop iteration (a turn log's append
         issued before the caller awaits rides in the same write); the future has the reply."""
         args = [
-            grant.turn, 1 if grant.charged else 0, grant.body_hash, result.value,
+            grant.turn, 1 if grant.charged else 0, grant.body_hash, str(result),
             repr(float(now)), 1 if count_failed else 0, self._active_ttl_ms, self._retention_ms,
         ]
         keys = [self.episode_key(episode_id), self.placements_key(episode_id)]

@@ -58,18 +58,24 @@ _NO_AXES: dict[str, Any] = {
 }
 
 
+# (EpisodeState's field, its hash field, how it is written), in the dataclass's order; told is
+# left out: one hash field per turn (RedisStore.keep_told), none at creation
+_FIELDS = [(f.name, _FIELD.get(f.name, f.name), _CODEC[f.name])
+           for f in fields(EpisodeState) if f.name != "told"]
+
+
 def encode_state(st: EpisodeState) -> list[str | bytes]:
     """The episode as flat hash field/value pairs (None fields left out, and the axis fields
     of an episode with no budget beside turns)."""
     out: list[str | bytes] = []
     turn_only = st.token_budget is None and st.cost_budget is None and st.time_budget_s is None
-    for f in fields(st):
-        value = getattr(st, f.name)
-        if (value is None or (turn_only and f.name in _NO_AXES) or f.name == "told"
-                or (f.name == "disclosed_at" and not value)):
-            continue  # told: one field per turn (RedisStore.keep_told), none at creation
-        out.append(_FIELD.get(f.name, f.name))
-        out.append(_encode_value(_CODEC[f.name], value))
+    for name, field, kind in _FIELDS:
+        value = getattr(st, name)
+        if (value is None or (turn_only and name in _NO_AXES)
+                or (name == "disclosed_at" and not value)):
+            continue
+        out.append(field)
+        out.append(_encode_value(kind, value))
     out += _LEGACY
     return out
 

@@ -12,7 +12,7 @@ import orjson
 from budgetproxy.core.episode import EpisodeState
 from budgetproxy.proxy.calls import ModelCall
 from budgetproxy.proxy.dialects import DIALECTS
-from budgetproxy.proxy.grouping import KeptTurn, exact
+from budgetproxy.proxy.grouping import OVERHEAD, KeptTurn, _head_tail, exact
 from budgetproxy.store.turn_log import MemoryTurnLog
 
 MESSAGES = DIALECTS["/v1/messages"]
@@ -98,3 +98,38 @@ def test_a_small_entry_counts_its_objects() -> None:
             tracemalloc.stop()
         size = sum(k.size for k in kept)
         assert 0.9 * size <= held <= size, (type(kept[0]).__name__, held, size)
+
+
+def _following_cases() -> list[tuple[dict[str, object] | None, str | None, dict[str, object] | None,
+                                     list[object]]]:
+    reply = {"message": {"role": "assistant", "content": "done"}, "finish_reason": "stop",
+             "usage": {"prompt_tokens": 3, "completion_tokens": 1}}
+    tokens = {"prompt_token_ids": [1, 2], "completion_token_ids": [3], "logprobs": [-0.5]}
+    new = [{"role": "assistant", "content": "a"}, {"role": "user", "content": "b \u00e9"}]
+    return [(reply, "2 turns remain", None, new), (None, None, None, []),
+            (reply, None, tokens, new), (reply, "1 turn remains", tokens, [{"x": [[{"y": 1}]]}])]
+
+
+def test_an_entry_that_follows_an_earlier_one_is_written_as_its_parts_would_be() -> None:
+    """`KeptTurn.following` writes the entry in one go: the bytes `written` makes from the
+    head and tail, content full or not, and `small` reads the head and tail back from them."""
+    for reply, text, tokens, new in _following_cases():
+        for full in (True, False):
+            after = (3, 1, 5, new)
+            kept = KeptTurn.following(4, 2, reply, text, tokens, full, after)
+            head, tail = _head_tail(4, 2, reply, text, tokens, full)
+            parts = KeptTurn(head, tail, full=full, numbers=(4, 2))
+            assert kept.encode() == parts.written(new, (3, 1, 5))
+            assert kept.small() == parts.small()
+            assert kept.after == (3, 1, 5) and kept.numbers == (4, 2)
+            assert kept.size == len(kept.encode()) + OVERHEAD
+
+
+def test_an_entry_that_follows_with_an_integer_past_64_bits_keeps_it_exact() -> None:
+    """What orjson cannot write (an integer past 64 bits, read again exact) is written by the
+    standard library, as `written` does, and read back whole."""
+    new = [{"role": "user", "content": "seed", "seed": 2**70 + 1}]
+    kept = KeptTurn.following(2, 1, None, "t", None, True, (1, 1, 1, new))
+    assert b"1180591620717411303425" in kept.encode()
+    assert kept.small().endswith(b'"truncated":true}')
+    assert orjson.loads(kept.small())["messages"] is None
