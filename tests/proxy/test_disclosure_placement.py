@@ -9,7 +9,10 @@ import httpx
 import orjson
 import pytest
 from conftest import Proxy, ProxyFactory, chat_body, new_id
+from hypothesis import given
+from hypothesis import strategies as st
 
+from budgetproxy.proxy.calls import _without_large_floats
 from budgetproxy.testing import FakeUpstream
 
 
@@ -355,6 +358,22 @@ def test_integers_past_64_bits_stay_exact_as_a_long_episode_grows(
         assert seen["messages"][-1]["content"].endswith(text(t, 9)), t
         history += [{"role": "assistant", "content": f"a{t}"},
                     {"role": "user", "content": f"u{t + 1}"}]
+
+
+@given(st.one_of(
+    st.floats(min_value=1e16, allow_infinity=False),
+    st.floats(max_value=-1e16, allow_infinity=False),
+    st.integers(min_value=2**64).map(str), st.integers(max_value=-(2**63) - 1).map(str),
+))
+def test_what_orjson_reads_past_64_bits_it_writes_with_an_exponent(value: float | str) -> None:
+    """The check that lets a turn's new messages skip the walk for such integers
+    (calls.py `_without_large_floats`) rests on orjson: every float of 1e16 or more, which is
+    what it reads an integer past 64 bits as, is written with "e+"."""
+    parsed = orjson.loads(f'[{{"x": {value}}}]') if isinstance(value, str) else [{"x": value}]
+    written = orjson.dumps(parsed)
+    assert b"e+" in written
+    assert not _without_large_floats(written, 0)
+    assert _without_large_floats(orjson.dumps([{"x": 2**63 - 1, "y": 9.9e15, "z": -(2**63)}]), 0)
 
 
 def test_an_integer_past_64_bits_changed_in_the_history_reaches_the_upstream(
