@@ -79,13 +79,13 @@ def _earlier_texts(template: str, total: int, chosen: list[tuple[int, int]]
     kept = _turn_texts(template, total)
     if len(kept) > _TURN_TEXTS_KEPT:
         kept.clear()
-    indexes, turns = zip(*chosen, strict=True)
-    try:  # (in C: a long episode re-applies every earlier turn's text on each call)
-        return list(zip(indexes, map(kept.__getitem__, turns), strict=True))
+    text_of = kept.__getitem__
+    try:  # (a long episode re-applies every earlier turn's text on each call)
+        return [(index, text_of(turn)) for index, turn in chosen]
     except KeyError:  # (only the turns not yet written: the set's difference is taken in C)
-        for turn in set(turns).difference(kept):
+        for turn in {turn for _, turn in chosen}.difference(kept):
             kept[turn] = template.format(**_turn_values(turn, total))
-        return list(zip(indexes, map(kept.__getitem__, turns), strict=True))
+        return [(index, text_of(turn)) for index, turn in chosen]
 
 
 def disclose(

@@ -43,6 +43,19 @@ class Raw(NamedTuple):
     last: int  # the length of the conversation's last entry as orjson writes it
 
 
+class SentBody:
+    """The messages the upstream got on a disclosed turn, as orjson writes them (`items`, a
+    JSON array of `count` of them): a next turn whose placed messages start with these (the
+    same objects) copies their bytes instead of writing them again (proxy/spliced.py).
+    Filled once the turn's body is written (None: it was not)."""
+
+    __slots__ = ("items", "count")
+
+    def __init__(self) -> None:
+        self.items: bytes | None = None
+        self.count = 0
+
+
 class Prefix(NamedTuple):
     """A turn's conversation, for its episode's next turn to compare with."""
 
@@ -61,6 +74,7 @@ class Prefix(NamedTuple):
     # its conversation, sent as the client wrote it, held a float orjson read an integer past
     # 64 bits as (a next turn that starts with it holds that float too)
     lossy: bool = False
+    sent: SentBody | None = None  # the body its upstream got, with its texts placed
 
 
 # What a kept Prefix holds beside its conversation's bytes, as counted against the limit
@@ -84,6 +98,8 @@ def _size(prefix: Prefix) -> int:
         size += _STATE
     if prefix.placed is not None:
         size += len(prefix.written) + _PER_MESSAGE * len(prefix.placed.messages)
+    if prefix.sent is not None:  # (filled after this count: its texts' bytes are left out)
+        size += len(prefix.written)
     return size
 
 

@@ -12,7 +12,7 @@ from budgetproxy.core import prefixes
 from budgetproxy.core.disclosure import Disclosed
 from budgetproxy.core.episode import EpisodeState, Grant, GrantKind
 from budgetproxy.core.fingerprint import Fingerprint
-from budgetproxy.core.prefixes import CheckedOthers, Prefix, Raw
+from budgetproxy.core.prefixes import CheckedOthers, Prefix, Raw, SentBody
 from budgetproxy.proxy.capture import Capture, Tokens
 from budgetproxy.proxy.dialects import Dialect
 from budgetproxy.proxy.outcome import ANSWERED
@@ -61,7 +61,7 @@ class ModelCall:
         "settled", "span", "prints", "previous_response", "exact", "ended", "probe", "query",
         "payload", "timed_out", "cumulative", "capture", "tokens", "sent", "upstream_body",
         "counts", "answer", "warning", "compaction", "leg", "written", "extends", "lossless",
-        "lossy", "placed", "logged_after", "raw", "raw_proven", "raw_from",
+        "lossy", "placed", "logged_after", "raw", "raw_proven", "raw_from", "sent_body",
     )
 
     def __init__(self, route: str, dialect: Dialect) -> None:
@@ -109,6 +109,8 @@ class ModelCall:
         self.raw_from: Prefix | None = None
         # its conversation with the disclosure texts placed, for the next turn to start from
         self.placed: Disclosed | None = None
+        # where the body the upstream gets is kept for the next turn (its episode's Prefix's)
+        self.sent_body: SentBody | None = None
         # (turn, attempt, n, new messages, lossless): the conversation the upstream got is the
         # first n messages of that earlier turn's, then these (its kept entry holds only
         # these), its values read as that turn's were, or that turn's read without loss

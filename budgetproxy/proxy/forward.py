@@ -19,7 +19,7 @@ from budgetproxy.core.paths import wire_query
 from budgetproxy.core.prefixes import Prefixes
 from budgetproxy.core.prices import PriceTable
 from budgetproxy.errors import ProxyError, invalid_request
-from budgetproxy.proxy import axis_calls, capture, outcome
+from budgetproxy.proxy import axis_calls, capture, outcome, spliced
 from budgetproxy.proxy.admission import Admission
 from budgetproxy.proxy.asgi import ClientGone, Receive, Scope, Send, read_body, send_error
 from budgetproxy.proxy.calls import (
@@ -281,7 +281,22 @@ class ModelCalls:
     def _encode(call: ModelCall, payload: dict[str, Any]) -> bytes:
         """The rewritten body's bytes. What the proxy parsed it can write, except nesting past
         orjson's 254 levels (in a body with no integer past 64 bits, which the standard
-        library writes instead): that call is refused, its turn given back, its record kept."""
+        library writes instead): that call is refused, its turn given back, its record kept.
+        A disclosed turn's body is written from the previous turn's where its placed messages
+        start with that turn's (proxy/spliced.py), and kept for the next."""
+        into, placed = call.sent_body, call.placed
+        kept = into is not None and placed is not None and not call.exact and (
+            payload.get("messages") is placed.messages)
+        if kept:
+            assert into is not None and placed is not None
+            previous = call.extends
+            body = spliced.spliced(payload, placed.base, None if previous is None
+                                   else previous.sent, into)
+            if body is not None:
+                return body
+            body = spliced.written(payload, into)
+            if body is not None:
+                return body
         try:
             return orjson.dumps(payload)
         except (TypeError, ValueError):

@@ -17,7 +17,7 @@ from budgetproxy.core.budget import tier_label
 from budgetproxy.core.episode import EpisodeState, Grant, GrantKind
 from budgetproxy.core.fingerprint import Fingerprint
 from budgetproxy.core.finish import finish_text
-from budgetproxy.core.prefixes import Prefix, Prefixes
+from budgetproxy.core.prefixes import Prefix, Prefixes, SentBody
 from budgetproxy.core.prices import PriceTable
 from budgetproxy.core.replays import Replays
 from budgetproxy.core.spec import EpisodeSpec, SpecError, new_episode
@@ -294,9 +294,15 @@ class Turns:
             elif placed is not None and placed.base:  # (only after a turn read without loss)
                 n, after = call.dialect.kept_after(placed)
                 call.logged_after = (previous.turn, previous.attempt, n, after, True)
+        # (its messages as the upstream gets them, for the next turn to copy their bytes
+        # from: a long conversation's, of a dialect whose payload's list is its placed
+        # conversation; proxy/spliced.py)
+        sent = call.sent_body = SentBody() if (
+            call.placed is not None and call.dialect.heads == 0
+            and len(now) >= prefixes.TAIL_FROM) else None
         self.prefixes.keep(eid, Prefix(now, len(prints.messages), prefixes.kept_tail(prints, now),
                                        call.lossless, call.placed, grant.turn, grant.attempt,
-                                       plain, prints.as_written, call.raw, call.lossy))
+                                       plain, prints.as_written, call.raw, call.lossy, sent))
 
     def _new_episode(
         self, call: ModelCall, eid: str, headers: dict[bytes, bytes], now: float,

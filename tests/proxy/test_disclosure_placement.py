@@ -12,6 +12,7 @@ from conftest import Proxy, ProxyFactory, chat_body, new_id
 from hypothesis import given
 from hypothesis import strategies as st
 
+from budgetproxy.proxy import spliced
 from budgetproxy.proxy.calls import _without_large_floats
 from budgetproxy.testing import FakeUpstream
 
@@ -374,6 +375,58 @@ def test_what_orjson_reads_past_64_bits_it_writes_with_an_exponent(value: float 
     assert b"e+" in written
     assert not _without_large_floats(written, 0)
     assert _without_large_floats(orjson.dumps([{"x": 2**63 - 1, "y": 9.9e15, "z": -(2**63)}]), 0)
+
+
+def test_a_long_episodes_bodies_are_written_from_the_previous_turns(
+    proxy: ProxyFactory, upstream: FakeUpstream, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A long conversation's disclosed turn copies the previous body's messages from its
+    second turn on (proxy/spliced.py): each body the upstream gets is still orjson's writing
+    of what it holds, every earlier message's bytes as they were sent, the texts in place,
+    also when the call's other members change, and when a stream's usage is asked for. A
+    short one is written whole."""
+    made: list[bool] = []
+    real = spliced.spliced
+
+    def counted(*args: Any) -> bytes | None:
+        out = real(*args)
+        made.append(out is not None)
+        return out
+
+    monkeypatch.setattr(spliced, "spliced", counted)
+    p = disclosed(proxy, history="keep")
+    eid = new_id()
+    history: list[dict[str, Any]] = [{"role": "system", "content": "sys \u00e9" * 8000},
+                                     {"role": "user", "content": "u1"}]
+    sent: list[bytes] = []
+    for t in range(1, 9):
+        body: dict[str, Any] = {"messages": history, "model": "m1"}
+        if t >= 4:
+            body["temperature"] = 0.5 + t  # another member, after the messages
+        if t in (5, 6):
+            body["stream"] = True
+        raw = orjson.dumps(body)
+        r = p.http().post("/v1/chat/completions", content=raw, headers={
+            "content-type": "application/json", "X-Episode-Id": eid,
+            **({"X-Episode-Budget": "20"} if t == 1 else {})})
+        assert r.status_code == 200, r.text
+        got = upstream.requests[-1].body
+        assert got == orjson.dumps(orjson.loads(got)), t
+        if sent:  # append-only: the previous prompt's messages' bytes, then the new ones
+            before = orjson.dumps(orjson.loads(sent[-1])["messages"])[:-1]
+            assert orjson.dumps(orjson.loads(got)["messages"]).startswith(before + b","), t
+        assert orjson.loads(got)["messages"][-1]["content"].startswith(f"u{t}\n\n"), t
+        sent.append(got)
+        history = [*history, {"role": "assistant", "content": f"a{t}"},
+                   {"role": "user", "content": f"u{t + 1}"}]
+    assert made[1:] and all(made[1:]), made  # (the first turn has no previous body)
+    made.clear()
+    short = new_id()
+    for t in range(1, 4):
+        send(p, short, {"model": "m1", "messages": [{"role": "user", "content": f"u{k}"}
+                                                    for k in range(1, 2 * t)]},
+             **({"X-Episode-Budget": "20"} if t == 1 else {}))
+    assert made == []  # (a short conversation's body is written whole: cheaper)
 
 
 def test_an_integer_past_64_bits_changed_in_the_history_reaches_the_upstream(

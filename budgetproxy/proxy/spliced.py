@@ -1,0 +1,58 @@
+"""A disclosed turn's upstream body written from the previous turn's: only what is new is
+written.
+
+On the disclosed arm (`history: keep`, `last_message`) a turn's placed messages start with the
+previous turn's placed messages, the same objects (core/disclosure.py `placed_last`, its
+`base`), so the payload the upstream gets is the previous one's with messages added. orjson
+writes an array as its items in order, each written alone: the bytes of those first messages
+in the previous body are the bytes orjson would write for them now. So the messages are the
+previous ones' bytes with the new items' after them, put in the body as written JSON (an
+`orjson.Fragment`): byte for byte `orjson.dumps(payload)` (the differential tests hold it to
+that), without reading again the objects a long episode made turns ago.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import orjson
+
+from budgetproxy.core.prefixes import SentBody
+
+_KEY = "messages"
+
+
+def spliced(payload: dict[str, Any], base: int, previous: SentBody | None,
+            into: SentBody) -> bytes | None:
+    """`orjson.dumps(payload)`, whose messages' first `base` items are the ones whose bytes
+    `previous` holds, those bytes copied from it (None: it holds none, or other ones); its
+    messages' bytes kept in `into` for the next turn."""
+    items = payload.get(_KEY)
+    held = None if previous is None else previous.items
+    if held is None or previous is None or base < 1 or base != previous.count or (
+            type(items) is not list or len(items) <= base):
+        return None
+    try:
+        new = orjson.dumps(items[base:])
+        messages = b"".join((memoryview(held)[:-1], b",", memoryview(new)[1:]))
+        body = orjson.dumps({**payload, _KEY: orjson.Fragment(messages)})
+    except (TypeError, ValueError):  # (what orjson cannot write: the caller's way)
+        return None
+    into.items, into.count = messages, len(items)
+    return body
+
+
+def written(payload: dict[str, Any], into: SentBody) -> bytes | None:
+    """`orjson.dumps(payload)`, its messages' bytes kept in `into` for the next turn (None:
+    orjson cannot write it)."""
+    items = payload.get(_KEY)
+    if type(items) is not list or not items:
+        return None
+    try:
+        messages = orjson.dumps(items)
+        body = orjson.dumps({**payload, _KEY: orjson.Fragment(messages)})
+    except (TypeError, ValueError):
+        return None
+    # (a copy: orjson's output may sit in a block up to twice its length)
+    into.items, into.count = bytes(memoryview(messages)), len(items)
+    return body

@@ -1,0 +1,68 @@
+"""proxy/spliced.py: a disclosed turn's body written from the previous turn's is, byte for
+byte, orjson's writing of its payload (a differential test over generated payloads)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import orjson
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from budgetproxy.core.prefixes import SentBody
+from budgetproxy.proxy.spliced import spliced, written
+
+_SCALARS = st.one_of(st.none(), st.booleans(), st.integers(-(2**63), 2**64 - 1),
+                     st.floats(allow_nan=False, allow_infinity=False), st.text(max_size=20))
+_VALUES = st.recursive(_SCALARS, lambda inner: st.one_of(
+    st.lists(inner, max_size=4), st.dictionaries(st.text(max_size=8), inner, max_size=4)),
+    max_leaves=12)
+_MESSAGES = st.lists(st.dictionaries(st.sampled_from(["role", "content", "name", "x"]), _VALUES,
+                                     min_size=1), min_size=1, max_size=5)
+_OTHERS = st.dictionaries(st.text(max_size=10).filter(lambda k: k != "messages"), _VALUES,
+                          max_size=4)
+
+
+def _payload(others: dict[str, Any], at: int, messages: list[Any]) -> dict[str, Any]:
+    items = list(others.items())
+    at = min(at, len(items))
+    return dict([*items[:at], ("messages", messages), *items[at:]])
+
+
+@settings(max_examples=300)
+@given(first=_MESSAGES, more=_MESSAGES, others=_OTHERS, later=_OTHERS,
+       at=st.integers(0, 4), later_at=st.integers(0, 4))
+def test_a_spliced_body_is_orjsons_writing_of_the_payload(
+    first: list[Any], more: list[Any], others: dict[str, Any], later: dict[str, Any], at: int,
+    later_at: int,
+) -> None:
+    previous = SentBody()
+    payload = _payload(others, at, first)
+    assert written(payload, previous) == orjson.dumps(payload)
+    assert previous.items == orjson.dumps(first) and previous.count == len(first)
+    # the next turn: the same message objects first, new ones after, other members changed
+    following = _payload(later, later_at, [*first, *more])
+    into = SentBody()
+    assert spliced(following, len(first), previous, into) == orjson.dumps(following)
+    assert into.items == orjson.dumps([*first, *more]) and into.count == len(first) + len(more)
+    # and the turn after that, from the spliced one
+    third = _payload(later, later_at, [*first, *more, {"role": "user", "content": "again"}])
+    assert spliced(third, len(first) + len(more), into, SentBody()) == orjson.dumps(third)
+
+
+def test_a_body_is_not_spliced_from_other_messages() -> None:
+    """Only from a previous body holding exactly `base` items (else the caller writes all)."""
+    previous = SentBody()
+    payload = {"model": "m", "messages": [{"role": "user", "content": "a"}]}
+    assert written(payload, previous) is not None
+    two = {"model": "m", "messages": [{"role": "user", "content": "a"}] * 3}
+    assert spliced(two, 2, previous, SentBody()) is None  # (it holds one)
+    assert spliced(two, 1, SentBody(), SentBody()) is None  # (it holds none)
+    assert spliced({"model": "m", "messages": payload["messages"]}, 1, previous,
+                   SentBody()) is None  # (nothing new)
+    deep: Any = "x"
+    for _ in range(300):
+        deep = [deep]
+    assert spliced({"messages": [*payload["messages"], deep]}, 1, previous, SentBody()) is None
+    assert written({"messages": [deep]}, SentBody()) is None
+    assert written({"model": "m"}, SentBody()) is None  # (no messages: nothing to keep)
