@@ -45,15 +45,17 @@ class Raw(NamedTuple):
 
 class SentBody:
     """The messages the upstream got on a disclosed turn, as orjson writes them (`items`, a
-    JSON array of `count` of them): a next turn whose placed messages start with these (the
-    same objects) copies their bytes instead of writing them again (proxy/spliced.py).
-    Filled once the turn's body is written (None: it was not)."""
+    JSON array of `count` of them; `items[:cut]` all but the last, without its comma): a next
+    turn whose placed messages start with all of these, or all but the last (the same
+    objects), copies their bytes instead of writing them again (proxy/spliced.py). Filled
+    once the turn's body is written (None: it was not)."""
 
-    __slots__ = ("items", "count")
+    __slots__ = ("items", "count", "cut")
 
     def __init__(self) -> None:
         self.items: bytes | None = None
         self.count = 0
+        self.cut = 0
 
 
 class Prefix(NamedTuple):

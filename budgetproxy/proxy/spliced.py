@@ -3,7 +3,8 @@ written.
 
 On the disclosed arm (`history: keep`, `last_message`) a turn's placed messages start with the
 previous turn's placed messages, the same objects (core/disclosure.py `placed_last`, its
-`base`), so the payload the upstream gets is the previous one's with messages added. orjson
+`base`; on the Messages API all but the last, whose cache marker the client moves), so the
+payload the upstream gets is the previous one's with messages added. orjson
 writes an array as its items in order, each written alone: the bytes of those first messages
 in the previous body are the bytes orjson would write for them now. So the messages are the
 previous ones' bytes with the new items' after them, put in the body as written JSON (an
@@ -29,16 +30,23 @@ def spliced(payload: dict[str, Any], base: int, previous: SentBody | None,
     messages' bytes kept in `into` for the next turn."""
     items = payload.get(_KEY)
     held = None if previous is None else previous.items
-    if held is None or previous is None or base < 1 or base != previous.count or (
+    if held is None or previous is None or base < 1 or (
             type(items) is not list or len(items) <= base):
+        return None
+    if base == previous.count:
+        end = len(held) - 1
+    elif base == previous.count - 1 and previous.cut:
+        end = previous.cut
+    else:
         return None
     try:
         new = orjson.dumps(items[base:])
-        messages = b"".join((memoryview(held)[:-1], b",", memoryview(new)[1:]))
+        last = len(orjson.dumps(items[-1:])) if len(items) - base > 1 else len(new)
+        messages = b"".join((memoryview(held)[:end], b",", memoryview(new)[1:]))
         body = orjson.dumps({**payload, _KEY: orjson.Fragment(messages)})
     except (TypeError, ValueError):  # (what orjson cannot write: the caller's way)
         return None
-    into.items, into.count = messages, len(items)
+    into.items, into.count, into.cut = messages, len(items), len(messages) - last
     return body
 
 
@@ -50,9 +58,11 @@ def written(payload: dict[str, Any], into: SentBody) -> bytes | None:
         return None
     try:
         messages = orjson.dumps(items)
+        last = len(orjson.dumps(items[-1:]))
         body = orjson.dumps({**payload, _KEY: orjson.Fragment(messages)})
     except (TypeError, ValueError):
         return None
     # (a copy: orjson's output may sit in a block up to twice its length)
     into.items, into.count = bytes(memoryview(messages)), len(items)
+    into.cut = len(messages) - last if len(items) > 1 else 0
     return body

@@ -295,11 +295,9 @@ class Turns:
                 n, after = call.dialect.kept_after(placed)
                 call.logged_after = (previous.turn, previous.attempt, n, after, True)
         # (its messages as the upstream gets them, for the next turn to copy their bytes
-        # from: a long conversation's, of a dialect whose payload's list is its placed
-        # conversation; proxy/spliced.py)
+        # from: a long conversation's; proxy/spliced.py)
         sent = call.sent_body = SentBody() if (
-            call.placed is not None and call.dialect.heads == 0
-            and len(now) >= prefixes.TAIL_FROM) else None
+            call.placed is not None and len(now) >= prefixes.TAIL_FROM) else None
         self.prefixes.keep(eid, Prefix(now, len(prints.messages), prefixes.kept_tail(prints, now),
                                        call.lossless, call.placed, grant.turn, grant.attempt,
                                        plain, prints.as_written, call.raw, call.lossy, sent))

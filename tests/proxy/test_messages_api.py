@@ -361,3 +361,56 @@ def test_a_turn_whose_integers_could_not_be_read_again_stands_for_no_later_check
         assert seen["tools"][0]["input_schema"]["maximum"] == big
     else:
         assert seen["messages"][0]["n"] == big
+
+
+def test_a_long_sessions_bodies_are_written_from_the_previous_turns(
+    proxy: ProxyFactory, upstream: FakeUpstream, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Claude Code's shape, a long conversation: the newest message marked every turn, a tool
+    call and its result each turn. From the second turn on, the body copies the previous
+    body's items but the one whose marker moved (proxy/spliced.py); each body the upstream
+    gets is orjson's writing of what it holds, the earlier items' bytes as they were."""
+    import orjson
+
+    from budgetproxy.proxy import spliced
+
+    made: list[bool] = []
+    real = spliced.spliced
+
+    def counted(*args: Any) -> bytes | None:
+        out = real(*args)
+        made.append(out is not None)
+        return out
+
+    monkeypatch.setattr(spliced, "spliced", counted)
+    p = proxy({"disclosure": {"mode": "disclosed", "template": TEMPLATE, "history": "keep"}})
+    eid = new_id()
+    history: list[dict[str, Any]] = [{"role": "user", "content": "start " * 6000}]
+    sent: list[Any] = []
+    for t in range(1, 7):
+        wire = list(history)
+        if t > 1:  # the first prompt as a marked block, and the newest message marked
+            wire[0] = {"role": "user", "content": [
+                {"type": "text", "text": history[0]["content"], "cache_control": EPHEMERAL}]}
+            wire[-1] = {"role": "user", "content": [
+                {**history[-1]["content"][0], "cache_control": EPHEMERAL}]}
+        body = {"model": "m1", "max_tokens": 64, "system": "sys", "tools": TOOLS,
+                "messages": wire}
+        r = httpx.post(f"{p.url}/v1/messages", content=orjson.dumps(body), timeout=20,
+                       headers={"content-type": "application/json", "X-Episode-Id": eid,
+                                "X-Test-Episode": eid, "X-Episode-Budget": "9"})
+        assert r.status_code == 200, r.text
+        got = last_request(upstream, eid).body
+        assert got == orjson.dumps(orjson.loads(got)), t
+        items = orjson.loads(got)["messages"]
+        if sent:  # every earlier item as it was sent, but the one whose marker moved
+            assert items[:len(sent) - 1] == sent[:-1], t
+        assert items[-1]["content"][-1]["text"] == f"[Turn budget] Turn {t} of 9.", t
+        sent = items
+        history += [
+            {"role": "assistant", "content": [
+                {"type": "text", "text": f"a{t}"},
+                {"type": "tool_use", "id": f"toolu_{t}", "name": "Tool0", "input": {"c": t}}]},
+            {"role": "user", "content": [
+                {"type": "tool_result", "tool_use_id": f"toolu_{t}", "content": f"r{t}"}]}]
+    assert made[2:] and all(made[2:]), made

@@ -29,25 +29,38 @@ def _payload(others: dict[str, Any], at: int, messages: list[Any]) -> dict[str, 
     return dict([*items[:at], ("messages", messages), *items[at:]])
 
 
+def _held(into: SentBody, items: list[Any]) -> None:
+    """What `into` keeps is orjson's writing of `items`, `cut` where the last one starts."""
+    assert into.items == orjson.dumps(items) and into.count == len(items)
+    if len(items) > 1:
+        assert into.items[:into.cut] + b"]" == orjson.dumps(items[:-1])
+
+
 @settings(max_examples=300)
 @given(first=_MESSAGES, more=_MESSAGES, others=_OTHERS, later=_OTHERS,
-       at=st.integers(0, 4), later_at=st.integers(0, 4))
+       at=st.integers(0, 4), later_at=st.integers(0, 4), remarked=st.booleans())
 def test_a_spliced_body_is_orjsons_writing_of_the_payload(
     first: list[Any], more: list[Any], others: dict[str, Any], later: dict[str, Any], at: int,
-    later_at: int,
+    later_at: int, remarked: bool,
 ) -> None:
     previous = SentBody()
     payload = _payload(others, at, first)
     assert written(payload, previous) == orjson.dumps(payload)
-    assert previous.items == orjson.dumps(first) and previous.count == len(first)
-    # the next turn: the same message objects first, new ones after, other members changed
-    following = _payload(later, later_at, [*first, *more])
+    _held(previous, first)
+    # the next turn: the same message objects first (all, or all but the last: a client that
+    # moved its cache marker), new ones after, other members changed
+    kept = first[:-1] if remarked and len(first) > 1 else first
+    head = [*kept, {**first[-1], "cache_control": {"type": "ephemeral"}}] if (
+        kept is not first) else kept
+    following = _payload(later, later_at, [*head, *more])
     into = SentBody()
-    assert spliced(following, len(first), previous, into) == orjson.dumps(following)
-    assert into.items == orjson.dumps([*first, *more]) and into.count == len(first) + len(more)
+    assert spliced(following, len(kept), previous, into) == orjson.dumps(following)
+    _held(into, [*head, *more])
     # and the turn after that, from the spliced one
-    third = _payload(later, later_at, [*first, *more, {"role": "user", "content": "again"}])
-    assert spliced(third, len(first) + len(more), into, SentBody()) == orjson.dumps(third)
+    third = _payload(later, later_at, [*head, *more, {"role": "user", "content": "again"}])
+    last = SentBody()
+    assert spliced(third, len(head) + len(more), into, last) == orjson.dumps(third)
+    _held(last, [*head, *more, {"role": "user", "content": "again"}])
 
 
 def test_a_body_is_not_spliced_from_other_messages() -> None:
@@ -57,6 +70,9 @@ def test_a_body_is_not_spliced_from_other_messages() -> None:
     assert written(payload, previous) is not None
     two = {"model": "m", "messages": [{"role": "user", "content": "a"}] * 3}
     assert spliced(two, 2, previous, SentBody()) is None  # (it holds one)
+    three = SentBody()
+    assert written(two, three) is not None
+    assert spliced({"messages": [*two["messages"], "x"]}, 1, three, SentBody()) is None
     assert spliced(two, 1, SentBody(), SentBody()) is None  # (it holds none)
     assert spliced({"model": "m", "messages": payload["messages"]}, 1, previous,
                    SentBody()) is None  # (nothing new)
