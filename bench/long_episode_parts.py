@@ -13,10 +13,11 @@ the same draws for both: the machine's noise between calls, which a side-by-side
     python bench/long_episode_parts.py --api messages --turns 50
     python bench/long_episode_parts.py --part 'no budget headers=budget: {headers: never}'
 
-With `--revision NAME=PATH`, a proxy of the benched configuration runs from the checkout at
-PATH (another revision: `git worktree add PATH REV`) beside this one's: what a change costs.
+With `--revision NAME=REV`, a proxy of the benched configuration runs from the git revision
+REV (its package unpacked with `git archive`, as bench/run.py's `@REV` rows; or a checkout's
+directory) beside this one's: what a change costs.
 
-    python bench/long_episode_parts.py --revision 'before=/tmp/before' --measured 400
+    python bench/long_episode_parts.py --revision before=HEAD~3 --measured 1200
 """
 
 from __future__ import annotations
@@ -63,17 +64,15 @@ def main() -> int:
     p.add_argument("--part", action="append", default=[], metavar="NAME=YAML",
                    help="a configuration to compare (YAML added to long_episodes.py's); "
                    "default: the hidden arm, no trajectory log, no turn log, no metrics")
-    p.add_argument("--revision", action="append", default=[], metavar="NAME=PATH",
-                   help="the benched configuration run from the checkout at PATH")
+    p.add_argument("--revision", action="append", default=[], metavar="NAME=REV",
+                   help="the benched configuration run from git revision REV (or a checkout)")
     p.add_argument("--settle-ms", type=float, default=15.0)
     p.add_argument("--seed", type=int, default=0)
     args = p.parse_args()
     le.ROUTE = le.ROUTES[args.api]
-    revisions = {name: Path(path).resolve() for name, path in
-                 (r.split("=", 1) for r in args.revision)}
-    for name, path in revisions.items():
-        if not (path / "budgetproxy" / "__init__.py").is_file():
-            raise SystemExit(f"--revision {name}: no budgetproxy checkout at {path}")
+    if any("=" not in r for r in args.revision):
+        raise SystemExit("--revision takes NAME=REV (a git revision, or a checkout's directory)")
+    revisions = dict(r.split("=", 1) for r in args.revision)
     parts = dict(part.split("=", 1) for part in args.part) if args.part or revisions else PARTS
     configs = {"as benched (long_episodes.py)": "", **parts, **dict.fromkeys(revisions, "")}
     rnd = random.Random(args.seed)
@@ -90,11 +89,13 @@ def main() -> int:
                     raise SystemExit("redis-server is not installed")
                 redis, store = le.start_redis(workdir)
                 procs.append(redis)
+            sources = {name: Path(rev) if (Path(rev) / "budgetproxy").is_dir()
+                       else tg.source_of(rev, workdir) for name, rev in revisions.items()}
             proxies = {}
             for name, extra in configs.items():
                 le.CONFIG = base_config + extra.replace("{", "{{").replace("}", "}}") + "\n"
                 proc, url = le.start_proxy(workdir, upstream.base_url, store,
-                                           repo=revisions.get(name))
+                                           repo=sources.get(name))
                 procs.append(proc)
                 client = httpx.Client(base_url=url, timeout=60.0)
                 le.warm_up(client, "parts")
