@@ -271,3 +271,21 @@ def assert_openai_error(
     if 400 <= status < 500:
         assert resp.headers.get("x-should-retry") == "false", dict(resp.headers)
     return dict(err)
+
+
+@pytest.fixture
+def spliced_bodies(monkeypatch: pytest.MonkeyPatch) -> list[bool]:
+    """Whether each disclosed body the in-process proxies wrote was written from the previous
+    turn's (proxy/spliced.py `spliced`; False: it was written whole), in order."""
+    from budgetproxy.proxy import spliced
+
+    made: list[bool] = []
+    real = spliced.spliced
+
+    def counted(*args: Any) -> bytes | None:
+        out = real(*args)
+        made.append(out is not None)
+        return out
+
+    monkeypatch.setattr(spliced, "spliced", counted)
+    return made

@@ -12,7 +12,6 @@ from conftest import Proxy, ProxyFactory, chat_body, new_id
 from hypothesis import given
 from hypothesis import strategies as st
 
-from budgetproxy.proxy import spliced
 from budgetproxy.proxy.calls import _without_large_floats
 from budgetproxy.testing import FakeUpstream
 
@@ -378,22 +377,14 @@ def test_what_orjson_reads_past_64_bits_it_writes_with_an_exponent(value: float 
 
 
 def test_a_long_episodes_bodies_are_written_from_the_previous_turns(
-    proxy: ProxyFactory, upstream: FakeUpstream, monkeypatch: pytest.MonkeyPatch
+    proxy: ProxyFactory, upstream: FakeUpstream, spliced_bodies: list[bool]
 ) -> None:
     """A long conversation's disclosed turn copies the previous body's messages from its
     second turn on (proxy/spliced.py): each body the upstream gets is still orjson's writing
     of what it holds, every earlier message's bytes as they were sent, the texts in place,
     also when the call's other members change, and when a stream's usage is asked for. A
     short one is written whole."""
-    made: list[bool] = []
-    real = spliced.spliced
-
-    def counted(*args: Any) -> bytes | None:
-        out = real(*args)
-        made.append(out is not None)
-        return out
-
-    monkeypatch.setattr(spliced, "spliced", counted)
+    made = spliced_bodies
     p = disclosed(proxy, history="keep")
     eid = new_id()
     history: list[dict[str, Any]] = [{"role": "system", "content": "sys \u00e9" * 8000},

@@ -364,7 +364,7 @@ def test_a_turn_whose_integers_could_not_be_read_again_stands_for_no_later_check
 
 
 def test_a_long_sessions_bodies_are_written_from_the_previous_turns(
-    proxy: ProxyFactory, upstream: FakeUpstream, monkeypatch: pytest.MonkeyPatch
+    proxy: ProxyFactory, upstream: FakeUpstream, spliced_bodies: list[bool]
 ) -> None:
     """Claude Code's shape, a long conversation: the newest message marked every turn, a tool
     call and its result each turn. From the second turn on, the body copies the previous
@@ -372,17 +372,7 @@ def test_a_long_sessions_bodies_are_written_from_the_previous_turns(
     gets is orjson's writing of what it holds, the earlier items' bytes as they were."""
     import orjson
 
-    from budgetproxy.proxy import spliced
-
-    made: list[bool] = []
-    real = spliced.spliced
-
-    def counted(*args: Any) -> bytes | None:
-        out = real(*args)
-        made.append(out is not None)
-        return out
-
-    monkeypatch.setattr(spliced, "spliced", counted)
+    made = spliced_bodies
     p = proxy({"disclosure": {"mode": "disclosed", "template": TEMPLATE, "history": "keep"}})
     eid = new_id()
     history: list[dict[str, Any]] = [{"role": "user", "content": "start " * 6000}]
