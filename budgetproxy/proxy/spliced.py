@@ -21,6 +21,14 @@ import orjson
 from budgetproxy.core.prefixes import SentBody
 
 _KEY = "messages"
+_WRAP = len(b'{"messages":')
+
+
+def _array(items: list[Any]) -> bytes:
+    """orjson's writing of `items` as they sit in the body, one level down: written inside an
+    object as they are there, so that what nests past orjson's limit in the body is refused
+    here too (a Fragment's bytes are not looked into)."""
+    return orjson.dumps({_KEY: items})[_WRAP:-1]
 
 
 def spliced(payload: dict[str, Any], base: int, previous: SentBody | None,
@@ -40,7 +48,7 @@ def spliced(payload: dict[str, Any], base: int, previous: SentBody | None,
     else:
         return None
     try:
-        new = orjson.dumps(items[base:])
+        new = _array(items[base:])
         last = len(orjson.dumps(items[-1:])) if len(items) - base > 1 else len(new)
         messages = b"".join((memoryview(held)[:end], b",", memoryview(new)[1:]))
         body = orjson.dumps({**payload, _KEY: orjson.Fragment(messages)})
@@ -57,7 +65,7 @@ def written(payload: dict[str, Any], into: SentBody) -> bytes | None:
     if type(items) is not list or not items:
         return None
     try:
-        messages = orjson.dumps(items)
+        messages = _array(items)
         last = len(orjson.dumps(items[-1:]))
         body = orjson.dumps({**payload, _KEY: orjson.Fragment(messages)})
     except (TypeError, ValueError):

@@ -420,6 +420,31 @@ def test_a_long_episodes_bodies_are_written_from_the_previous_turns(
     assert made == []  # (a short conversation's body is written whole: cheaper)
 
 
+def test_a_message_too_deep_to_rewrite_is_refused_in_a_long_conversation_too(
+    proxy: ProxyFactory, upstream: FakeUpstream
+) -> None:
+    """A message nested as deep as orjson writes the messages alone, but not the body they sit
+    in: the call is refused (400, nothing forwarded) whether the conversation is short or long
+    enough for its body to be written from the previous turn's (proxy/spliced.py)."""
+    deep: Any = []
+    for _ in range(251):
+        deep = [deep]
+    p = disclosed(proxy, history="keep")
+    for size in (10, 40000):
+        eid = new_id()
+        history: list[Any] = [{"role": "system", "content": "s" * size},
+                              {"role": "user", "content": "u1"}]
+        send(p, eid, {"model": "m1", "messages": history}, **{"X-Episode-Budget": "5"})
+        history += [{"role": "assistant", "content": "a1"},
+                    {"role": "user", "content": "u2", "x": deep}]
+        before = len(upstream.requests)
+        r = p.http().post("/v1/chat/completions", content=json.dumps(
+            {"model": "m1", "messages": history}).encode(),
+            headers={"content-type": "application/json", "X-Episode-Id": eid})
+        assert (r.status_code, len(upstream.requests) - before) == (400, 0), size
+        assert "too deeply" in r.json()["error"]["message"]
+
+
 def test_an_integer_past_64_bits_changed_in_the_history_reaches_the_upstream(
     proxy: ProxyFactory, upstream: FakeUpstream
 ) -> None:

@@ -6,6 +6,7 @@ from __future__ import annotations
 from typing import Any
 
 import orjson
+import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -81,4 +82,15 @@ def test_a_body_is_not_spliced_from_other_messages() -> None:
         deep = [deep]
     assert spliced({"messages": [*payload["messages"], deep]}, 1, previous, SentBody()) is None
     assert written({"messages": [deep]}, SentBody()) is None
+    # A message nested as deep as orjson writes it alone but not inside the body: refused as
+    # the body is (the caller answers 400), not let through inside a Fragment.
+    edge: Any = []
+    for _ in range(251):
+        edge = [edge]
+    message = {"role": "user", "x": edge}
+    assert orjson.dumps([message])
+    with pytest.raises(TypeError):
+        orjson.dumps({"messages": [message]})
+    assert written({"messages": [message]}, SentBody()) is None
+    assert spliced({"messages": [*two["messages"], message]}, 3, three, SentBody()) is None
     assert written({"model": "m"}, SentBody()) is None  # (no messages: nothing to keep)
