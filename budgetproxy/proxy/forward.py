@@ -285,10 +285,8 @@ class ModelCalls:
         A disclosed turn's body is written from the previous turn's where its placed messages
         start with that turn's (proxy/spliced.py), and kept for the next."""
         into, placed = call.sent_body, call.placed
-        kept = into is not None and placed is not None and not call.exact and (
-            payload.get("messages") is placed.messages)
-        if kept:
-            assert into is not None and placed is not None
+        if into is not None and placed is not None and not call.exact and (
+                payload.get("messages") is placed.messages):
             previous = call.extends
             body = spliced.spliced(payload, placed.base, None if previous is None
                                    else previous.sent, into)
