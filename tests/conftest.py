@@ -84,10 +84,14 @@ def unmarked(value: Any) -> Any:
 
 
 def read_jsonl(directory: Path) -> list[dict[str, Any]]:
-    """Every record in every JSONL file under `directory`, in file then line order."""
+    """Every record in every JSONL file under `directory`, in file then line order.
+
+    A live log's last line may be cut short by a write still under way (a reader can see part
+    of one `write`): only lines ended by a newline are read."""
     out: list[dict[str, Any]] = []
     for path in sorted(directory.glob("*.jsonl")):
-        for line in path.read_text(encoding="utf-8").splitlines():
+        lines = path.read_text(encoding="utf-8").split("\n")
+        for line in lines[:-1]:  # the last is "" or a line still being written
             if line.strip():
                 out.append(json.loads(line))
     return out

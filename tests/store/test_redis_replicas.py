@@ -81,7 +81,9 @@ def reached(upstream: FakeUpstream, marker: str) -> int:
 def records(directory: Path, kind: str, episode_id: str) -> list[dict[str, Any]]:
     out = []
     for path in directory.glob("traj-*/*.jsonl"):
-        for line in path.read_text().splitlines():
+        for line in path.read_text().split("\n")[:-1]:  # not a line still being written
+            if not line.strip():
+                continue
             rec = json.loads(line)
             if rec.get("type") == kind and rec.get("episode_id") == episode_id:
                 out.append(rec)
