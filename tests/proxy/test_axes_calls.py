@@ -7,6 +7,7 @@ from __future__ import annotations
 import json
 import time
 import uuid
+from collections.abc import Callable
 from typing import Any
 
 import anthropic
@@ -65,6 +66,19 @@ def call_api(p: Proxy, api: str, eid: str, stream: bool, cap: int | None,
     return raw
 
 
+def settled_episode(p: Proxy, eid: str, ready: Callable[[dict[str, Any]], bool]
+                    ) -> dict[str, Any]:
+    """The episode's view once `ready` holds for it (or after 10 s): a streamed call settles
+    just after its answer is sent, and a streaming client stops reading at the answer's last
+    event, so a view read at once may come before the settle."""
+    deadline = time.monotonic() + 10
+    while True:
+        ep: dict[str, Any] = p.episode(eid)
+        if ready(ep) or time.monotonic() > deadline:
+            return ep
+        time.sleep(0.02)
+
+
 CAP_FIELD = {"chat": "max_completion_tokens", "completions": "max_tokens",
              "responses": "max_output_tokens", "messages": "max_tokens"}
 
@@ -79,7 +93,7 @@ def test_a_token_budget_clamps_the_output_cap_and_counts_reported_usage(
     sent = upstream_body(upstream, eid)
     field = "max_tokens" if api == "chat" else CAP_FIELD[api]  # chat: the client's own field
     assert sent[field] == 60  # lowered from the client's 500 to the budget
-    ep = p.episode(eid)
+    ep = settled_episode(p, eid, lambda ep: ep["tokens_used"] > 0)
     assert ep["token_budget"] == 60 and 0 < ep["tokens_used"] < 60
     # A whole answer's head says what is left once it settles (it read 0 while budget was
     # left: the call's hold); a stream's head goes out before its usage: what its hold leaves.
@@ -89,7 +103,7 @@ def test_a_token_budget_clamps_the_output_cap_and_counts_reported_usage(
     # a second call gets what is left, never more than its own cap
     call_api(p, api, eid, stream, 5, {})
     assert upstream_body(upstream, eid)[field] == 5
-    ep2 = p.episode(eid)
+    ep2 = settled_episode(p, eid, lambda ep2: ep2["tokens_used"] > ep["tokens_used"])
     assert ep2["tokens_used"] > ep["tokens_used"]
     recs = p.wait_records(2, episode_id=eid, type="turn")
     assert [r["cumulative"]["tokens"] for r in recs] == [ep["tokens_used"], ep2["tokens_used"]]
@@ -169,7 +183,7 @@ def test_a_time_budget_that_expires_mid_stream_closes_it_and_exhausts_the_episod
     elapsed = time.monotonic() - t0
     assert 0.8 < elapsed < 2.5, elapsed  # the upstream would have taken 3 s
     assert 0 < len(chunks) < 30
-    ep = p.episode(eid)
+    ep = settled_episode(p, eid, lambda ep: ep["exhausted_by"] is not None)
     assert ep["exhausted_by"] == "time" and ep["time_budget_s"] == 1.0
     assert ep["time_used_s"] >= 1.0 and ep["turns_used"] == 1  # bytes reached it: charged
     r = p.http().post("/v1/chat/completions", headers={"X-Episode-Id": eid}, json={
@@ -198,7 +212,7 @@ def test_a_time_budget_that_expires_before_the_answer_finishes_the_call(
     assert time.monotonic() - t0 < 2.0
     assert finish == "length" and raw.headers["x-episode-exhausted"] == "true"
     assert 0.0 <= float(raw.headers["x-episode-time-remaining"]) <= 0.5
-    ep = p.episode(eid)
+    ep = settled_episode(p, eid, lambda ep: ep["exhausted_by"] is not None)
     assert ep["exhausted_by"] == "time" and ep["turns_used"] == 0  # its turn given back
     # the reply names the axis that ran out, and its record holds it as the client had it
     text = "".join(ch.choices[0].delta.content or "" for ch in parsed if ch.choices) if (
@@ -324,7 +338,7 @@ def test_a_time_budget_cuts_an_anthropic_stream_cleanly(
             events.append(ev.type)
     assert time.monotonic() - t0 < 2.5
     assert "message_start" in events and "message_stop" not in events
-    ep = p.episode(eid)
+    ep = settled_episode(p, eid, lambda ep: ep["exhausted_by"] is not None)
     assert ep["exhausted_by"] == "time" and ep["turns_used"] == 1
     r = p.http().post("/v1/messages", headers={"X-Episode-Id": eid}, json={
         "model": "m1", "max_tokens": 5, "messages": [{"role": "user", "content": "x"}]})
