@@ -63,6 +63,7 @@ def test_an_eval_with_epochs_gives_pass_at_k_t_from_analyze(
     samples = log.samples or []
     assert len(samples) == 8 and all(s.error is None for s in samples)
 
+    p.wait_records(8, timeout=10, type="episode")  # (written off the path, as samples end)
     episodes = {r["episode_id"]: r for r in _records(p.log_dir, "episode")}
     assert set(episodes) == {f"{eval_id}:{w}:{e}" for w in WORDS for e in (1, 2)}
     for eid, ep in episodes.items():
@@ -117,6 +118,7 @@ def test_a_spent_budget_stops_the_sample_as_a_limit_before_the_proxy_refuses(
         assert sample.scores is not None and sample.scores["includes"].value == "I"
     assert by_word["ox"].limit is None and by_word["cat"].limit is None
 
+    p.wait_records(4, timeout=10, type="episode")  # (written off the path, as samples end)
     episodes = {r["task_id"]: r for r in _records(p.log_dir, "episode")}
     assert {w: (e["budget"], e["end_reason"], e["turns_used"]) for w, e in episodes.items()} == {
         "ox": (4, "success", 3), "cat": (4, "success", 4), "lemon": (4, "exhausted", 4),
@@ -141,6 +143,7 @@ def test_inspect_agents_stop_cleanly_in_finish_mode(
     assert sample.error is None, sample.error
     assert sample.limit is not None and sample.limit.type == "turn"
     assert sample.scores is not None
+    p.wait_records(1, timeout=10, type="episode")  # (written off the path, after its turns)
     turns = _records(p.log_dir, "turn")
     assert [(t["turn"], t["status"]) for t in turns] == [(1, "ok"), (2, "ok"), (3, "synthetic")]
     assert "Turn budget exhausted" in turns[2]["response"]["content"]

@@ -121,8 +121,13 @@ def test_states_replay_on_their_own_api_as_the_model_saw_them(
     states = result["states"]
     assert states and all(s["a_mean"] == s["b_mean"] == 1.0 for s in states)
     assert result["single_step"]["tie_rate"] == 1.0
-    probes = [r for r in read_jsonl(logs) if r["type"] == "probe"
-              and r["probe_id"] == result["settings"]["probe_id"]]
+    # (each probe call's record is written off the path, after its answer)
+    deadline, probes = time.monotonic() + 10, []
+    while len(probes) < result["settings"]["probe_calls"] and time.monotonic() < deadline:
+        time.sleep(0.02)
+        probes = [r for r in read_jsonl(logs) if r["type"] == "probe"
+                  and r["probe_id"] == result["settings"]["probe_id"]]
+    assert len(probes) == result["settings"]["probe_calls"]
     mine = [r for r in probes if r["route"] == route]
     assert mine and all(r["status"] == "ok" for r in probes)
     # A's disclosed states carry their budget lines; they are in what was sent

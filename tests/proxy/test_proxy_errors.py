@@ -195,12 +195,12 @@ def test_client_disconnect_mid_stream_cancels_the_upstream_call(
         assert first.startswith(b"data: ")
         t_closed = time.monotonic()
     # The stream would run ~6 s; the upstream must see its connection closed right away.
-    deadline = time.monotonic() + 3
+    deadline = time.monotonic() + 4
     while len(upstream.stream_ends) == before and time.monotonic() < deadline:
         time.sleep(0.02)
     assert len(upstream.stream_ends) > before, "upstream stream kept running"
     how, when = upstream.stream_ends[before]
-    assert how == "closed" and when - t_closed < 2.0
+    assert how == "closed" and when - t_closed < 4.0  # (the stream would run ~6 s)
     still_serving(faulty)
     # The turn was charged (bytes had reached the client) and the episode still works.
     assert faulty.episode(eid)["turns_used"] == 1

@@ -359,9 +359,9 @@ def test_idle_episode_ends_abandoned(idle: Proxy, upstream: FakeUpstream) -> Non
 
 def test_activity_keeps_an_episode_alive(idle: Proxy) -> None:
     eid = new_id()
-    for i in range(6):
+    for i in range(12):  # 1.8 s of calls with gaps well under the 1 s idle timeout
         assert call(idle, eid, f"keepalive {i}").status_code == 200
-        time.sleep(0.3)
+        time.sleep(0.15)
     assert idle.episode(eid)["status"] == "active"
 
 

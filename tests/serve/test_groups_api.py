@@ -121,7 +121,7 @@ def test_long_poll_wakes_on_last_episode(default_proxy: Proxy) -> None:
     outcome(p, ids[1], False)
     t.join(10)
     assert got["view"]["done"] is True
-    assert got["at"] - ended_at < 0.5, got["at"] - ended_at
+    assert got["at"] - ended_at < 3.0, got["at"] - ended_at  # woken, not the 20 s timeout
 
 
 def test_long_poll_times_out(default_proxy: Proxy) -> None:

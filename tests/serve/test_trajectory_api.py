@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import time
 from collections.abc import Callable, Iterator
 from typing import Any
 
@@ -22,6 +23,17 @@ def _proxy(proxy: ProxyFactory, upstream: WatchedUpstream, **extra: Any) -> Prox
     return proxy({"upstreams": [{"name": "main", "base_url": upstream.base_url,
                                  "capture_tokens": True}],
                   "disclosure": {"mode": "disclosed", "template": TEMPLATE}, **extra})
+
+
+def _settled_trajectory(p: Proxy, eid: str) -> Any:
+    """The ended episode's trajectory once its last turn settled: a streamed turn settles just
+    after the client has its last event, and until then the episode is settling (409)."""
+    deadline = time.monotonic() + 10
+    while True:
+        r = p.http().get(f"/v1/episodes/{eid}/trajectory")
+        if r.status_code != 409 or time.monotonic() > deadline:
+            return r
+        time.sleep(0.02)
 
 
 def _rollout(p: Proxy, eid: str, turns: int = 2) -> list[dict[str, Any]]:
@@ -158,7 +170,7 @@ def test_plain_and_streamed_turns_read_back_as_the_client_got_them(
         stream_options={"include_usage": True}))
     streamed = "".join(c.choices[0].delta.content or "" for c in pieces if c.choices)
     p.http().post(f"/v1/episodes/{eid}/end")
-    first, second = p.http().get(f"/v1/episodes/{eid}/trajectory").json()["turns"]
+    first, second = _settled_trajectory(p, eid).json()["turns"]
     assert first["turn"] == 1 and first["attempt"] == 1
     assert first["response"]["content"] == plain.choices[0].message.content
     assert first["finish_reason"] == plain.choices[0].finish_reason
@@ -319,7 +331,10 @@ def test_an_ended_episode_leaves_nothing_kept_for_its_next_turn(
         history += [{"role": "assistant", "content": f"a{t}"}, {"role": "user", "content": "u"}]
     assert app.calls.prefixes.get(eid) is not None
     assert app.calls.turns.replays.pairs == 1  # (turn 2 re-applied turn 1's text)
-    if rollouts:
+    if rollouts:  # (kept just after the answer is sent)
+        deadline = time.monotonic() + 10
+        while eid not in app.recorder._last_kept and time.monotonic() < deadline:
+            time.sleep(0.02)
         assert eid in app.recorder._last_kept
     p.http().post(f"/v1/episodes/{eid}/outcome", json={"success": True})
     assert app.calls.prefixes.get(eid) is None and app.calls.prefixes.size == 0
@@ -426,7 +441,7 @@ def test_a_turn_with_an_integer_past_64_bits_keeps_its_messages_exact(
             messages = [*messages, {"role": "assistant", "content": f"a{t}"},
                         {"role": "user", "content": f"u{t}"}]
         p.http().post(f"/v1/episodes/{eid}/outcome", json={"success": True})
-        r = p.http().get(f"/v1/episodes/{eid}/trajectory")
+        r = _settled_trajectory(p, eid)
         assert r.status_code == 200, r.text
         turns = json.loads(r.content)["turns"]  # (the standard library keeps the integer)
         assert [t.get("truncated") for t in turns] == [None, None, None]

@@ -397,7 +397,7 @@ def test_an_unreachable_collector_costs_no_call_and_no_stuck_shutdown(
             client.chat.completions.create(
                 model="fake-model", messages=[{"role": "user", "content": "hi"}],
                 extra_headers={"X-Episode-Id": "no-collector"})
-            assert time.monotonic() - t < 1.0  # export retries never hold a call
+            assert time.monotonic() - t < 3.0  # export retries (up to 5 s) never hold a call
             time.sleep(0.05)
         t = time.monotonic()
         proc.send_signal(signal.SIGTERM)
