@@ -121,6 +121,14 @@ def dir_bytes(path: Path) -> int:
     return total
 
 
+HEAP_IN_USE = 'budgetproxy_heap_bytes{state="in_use"}'
+HEAP_FREE = 'budgetproxy_heap_bytes{state="free"}'
+
+
+def _mib(value: float | None) -> float | None:
+    return None if value is None else round(value / MIB, 2)
+
+
 def metric_values(text: str, names: tuple[str, ...]) -> dict[str, float]:
     """Unlabelled samples of `names` from Prometheus text."""
     found: dict[str, float] = {}
@@ -145,7 +153,8 @@ async def sample(
     with contextlib.suppress(aiohttp.ClientError, TimeoutError):
         async with session.get(proxy.base_url.removesuffix("/v1") + "/metrics") as resp:
             gauges = metric_values(await resp.text(), (
-                "budgetproxy_trajectory_queue_depth", "budgetproxy_active_episodes"))
+                "budgetproxy_trajectory_queue_depth", "budgetproxy_active_episodes",
+                HEAP_IN_USE, HEAP_FREE))
     dt_s = max(1e-6, now - last["t"])
     row: dict[str, Any] = {
         "t_s": round(now - t0, 2),
@@ -156,6 +165,9 @@ async def sample(
         "queue_depth": gauges.get("budgetproxy_trajectory_queue_depth"),
         "active_episodes": gauges.get("budgetproxy_active_episodes"),
         "trajectory_mib": round(log_bytes / MIB, 2),
+        # glibc's heap inside the proxy (its idle sweep's reading): kept, and free between
+        "heap_in_use_mib": _mib(gauges.get(HEAP_IN_USE)),
+        "heap_free_mib": _mib(gauges.get(HEAP_FREE)),
     }
     last.update(t=now, cpu=cpu)
     if load is not None:

@@ -51,6 +51,21 @@ def minute_medians(rows: list[dict[str, Any]], key: str) -> list[tuple[float, fl
             for m, rs in sorted(minutes.items()) if len(rs) >= 3]
 
 
+def heap_trends(rows: list[dict[str, Any]]) -> dict[str, dict[str, Any]]:
+    """glibc's heap inside the proxy over `rows` (its own reading, where it has one): what it
+    keeps in use, and the free space between (fragmentation; resident or not as the trim left
+    it), each as its first and last value and fitted slope."""
+    heap = {}
+    for key in ("heap_in_use_mib", "heap_free_mib"):
+        points = [(r["t_s"] / 3600, r[key]) for r in rows if r.get(key) is not None]
+        if len(points) >= 3:
+            slope, _, err = fit_line([t for t, _ in points], [v for _, v in points])
+            heap[key] = {"first": points[0][1], "last": points[-1][1],
+                         "slope_mib_per_h": round(slope, 2),
+                         "stderr_mib_per_h": round(err, 2) if math.isfinite(err) else None}
+    return heap
+
+
 def summarize(
     rows: list[dict[str, Any]], load: Load, warmup_s: float, duration_s: float,
     max_slope: float, max_excursion: float,
@@ -63,6 +78,7 @@ def summarize(
     slope, intercept, err = fit_line([r["t_s"] / 3600 for r in half],
                                      [r["rss_mib"] for r in half])
     anon_slope, _, _ = fit_line([r["t_s"] / 3600 for r in half], [r["anon_mib"] for r in half])
+    heap = heap_trends(half)
     post_slope, _, _ = fit_line([r["t_s"] / 3600 for r in post], [r["rss_mib"] for r in post])
     # The peak is a minute's median: single samples swing between the heap's trims, and the
     # highest of hundreds of them says more about that swing than about the trend. (The slope
@@ -90,6 +106,7 @@ def summarize(
             "slope_second_half_mib_per_h": round(slope, 2),
             "slope_stderr_mib_per_h": round(err, 2) if math.isfinite(err) else None,
             "anon_slope_second_half_mib_per_h": round(anon_slope, 2),
+            "heap_second_half": heap,
             "slope_post_warmup_mib_per_h": round(post_slope, 2),
             "fit": {"from_s": half[0]["t_s"], "intercept_mib": round(intercept, 3),
                     "slope_mib_per_s": slope / 3600},

@@ -165,6 +165,16 @@ def check_records(ledger: SessionLedger, traj: Path) -> dict[str, Any]:
     }
 
 
+def _heap_note(rss: dict[str, Any]) -> str:
+    """The proxy's own reading of its C heap over the second half, when it had one."""
+    heap = rss.get("heap_second_half") or {}
+    parts = [f"{label} {h['first']:.1f} → {h['last']:.1f} MiB ({h['slope_mib_per_h']:+.1f} ± "
+             f"{h['stderr_mib_per_h']} MiB/h)" for label, h in (
+                 ("in use", heap.get("heap_in_use_mib")), ("free", heap.get("heap_free_mib")))
+             if h is not None]
+    return f"; inside, glibc's heap: {', '.join(parts)}" if parts else ""
+
+
 def verdicts(summary: dict[str, Any], records: dict[str, Any], checks: dict[str, Any],
              errors: int) -> list[tuple[bool, str]]:
     rss = summary["rss"]
@@ -175,7 +185,7 @@ def verdicts(summary: dict[str, Any], records: dict[str, Any], checks: dict[str,
                       f"{rss['slope_stderr_mib_per_h']} MiB/h over the second half (limit "
                       f"{rss['max_slope_mib_per_h']:g}), the highest minute "
                       f"{rss['max_minus_median_mib']:.1f} MiB above their median (limit "
-                      f"{rss['max_excursion_mib']:g})"),
+                      f"{rss['max_excursion_mib']:g}){_heap_note(rss)}"),
         (r["ok"], f"nothing lost: {r['turn_records_ok']} ok turn records for "
                   f"{r['turns_answered']} answered turns ({r['turns_missing']} missing, "
                   f"{r['turns_extra']} extra, {r['turns_misnumbered']} misnumbered), "

@@ -74,6 +74,7 @@ METRICS: dict[str, set[str]] = {
     "budgetproxy_trajectory_queue_depth": set(),
     "budgetproxy_store_unavailable_total": {"policy"},
     "budgetproxy_store_degraded": set(),
+    "budgetproxy_heap_bytes": {"state"},
     "budgetproxy_trace_spans_total": {"result"},
     "budgetproxy_episodes_exhausted_total": {"tier", "disclosure", "axis"},
     "budgetproxy_episode_tokens": {"tier", "disclosure", "outcome"},

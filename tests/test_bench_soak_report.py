@@ -1,10 +1,12 @@
 """The soak's memory verdict reads per-minute medians: the heap's trim sawtooth is no trend,
-and a leak still is."""
+and a leak still is; the proxy's own heap readings are fitted beside it."""
 
 from __future__ import annotations
 
 import sys
 from pathlib import Path
+
+import pytest
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "bench"))
 
@@ -45,3 +47,16 @@ def test_minutes_with_few_samples_are_left_out() -> None:
     rows = [{"t_s": 0.0, "rss_mib": 1.0}, {"t_s": 65.0, "rss_mib": 2.0},
             {"t_s": 70.0, "rss_mib": 4.0}, {"t_s": 75.0, "rss_mib": 3.0}]
     assert soak_report.minute_medians(rows, "rss_mib") == [(90, 3.0)]
+
+
+def test_the_heap_readings_tell_kept_memory_from_free_space() -> None:
+    """Memory in use level while the free space between blocks grows: two slopes, apart; a
+    run whose proxy gave no reading has none."""
+    rows = [{"t_s": 60.0 * m, "heap_in_use_mib": 50.0 + (m % 2),
+             "heap_free_mib": 20.0 + m / 6} for m in range(30)]
+    heap = soak_report.heap_trends(rows)
+    in_use, free = heap["heap_in_use_mib"], heap["heap_free_mib"]
+    assert abs(in_use["slope_mib_per_h"]) < 1.0
+    assert free["slope_mib_per_h"] == 10.0 and free["first"] == 20.0
+    assert free["last"] == pytest.approx(24.83, abs=0.01)
+    assert soak_report.heap_trends([{"t_s": 1.0, "heap_in_use_mib": None}] * 5) == {}

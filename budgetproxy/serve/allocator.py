@@ -36,6 +36,33 @@ def _malloc_trim() -> Callable[[int], int] | None:
     return trim
 
 
+class _MallInfo2(ctypes.Structure):
+    _fields_ = [(name, ctypes.c_size_t) for name in (  # noqa: RUF012 (ctypes reads it)
+        "arena", "ordblks", "smblks", "hblks", "hblkhd", "usmblks", "fsmblks", "uordblks",
+        "fordblks", "keepcost")]
+
+
+def heap_reader() -> Callable[[], tuple[int, int]] | None:
+    """A reading of the C heap as (bytes in use, bytes free inside it) from glibc's
+    `mallinfo2` (2.33 and later), or None. The free bytes are what fragmentation holds: space
+    between blocks in use, most of it handed back to the system by the trim and resident
+    again once reused; what is in use is what the process keeps (bodies, long strings)."""
+    if not sys.platform.startswith("linux"):
+        return None
+    try:
+        mallinfo2 = ctypes.CDLL(None).mallinfo2
+    except (OSError, AttributeError):
+        return None
+    mallinfo2.argtypes = ()
+    mallinfo2.restype = _MallInfo2
+
+    def read() -> tuple[int, int]:
+        info = mallinfo2()
+        return info.uordblks + info.hblkhd, info.fordblks  # (blocks mapped alone are in use)
+
+    return read
+
+
 def start_heap_trim(interval_s: float) -> threading.Event | None:
     """Trim the C heap every `interval_s` in a daemon thread (ctypes lets go of the GIL for
     the call, so requests are served meanwhile); set the returned event to stop. None where

@@ -30,6 +30,7 @@ from budgetproxy.proxy.experiments import Experiments
 from budgetproxy.proxy.forward import ModelCalls
 from budgetproxy.proxy.grouping import RolloutRecorder, with_rollout_group
 from budgetproxy.proxy.upstream import UpstreamPool
+from budgetproxy.serve.allocator import heap_reader
 from budgetproxy.serve.episode_api import build_api
 from budgetproxy.serve.experiments_api import add_experiment_routes
 from budgetproxy.serve.groups_api import add_group_routes
@@ -152,6 +153,7 @@ class BudgetProxy:
                 self.registry = registry
             if config.auth.tenants and self.metrics is not None:
                 self.metrics.enable_tenants(config.auth.tenants)
+        self._heap = heap_reader() if self.metrics is not None else None  # (the sweep reads it)
         # A processor passed in belongs to the caller; one built here is shut down here.
         self._own_processor = span_processor is None and tracing_wanted(config.tracing)
         if self._own_processor:
@@ -327,6 +329,10 @@ class BudgetProxy:
                     if isinstance(evicted, int) and evicted > self._evicted_seen:
                         self.metrics.retained_evictions.inc(evicted - self._evicted_seen)
                         self._evicted_seen = evicted
+                    if self._heap is not None:
+                        in_use, free = self._heap()
+                        self.metrics.heap_bytes.labels("in_use").set(in_use)
+                        self.metrics.heap_bytes.labels("free").set(free)
             except StoreUnavailable:
                 if self.metrics is not None and self.config.store.on_unavailable == "fail_open":
                     self.metrics.store_degraded.set(1)

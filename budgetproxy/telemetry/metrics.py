@@ -245,6 +245,16 @@ class Metrics:
             registry=registry,
             multiprocess_mode="livemax",
         )
+        self.heap_bytes = Gauge(
+            "budgetproxy_heap_bytes",
+            "The serving process's C heap (glibc's malloc: request bodies, kept turns, long "
+            "strings) by state: in_use, or free inside the heap (space between blocks in use "
+            "that fragmentation holds; what the trim hands back is resident again once "
+            "reused). Read by the idle sweep; absent where the C library is not glibc.",
+            ("state",),
+            registry=registry,
+            multiprocess_mode="livesum",
+        )
         self.trace_spans = Counter(
             "budgetproxy_trace_spans",
             "Spans of model calls by what became of them (exported|failed|dropped).",
