@@ -130,7 +130,8 @@ def _mib(value: float | None) -> float | None:
 
 
 def metric_values(text: str, names: tuple[str, ...]) -> dict[str, float]:
-    """Unlabelled samples of `names` from Prometheus text."""
+    """Samples of `names` from Prometheus text (a labelled one named with its labels, as
+    written: `name{label="value"}`)."""
     found: dict[str, float] = {}
     for line in text.splitlines():
         name, _, value = line.partition(" ")

@@ -18,18 +18,29 @@ import ctypes
 import sys
 import threading
 from collections.abc import Callable
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from ctypes import _NamedFuncPointer
 
 TRIM_THREAD = "budgetproxy-heap-trim"
 
 
-def _malloc_trim() -> Callable[[int], int] | None:
-    """glibc's malloc_trim, or None (musl, macOS)."""
+def _glibc(name: str) -> _NamedFuncPointer | None:
+    """The C library function `name` of this process, or None where it has none (musl,
+    macOS, a glibc too old for it)."""
     if not sys.platform.startswith("linux"):
         return None
     try:
-        libc = ctypes.CDLL(None)  # the C library this process already runs on
-        trim = libc.malloc_trim
+        return ctypes.CDLL(None)[name]  # the C library this process already runs on
     except (OSError, AttributeError):
+        return None
+
+
+def _malloc_trim() -> Callable[[int], int] | None:
+    """glibc's malloc_trim, or None (musl, macOS)."""
+    trim = _glibc("malloc_trim")
+    if trim is None:
         return None
     trim.argtypes = (ctypes.c_size_t,)
     trim.restype = ctypes.c_int
@@ -47,11 +58,8 @@ def heap_reader() -> Callable[[], tuple[int, int]] | None:
     `mallinfo2` (2.33 and later), or None. The free bytes are what fragmentation holds: space
     between blocks in use, most of it handed back to the system by the trim and resident
     again once reused; what is in use is what the process keeps (bodies, long strings)."""
-    if not sys.platform.startswith("linux"):
-        return None
-    try:
-        mallinfo2 = ctypes.CDLL(None).mallinfo2
-    except (OSError, AttributeError):
+    mallinfo2 = _glibc("mallinfo2")
+    if mallinfo2 is None:
         return None
     mallinfo2.argtypes = ()
     mallinfo2.restype = _MallInfo2

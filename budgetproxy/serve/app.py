@@ -316,6 +316,10 @@ class BudgetProxy:
         ep = self.config.episodes
         while True:
             await asyncio.sleep(ep.sweep_interval_s)
+            if self._heap is not None and self.metrics is not None:  # (whatever the store does)
+                in_use, free = self._heap()
+                self.metrics.heap_bytes.labels("in_use").set(in_use)
+                self.metrics.heap_bytes.labels("free").set(free)
             try:
                 ended = await self.store.expire_idle(time.time(), ep.idle_timeout_s,
                                                      ep.retention_s)
@@ -329,10 +333,6 @@ class BudgetProxy:
                     if isinstance(evicted, int) and evicted > self._evicted_seen:
                         self.metrics.retained_evictions.inc(evicted - self._evicted_seen)
                         self._evicted_seen = evicted
-                    if self._heap is not None:
-                        in_use, free = self._heap()
-                        self.metrics.heap_bytes.labels("in_use").set(in_use)
-                        self.metrics.heap_bytes.labels("free").set(free)
             except StoreUnavailable:
                 if self.metrics is not None and self.config.store.on_unavailable == "fail_open":
                     self.metrics.store_degraded.set(1)
