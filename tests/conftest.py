@@ -11,7 +11,7 @@ import uuid
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 import httpx
 import openai
@@ -81,6 +81,21 @@ def unmarked(value: Any) -> Any:
     if isinstance(value, dict):
         return {k: unmarked(v) for k, v in value.items() if k != "cache_control"}
     return value
+
+
+T = TypeVar("T")
+
+
+def eventually(read: Callable[[], T], ready: Callable[[T], bool], timeout: float = 10.0) -> T:
+    """`read()` once `ready` holds for what it returns, or its last value after `timeout`
+    seconds: for what the proxy writes after an answer is sent (a streamed call's settle, its
+    records, its metrics)."""
+    deadline = time.monotonic() + timeout
+    while True:
+        value = read()
+        if ready(value) or time.monotonic() > deadline:
+            return value
+        time.sleep(0.02)
 
 
 def read_jsonl(directory: Path) -> list[dict[str, Any]]:

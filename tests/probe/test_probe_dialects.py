@@ -14,7 +14,7 @@ import anthropic
 import openai
 import pytest
 from aiohttp import web
-from conftest import read_jsonl
+from conftest import eventually, read_jsonl
 
 from budgetproxy.cli import main
 from budgetproxy.client import BudgetClient
@@ -122,11 +122,9 @@ def test_states_replay_on_their_own_api_as_the_model_saw_them(
     assert states and all(s["a_mean"] == s["b_mean"] == 1.0 for s in states)
     assert result["single_step"]["tie_rate"] == 1.0
     # (each probe call's record is written off the path, after its answer)
-    deadline, probes = time.monotonic() + 10, []
-    while len(probes) < result["settings"]["probe_calls"] and time.monotonic() < deadline:
-        time.sleep(0.02)
-        probes = [r for r in read_jsonl(logs) if r["type"] == "probe"
-                  and r["probe_id"] == result["settings"]["probe_id"]]
+    probes = eventually(lambda: [r for r in read_jsonl(logs) if r["type"] == "probe"
+                                 and r["probe_id"] == result["settings"]["probe_id"]],
+                        lambda found: len(found) >= result["settings"]["probe_calls"])
     assert len(probes) == result["settings"]["probe_calls"]
     mine = [r for r in probes if r["route"] == route]
     assert mine and all(r["status"] == "ok" for r in probes)

@@ -15,7 +15,7 @@ import pytest
 from redis_support import REDIS_URL, drop_prefix, require_redis
 
 from budgetproxy.testing import FakeUpstream
-from tests.conftest import Proxy, ProxyFactory, assert_openai_error, new_id
+from tests.conftest import Proxy, ProxyFactory, assert_openai_error, eventually, new_id
 
 PRICES = {"m1": {"input_per_mtok": 1000.0, "output_per_mtok": 2000.0}}  # $0.001 / $0.002
 
@@ -68,15 +68,10 @@ def call_api(p: Proxy, api: str, eid: str, stream: bool, cap: int | None,
 
 def settled_episode(p: Proxy, eid: str, ready: Callable[[dict[str, Any]], bool]
                     ) -> dict[str, Any]:
-    """The episode's view once `ready` holds for it (or after 10 s): a streamed call settles
-    just after its answer is sent, and a streaming client stops reading at the answer's last
-    event, so a view read at once may come before the settle."""
-    deadline = time.monotonic() + 10
-    while True:
-        ep: dict[str, Any] = p.episode(eid)
-        if ready(ep) or time.monotonic() > deadline:
-            return ep
-        time.sleep(0.02)
+    """The episode's view once `ready` holds for it: a streamed call settles just after its
+    answer is sent, and a streaming client stops reading at the answer's last event, so a
+    view read at once may come before the settle."""
+    return eventually(lambda: p.episode(eid), ready)
 
 
 CAP_FIELD = {"chat": "max_completion_tokens", "completions": "max_tokens",

@@ -3,13 +3,12 @@ idle sweep, moves with the process's own blocks (the server runs in this process
 
 from __future__ import annotations
 
-import time
 from collections.abc import Callable
 
 import httpx
 from prometheus_client.parser import text_string_to_metric_families
 
-from tests.conftest import Proxy, ProxyFactory
+from tests.conftest import Proxy, ProxyFactory, eventually
 
 MIB = 1 << 20
 
@@ -22,12 +21,7 @@ def _heap(p: Proxy) -> dict[str, float]:
 
 
 def _when(p: Proxy, ready: Callable[[dict[str, float]], bool]) -> dict[str, float]:
-    deadline = time.monotonic() + 10
-    while True:
-        heap = _heap(p)
-        if ready(heap) or time.monotonic() > deadline:
-            return heap
-        time.sleep(0.05)
+    return eventually(lambda: _heap(p), ready)
 
 
 def test_the_heap_metric_follows_the_blocks_the_process_holds(proxy: ProxyFactory) -> None:

@@ -4,13 +4,12 @@ used; admin keys name the tenant they act for."""
 
 from __future__ import annotations
 
-import time
 import uuid
 from typing import Any
 
 import httpx
 import pytest
-from conftest import Proxy, ProxyFactory, chat_body, new_id
+from conftest import Proxy, ProxyFactory, chat_body, eventually, new_id
 from redis_support import REDIS_URL, require_redis
 
 KEYS = [{"key": "key-a", "tenant": "team-a"}, {"key": "key-b", "tenant": "team-b"}, "key-plain"]
@@ -134,13 +133,10 @@ def test_metrics_carry_the_tenant_only_for_a_configured_list(proxy: ProxyFactory
     listed = proxy({"auth": {"keys": KEYS, "tenants": ["team-a"]}, "metrics": {"enabled": True}})
     for key in ("key-a", "key-b", "key-plain"):
         assert _turn(_as(listed, key), new_id("m")).status_code == 200
-    deadline = time.monotonic() + 10  # (a turn is counted just after its answer is sent)
-    while True:
-        text = listed.http().get("/metrics").text
-        turns = _samples(text, "budgetproxy_tenant_turns_total")
-        if sum(turns.values()) >= 3 or time.monotonic() > deadline:
-            break
-        time.sleep(0.02)
+    text = eventually(  # (a turn is counted just after its answer is sent)
+        lambda: listed.http().get("/metrics").text,
+        lambda text: sum(_samples(text, "budgetproxy_tenant_turns_total").values()) >= 3)
+    turns = _samples(text, "budgetproxy_tenant_turns_total")
     assert turns[(("tenant", "team-a"),)] == 1
     assert turns[(("tenant", "other"),)] == 1  # team-b is not in the list: no new label
     assert turns[(("tenant", "default"),)] == 1

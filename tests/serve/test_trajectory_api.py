@@ -4,12 +4,18 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import time
 from collections.abc import Callable, Iterator
 from typing import Any
 
 import pytest
-from conftest import Proxy, ProxyFactory, WatchedUpstream, assert_openai_error, new_id
+from conftest import (
+    Proxy,
+    ProxyFactory,
+    WatchedUpstream,
+    assert_openai_error,
+    eventually,
+    new_id,
+)
 from redis_support import REDIS_URL, drop_prefix, new_prefix, require_redis
 
 from budgetproxy.proxy.dialects import DIALECTS
@@ -28,12 +34,8 @@ def _proxy(proxy: ProxyFactory, upstream: WatchedUpstream, **extra: Any) -> Prox
 def _settled_trajectory(p: Proxy, eid: str) -> Any:
     """The ended episode's trajectory once its last turn settled: a streamed turn settles just
     after the client has its last event, and until then the episode is settling (409)."""
-    deadline = time.monotonic() + 10
-    while True:
-        r = p.http().get(f"/v1/episodes/{eid}/trajectory")
-        if r.status_code != 409 or time.monotonic() > deadline:
-            return r
-        time.sleep(0.02)
+    return eventually(lambda: p.http().get(f"/v1/episodes/{eid}/trajectory"),
+                      lambda r: r.status_code != 409)
 
 
 def _rollout(p: Proxy, eid: str, turns: int = 2) -> list[dict[str, Any]]:
@@ -332,10 +334,7 @@ def test_an_ended_episode_leaves_nothing_kept_for_its_next_turn(
     assert app.calls.prefixes.get(eid) is not None
     assert app.calls.turns.replays.pairs == 1  # (turn 2 re-applied turn 1's text)
     if rollouts:  # (kept just after the answer is sent)
-        deadline = time.monotonic() + 10
-        while eid not in app.recorder._last_kept and time.monotonic() < deadline:
-            time.sleep(0.02)
-        assert eid in app.recorder._last_kept
+        assert eventually(lambda: eid in app.recorder._last_kept, bool)
     p.http().post(f"/v1/episodes/{eid}/outcome", json={"success": True})
     assert app.calls.prefixes.get(eid) is None and app.calls.prefixes.size == 0
     assert app.calls.turns.replays.pairs == 0
