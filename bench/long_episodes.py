@@ -226,6 +226,49 @@ def ratio_interval(ep: list[int], fwd: list[int], draws: int = 2000,
     return ratios[int(0.025 * draws)], ratios[int(0.975 * draws) - 1]
 
 
+TARGETS = {"memory": 1.5, "redis": 2.0}  # the issue's bar: CPU per call against forwarding's
+GROWTH_LIMIT = 1.2  # the longest history's ratio within this of the shortest's
+
+
+def judged(ratio: float, low: float, high: float, target: float) -> str:
+    """A row against its target, by its interval: under, over, or not told apart."""
+    if high <= target:
+        return "MET"
+    if low > target:
+        return "MISSED"
+    return f"UNDECIDED (its interval holds {target}x)"
+
+
+def verdict(rows: list[dict[str, Any]]) -> list[str]:
+    """Each CPU row against its store's target, and per store whether the ratio grows with
+    the history: the longest row's over the shortest's (of the 400-character rows), with the
+    bounds the two rows' intervals allow (an interval of the quotient no narrower than that)."""
+    lines = []
+    for store in dict.fromkeys(r["store"] for r in rows):
+        mine = [r for r in rows if r["store"] == store and r.get("ratio") is not None
+                and "ratio_95" in r]
+        target = TARGETS.get(store)
+        if not mine or target is None:
+            continue
+        for r in mine:
+            low, high = r["ratio_95"]
+            lines.append(f"{store:7} {r['turns']:4} turns {r['message_chars']:5} chars  "
+                         f"{r['ratio']:.2f}x [{low:.2f}, {high:.2f}] against {target}x: "
+                         f"{judged(r['ratio'], low, high, target)}")
+        plain = sorted((r for r in mine if r["message_chars"] == mine[0]["message_chars"]),
+                       key=lambda r: r["turns"])
+        if len(plain) > 1:
+            first, last = plain[0], plain[-1]
+            growth = last["ratio"] / first["ratio"]
+            low = last["ratio_95"][0] / first["ratio_95"][1]
+            high = last["ratio_95"][1] / first["ratio_95"][0]
+            state = ("MET" if high <= GROWTH_LIMIT else "MISSED" if low > GROWTH_LIMIT
+                     else f"UNDECIDED (its bounds hold {GROWTH_LIMIT})")
+            lines.append(f"{store:7} growth {last['turns']} against {first['turns']} turns: "
+                         f"{growth:.2f} [{low:.2f}, {high:.2f}] against {GROWTH_LIMIT}: {state}")
+    return lines
+
+
 def run_store(store: str, url: str, pid: int, rows: list[tuple[int, int]], measured: int,
               settle_s: float, redis_url: str | None = None) -> list[dict[str, Any]]:
     out = []
@@ -381,10 +424,16 @@ def main() -> int:
         finally:
             for proc in procs:
                 tg.stop(proc)
+    judgement = [] if args.instructions else verdict(results)
+    if judgement:
+        print("verdict (a row's 95% interval against the target):")
+        for line in judgement:
+            print(f"  {line}")
     out = tg.REPO_DIR / "bench" / "results"
     out.mkdir(parents=True, exist_ok=True)
     path = out / f"long-episodes-{time.strftime('%Y%m%dT%H%M%SZ', time.gmtime())}.json"
-    path.write_text(json.dumps({"args": vars(args), "rows": results}, indent=1))
+    path.write_text(json.dumps({"args": vars(args), "rows": results, "verdict": judgement},
+                               indent=1))
     print(f"results: {path}")
     return 0
 
