@@ -102,13 +102,14 @@ def invalid_request(message: str, param: str | None = None) -> ProxyError:
 
 
 def invalid_episode_id(
-    message: str = "Episode ids are 1-128 characters of A-Z a-z 0-9 . _ : -",
+    message: str = "Episode ids are 1-128 characters of A-Z a-z 0-9 . _ : -, other than . and ..",
 ) -> ProxyError:
     return ProxyError(400, "invalid_episode_id", message, param="episode_id")
 
 
 def checked_episode_id(episode_id: str) -> str:
-    """The id itself, or `invalid_episode_id` when it is not 1-128 of A-Z a-z 0-9 . _ : -."""
+    """The id itself, or `invalid_episode_id` when it is not 1-128 of A-Z a-z 0-9 . _ : -
+    (`.` and `..` excepted)."""
     if not is_valid_episode_id(episode_id):
         raise invalid_episode_id()
     return episode_id

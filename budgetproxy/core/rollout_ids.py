@@ -27,7 +27,12 @@ def split_rollout_prefix(path: str) -> tuple[str, str, str] | None:
     return parts[0], parts[2], tail
 
 
-def attempt_episode_id(rollout_id: str, attempt_id: str) -> str:
+def attempt_episode_id(rollout_id: str, attempt_id: str) -> str | None:
+    """An attempt's episode, `{rid}:{aid}`; None for an attempt id holding a ':', which
+    would make two attempts one episode (`r:1` + `a` and `r` + `1:a`): an episode id splits
+    into its rollout and attempt at its last ':'."""
+    if ":" in attempt_id:
+        return None
     return f"{rollout_id}:{attempt_id}"
 
 

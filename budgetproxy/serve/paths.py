@@ -53,6 +53,10 @@ def destination(scope: Scope) -> Destination:
     if (attempt := split_rollout_prefix(path)) is not None:
         rollout, aid, tail = attempt  # one episode per attempt, the rollout its group
         episode = attempt_episode_id(rollout, aid)
+        if episode is None:
+            return Destination(path=tail, refused=invalid_episode_id(
+                "An attempt id under /rollout/{rid}/attempt/{aid} has no ':' (the episode "
+                "{rid}:{aid} would be another attempt's)"))
     elif (split := split_episode_prefix(path)) is not None:
         episode, tail = split
     route = model_route(tail) if post else None

@@ -19,6 +19,9 @@ def test_split_rollout_prefix() -> None:
                 "/episodes/e/v1", "/rollout/r/try/a/v1"):
         assert split_rollout_prefix(bad) is None, bad
     assert attempt_episode_id("ro-1", "at-2") == "ro-1:at-2"
+    # one episode id, one attempt: r:1 + a is r:1:a, and r + 1:a is refused
+    assert attempt_episode_id("r:1", "a") == "r:1:a"
+    assert attempt_episode_id("r", "1:a") is None
 
 
 def test_keys_name_their_episode_and_are_signed() -> None:

@@ -89,7 +89,8 @@ def test_header_and_path_that_disagree_are_400(
 
 
 @pytest.mark.parametrize(
-    "bad", ["has space", "x" * 129, "a/b", "semi;colon", "émoji", "quote'", "star*", "a+b"]
+    "bad", ["has space", "x" * 129, "a/b", "semi;colon", "émoji", "quote'", "star*", "a+b", ".",
+            ".."]
 )
 def test_invalid_header_ids_are_400(default_proxy: Proxy, upstream: FakeUpstream, bad: str) -> None:
     before = len(upstream.requests)
@@ -107,7 +108,7 @@ def test_invalid_path_ids_are_400(default_proxy: Proxy, bad: str) -> None:
     assert_openai_error(r, 400, "invalid_episode_id")
 
 
-@pytest.mark.parametrize("good", ["A-Za-z0-9._:-", "x" * 128, "1", "run:7.task_3-k"])
+@pytest.mark.parametrize("good", ["A-Za-z0-9._:-", "x" * 128, "1", "run:7.task_3-k", "..."])
 def test_valid_ids(default_proxy: Proxy, good: str) -> None:
     eid = good if len(good) == 128 else good + new_id("-")  # fresh on every run
     with default_proxy.http() as http:

@@ -27,6 +27,25 @@ def test_attempt_paths_are_episodes_of_their_rollout(default_proxy: Proxy) -> No
     assert_openai_error(bad, 400, "invalid_episode_id")
 
 
+def test_an_attempt_id_with_a_colon_is_refused(default_proxy: Proxy,
+                                               upstream: WatchedUpstream) -> None:
+    """`/rollout/r:1/attempt/a` is episode r:1:a; `/rollout/r/attempt/1:a` would be too, and
+    share its budget from another rollout's group: it is refused, nothing forwarded."""
+    p, rid = default_proxy, new_id("ro")
+    ok = p.http().post(f"/rollout/{rid}:1/attempt/a/v1/chat/completions", json=chat_body())
+    assert ok.status_code == 200 and ok.headers["x-episode-id"] == f"{rid}:1:a"
+    before = len(upstream.requests)
+    bad = p.http().post(f"/rollout/{rid}/attempt/1:a/v1/chat/completions", json=chat_body())
+    assert_openai_error(bad, 400, "invalid_episode_id")
+    messages = p.http().post(f"/rollout/{rid}/attempt/1:a/v1/messages",
+                             json={"model": "m1", "max_tokens": 8, "messages": MESSAGES})
+    assert messages.status_code == 400
+    assert messages.json()["type"] == "error"
+    assert messages.json()["error"]["type"] == "invalid_request_error"
+    assert len(upstream.requests) == before
+    assert p.episode(f"{rid}:1:a")["turns_used"] == 1
+
+
 def test_episode_key_needs_no_other_id(proxy: ProxyFactory, upstream: WatchedUpstream) -> None:
     p = proxy({"auth": {"keys": ["sk-proxy-key-000000"]}})
     r = p.http().post("/v1/episodes", json={"budget": 2, "task_id": "t", "group": "g"},

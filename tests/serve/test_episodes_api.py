@@ -169,7 +169,7 @@ def test_create_bad_fields_are_400_naming_the_param(
     assert get(default_proxy, f"/v1/episodes/{eid}").status_code == 404
 
 
-@pytest.mark.parametrize("bad", ["has space", "x" * 129, "a/b"])
+@pytest.mark.parametrize("bad", ["has space", "x" * 129, "a/b", ".", ".."])
 def test_create_bad_id_is_400(default_proxy: Proxy, bad: str) -> None:
     assert_openai_error(post(default_proxy, "/v1/episodes", {"episode_id": bad}), 400,
                         "invalid_episode_id")
