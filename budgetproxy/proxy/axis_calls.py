@@ -32,8 +32,43 @@ _CODES = {"tokens": "token_budget_exhausted", "cost": "cost_budget_exhausted",
 _WHAT = {"tokens": "token budget", "cost": "cost budget", "time": "time budget"}
 
 
-def client_cap(call: ModelCall) -> int | None:
-    return output_cap.client_cap(call.kind, call.payload) if call.payload else None
+def client_cap(call: ModelCall, output_hold: int) -> int | None:
+    """The most output tokens the call asks for (None: it sets no cap): its output cap, or,
+    when it asks for several completions, that cap (or `output_hold`, the most a call with
+    none is taken to write) for each of them, which a token or cost budget then holds."""
+    payload = call.payload
+    if not payload:
+        return None
+    cap = output_cap.client_cap(call.kind, payload)
+    k = output_cap.completions(call.kind, payload)
+    return cap if k == 1 else (output_hold if cap is None else cap) * k
+
+
+def sent_cap(call: ModelCall, hold: axes.AxisGrant, output_hold: int) -> int | None:
+    """The output cap the call is sent with (None: the client's stands). A call asking for
+    several completions shares what its hold allows among them: each is capped at its share
+    (0: less than a token each), and one with no cap of its own gets `output_hold` each
+    while a budget holds its tokens."""
+    payload = call.payload
+    k = output_cap.completions(call.kind, payload) if payload else 1
+    if k == 1:
+        return hold.cap
+    if hold.cap is not None:
+        return hold.cap // k
+    assert payload is not None
+    if hold.tokens and output_cap.client_cap(call.kind, payload) is None:
+        return output_hold
+    return None
+
+
+def too_few_tokens(st: EpisodeState, call: ModelCall) -> ProxyError:
+    """A call asking for more completions than what is left of its episode's token or cost
+    budget gives a token each: the request's to change (400, param `n`)."""
+    k = output_cap.completions(call.kind, call.payload or {})
+    return invalid_request(
+        f"This call asks for {k} completions (n, best_of and prompts), and what is left of "
+        f"episode {local_id(st.episode_id)!r}'s token or cost budget allows less than one "
+        "output token each; ask for fewer", "n")
 
 
 def clamped(call: ModelCall, payload: dict[str, Any], cap: int) -> dict[str, Any]:

@@ -115,9 +115,15 @@ class Turns:
         # The turn's body: its output cap clamped to what other budgets leave, its arm's
         # model, its disclosure text. Each rewrite leaves `body` empty (`payload` is encoded
         # then); the hidden arm's turn goes as the client sent it.
-        if grant.hold is not None and grant.hold.cap is not None:
-            payload = axis_calls.clamped(
-                call, self._exact(call, body, payload) or payload, grant.hold.cap)
+        cap = None if grant.hold is None else axis_calls.sent_cap(
+            call, grant.hold, self.budget_cfg.output_hold_tokens)
+        if cap == 0:  # several completions, less than a token each: its turn given back
+            call.outcome = outcome.refused(400)
+            call.upstream, call.conversation = upstream, conversation
+            await self.settlement.conclude(call, upstream, conversation, send)
+            raise axis_calls.too_few_tokens(st, call)
+        if cap is not None:
+            payload = axis_calls.clamped(call, self._exact(call, body, payload) or payload, cap)
             conversation, body = call.dialect.conversation(payload), b""
         if st.arm is not None and self.experiments is not None:
             routed = self._arm_upstream(call, st)
@@ -218,7 +224,7 @@ class Turns:
         known = self.replays.known(eid, call.prints) if (
             keep and call.prints is not None) else None
         model = call.model or ""
-        cap = axis_calls.client_cap(call)
+        cap = axis_calls.client_cap(call, self.budget_cfg.output_hold_tokens)
         body_hash = turn_hash(call.route, body)
 
         def open_turn(out_rate: float | None) -> Awaitable[TurnOpen]:
