@@ -3,6 +3,7 @@ meaning, and the model route it names whatever its spelling."""
 
 from __future__ import annotations
 
+import re
 from typing import NamedTuple
 from urllib.parse import quote
 
@@ -14,6 +15,8 @@ from budgetproxy.proxy.asgi import Scope
 from budgetproxy.proxy.wire import MODEL_ROUTES
 
 _FOLDED = {route.lower(): route for route in MODEL_ROUTES}
+MESSAGES_ROUTE = "/v1/messages"
+_SLASHES = re.compile(r"/{2,}")
 
 
 class Destination(NamedTuple):
@@ -45,9 +48,7 @@ def destination(scope: Scope) -> Destination:
     try:
         path = request_path(scope)
     except PathRefused as e:
-        said = scope["path"]  # (as the server decoded it: only to pick the error's shape)
-        split = split_episode_prefix(said)
-        return Destination(path=split[1] if split else said, refused=refused_path(scope, e))
+        return Destination(path=meant_api(scope["path"]), refused=refused_path(scope, e))
     episode = rollout = None
     tail = path
     if (attempt := split_rollout_prefix(path)) is not None:
@@ -66,6 +67,18 @@ def destination(scope: Scope) -> Destination:
         # (other routes ignore the id, but not a bad one)
         return Destination(path=tail, refused=invalid_episode_id())
     return Destination(path=None if tail == scope["path"] else tail)
+
+
+def meant_api(said: str) -> str:
+    """The API a refused path was meant for, only to pick its error's shape: the Messages
+    API's when it names /v1/messages in any spelling (letter case, repeated slashes, a prefix
+    whose id holds an encoded slash), else the path as the server decoded it (`said`), its
+    `/episodes/{id}` prefix taken off."""
+    folded = _SLASHES.sub("/", said.lower())
+    if folded.endswith(MESSAGES_ROUTE) or f"{MESSAGES_ROUTE}/" in folded:
+        return MESSAGES_ROUTE
+    split = split_episode_prefix(said)
+    return split[1] if split else said
 
 
 def request_path(scope: Scope) -> str:

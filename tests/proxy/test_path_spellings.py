@@ -225,6 +225,19 @@ def test_an_encoded_slash_is_refused_with_an_openai_error(guarded: Proxy) -> Non
     assert json.loads(payload)["error"]["code"] == "invalid_path"
 
 
+@pytest.mark.parametrize("target", ["/v1/messages/%2f", "//v1/messages/%2f",
+                                    "/V1/Messages/%5c", "/episodes/a%2fb/v1/messages",
+                                    "/rollout/r/attempt/a%2fb/v1/messages/count_tokens"])
+def test_a_refused_messages_path_gets_anthropics_error_shape(guarded: Proxy,
+                                                             target: str) -> None:
+    body = json.dumps({"model": "rec", "max_tokens": 8,
+                       "messages": [{"role": "user", "content": "hi"}]}).encode()
+    status, _, payload = _raw(guarded, "POST", target, body, {"X-Episode-Id": new_id("shape")})
+    err = json.loads(payload)
+    assert status == 400 and err["type"] == "error", err
+    assert err["error"]["type"] == "invalid_request_error" and err["error"]["message"]
+
+
 def test_the_usual_spelling_still_works_through_the_sdk(default_proxy: Proxy) -> None:
     r = default_proxy.http().post("/v1/chat/completions?x=1", json=chat_body(),
                                   headers={"X-Episode-Id": new_id("sdk")})
