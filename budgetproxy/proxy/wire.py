@@ -32,6 +32,12 @@ _SPEC_HEADERS = {
 }
 
 
+def _shown(raw: bytes) -> str:
+    """A header value as an error message quotes it: UTF-8 where it is (clients send it),
+    other bytes as escapes."""
+    return raw.decode("utf-8", "backslashreplace")
+
+
 def _int_header(headers: dict[bytes, bytes], name: bytes, param: str) -> int | None:
     raw = headers.get(name)
     if raw is None or raw == b"":
@@ -40,7 +46,7 @@ def _int_header(headers: dict[bytes, bytes], name: bytes, param: str) -> int | N
     if not digits.isdigit():  # bytes.isdigit: ASCII digits only (no sign, "_" or spaces)
         raise invalid_request(
             f"Header {name.decode().title()} must be a positive integer, "
-            f"got {raw.decode('latin-1')!r}", param)
+            f"got {_shown(raw)!r}", param)
     value = int(digits)
     if not 1 <= value <= TURNS_MAX:
         raise invalid_request(
@@ -59,7 +65,7 @@ def _float_header(headers: dict[bytes, bytes], name: bytes, param: str) -> float
     if not 0 < value < float("inf"):
         raise invalid_request(
             f"Header {name.decode().title()} must be a positive number, "
-            f"got {raw.decode('latin-1')!r}", param)
+            f"got {_shown(raw)!r}", param)
     return value
 
 

@@ -96,6 +96,14 @@ def test_bad_episode_headers_are_400_and_create_nothing(
     assert get(default_proxy, f"/v1/episodes/{eid}").status_code == 404
 
 
+def test_a_bad_header_value_is_quoted_as_the_client_wrote_it(default_proxy: Proxy) -> None:
+    r = default_proxy.http().post("/v1/chat/completions", json={
+        "model": "m1", "messages": [{"role": "user", "content": "x"}]}, headers={
+        "X-Episode-Id": new_id(), "X-Episode-Budget": "³".encode()})  # type: ignore[dict-item]
+    err = assert_openai_error(r, 400, "invalid_request", "budget")
+    assert "got '³'" in err["message"], err
+
+
 # -- POST /v1/episodes ----------------------------------------------------------------------
 
 
