@@ -92,7 +92,8 @@ async def main(argv: list[str] | None = None) -> int:
         print(f"group {group} on {task.task_id}: budget {budgets} of {task.max_turns} turns "
               f"for all {args.k} rollouts ({episodes[0].tier}, {episodes[0].disclosure})")
         if budgets == [task.max_turns]:
-            print("(the full budget: is the proxy running with budget.sampler: budgetmix?)")
+            print("(the full budget: BudgetMix draws it too; if every run shows it, check "
+                  "budget.sampler: budgetmix)")
         outcomes = await asyncio.gather(
             *(rollout(e, llm, task, args.model, seed=i) for i, e in enumerate(episodes))
         )

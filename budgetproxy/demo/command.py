@@ -51,13 +51,20 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
 
 
 def run(args: argparse.Namespace) -> int:
-    """Run the demo; 0 on success, 1 when it failed, 2 when the [demo] extra is missing."""
+    """Run the demo; 0 on success, 1 when it failed, 2 when the [demo] extra is missing or
+    --figure is given without Chromium."""
     missing = [name for name in ("gymnasium", "openai", "httpx", "duckdb", "numpy")
                if not _importable(name)]
     if missing:
         print(f"budgetproxy demo: missing {', '.join(missing)}; install the demo extra: "
               "pip install 'budgetproxy[demo]'", file=sys.stderr)
         return 2
+    if args.figure is not None:  # before the run: it takes minutes, the figure comes last
+        from budgetproxy.demo.figure import NO_CHROMIUM, find_chromium
+
+        if find_chromium() is None:
+            print(f"budgetproxy demo: --figure: {NO_CHROMIUM}", file=sys.stderr)
+            return 2
     from dataclasses import replace
 
     from budgetproxy.demo.run import DemoSettings, run_demo

@@ -143,12 +143,22 @@ def png_size(png: bytes) -> tuple[int, int]:
     return int(width), int(height)
 
 
-def chromium() -> str:
+NO_CHROMIUM = ("the figure is drawn by headless Chromium, which is not installed "
+               "(Debian: apt-get install chromium)")
+
+
+def find_chromium() -> str | None:
+    """The Chromium binary on PATH, or None."""
     for name in ("chromium", "chromium-browser"):
         if path := shutil.which(name):
             return path
-    raise RuntimeError("the figure is drawn by headless Chromium, which is not installed "
-                       "(Debian: apt-get install chromium)")
+    return None
+
+
+def chromium() -> str:
+    if path := find_chromium():
+        return path
+    raise RuntimeError(NO_CHROMIUM)
 
 
 def render_png(page: str, size: tuple[int, int], out: Path) -> None:

@@ -263,6 +263,10 @@ def run_demo(s: DemoSettings, out: TextIO = sys.stdout, err: TextIO = sys.stderr
     from budgetproxy.serve.server import ProxyServer
 
     started = time.monotonic()
+    if s.figure is not None:  # no Chromium: fail now, not after the run
+        from budgetproxy.demo.figure import chromium
+
+        chromium()
     traj = s.out / "trajectories"
     traj.mkdir(parents=True, exist_ok=True)
     if removed := _clear_old_logs(traj):
@@ -362,11 +366,6 @@ def run_demo(s: DemoSettings, out: TextIO = sys.stdout, err: TextIO = sys.stderr
     dynamics.add_to_report(report, outcome.dynamics_probe)
     (s.out / "pass_at.json").write_text(as_json, encoding="utf-8")
     (s.out / "summary.txt").write_text("\n".join(outcome.summary) + "\n", encoding="utf-8")
-    if s.figure is not None:
-        from budgetproxy.demo.figure import write_figure
-
-        data = write_figure(analysis, s.figure)
-        print(f"figure: {s.figure} (drawn from {data})", file=err)
     outcome.seconds = time.monotonic() - started
     print(table, file=out)
     print("\n".join(outcome.summary), file=out)
@@ -400,7 +399,8 @@ def run_demo(s: DemoSettings, out: TextIO = sys.stdout, err: TextIO = sys.stderr
                        ("likelihood/", "the likelihood view's scoring calls (JSONL)"),
                        ("dynamics.json", "the checkpoints: analyze --over step --ceiling and "
                                          "probe --over step"),
-                       ("trajectories-dynamics/", "the checkpoints' trajectories")):
+                       ("trajectories-dynamics/", "the checkpoints' trajectories"),
+                       ("probe-dynamics/", "the probe per checkpoint's calls (JSONL)")):
         print(f"  {s.out / name}  {what}", file=out)
     print(f"Re-run the analysis: budgetproxy analyze {traj} --by {','.join(BY)} "
           + " ".join(f"--compare {c}" for c in COMPARE), file=out)
@@ -411,4 +411,10 @@ def run_demo(s: DemoSettings, out: TextIO = sys.stdout, err: TextIO = sys.stderr
     print("  and of the checkpoints: budgetproxy analyze "
           + " ".join(dynamics.analyze_args(s.out, s.seed)), file=out)
     print(f"Look at one episode, turn by turn: budgetproxy view {traj} --serve", file=out)
+    if s.figure is not None:  # last: the results are printed whatever happens here
+        from budgetproxy.demo.figure import write_figure
+
+        out.flush()
+        data = write_figure(analysis, s.figure)
+        print(f"figure: {s.figure} (drawn from {data})", file=err)
     return outcome
