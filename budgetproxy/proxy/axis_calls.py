@@ -44,21 +44,15 @@ def client_cap(call: ModelCall, output_hold: int) -> int | None:
     return cap if k == 1 else (output_hold if cap is None else cap) * k
 
 
-def sent_cap(call: ModelCall, hold: axes.AxisGrant, output_hold: int) -> int | None:
-    """The output cap the call is sent with (None: the client's stands). A call asking for
-    several completions shares what its hold allows among them: each is capped at its share
-    (0: less than a token each), and one with no cap of its own gets `output_hold` each
-    while a budget holds its tokens."""
+def sent_cap(call: ModelCall, hold: axes.AxisGrant) -> int | None:
+    """The output cap the call is sent with (None: the client's stands, or none, as its hold
+    allows). A call asking for several completions shares a clamped hold among them: each is
+    capped at its share (0: less than a token each)."""
+    if hold.cap is None:
+        return None
     payload = call.payload
     k = output_cap.completions(call.kind, payload) if payload else 1
-    if k == 1:
-        return hold.cap
-    if hold.cap is not None:
-        return hold.cap // k
-    assert payload is not None
-    if hold.tokens and output_cap.client_cap(call.kind, payload) is None:
-        return output_hold
-    return None
+    return hold.cap if k == 1 else hold.cap // k
 
 
 def too_few_tokens(st: EpisodeState, call: ModelCall) -> ProxyError:

@@ -115,8 +115,7 @@ class Turns:
         # The turn's body: its output cap clamped to what other budgets leave, its arm's
         # model, its disclosure text. Each rewrite leaves `body` empty (`payload` is encoded
         # then); the hidden arm's turn goes as the client sent it.
-        cap = None if grant.hold is None else axis_calls.sent_cap(
-            call, grant.hold, self.budget_cfg.output_hold_tokens)
+        cap = None if grant.hold is None else axis_calls.sent_cap(call, grant.hold)
         if cap == 0:  # several completions, less than a token each: its turn given back
             call.outcome = outcome.refused(400)
             call.upstream, call.conversation = upstream, conversation
