@@ -107,4 +107,6 @@ def run_experiment(files: Sequence[str], name: str, as_json: bool) -> int:
         est = "-" if d["estimate"] is None else f"{d['estimate']:+.4g}"
         print(f"  {c['a']} - {c['b']}: {est} [{d['cs_low']:+.4g}, {d['cs_high']:+.4g}] "
               f"over {d['pairs']} pairs: {c['decision']}")
+    if view.get("caution"):
+        print(f"  caution: {view['caution']}")
     return 0

@@ -225,10 +225,13 @@ def experiment_view(exp: ExperimentConfig, finished: Iterable[Finished],
              "estimate": t / c[0] if c[0] else None, "left_out": c[2], "clipped": c[3]}
             for n, c, t in zip(names, counts, totals, strict=True)]
     alpha = exp.alpha / (len(names) - 1)
+    by_task = exp.unit != "task"
+    if not by_task:
+        outcomes = first_of_each_task(outcomes)
     comparisons = []
     for j in range(1, len(names)):
         seq = DifferenceSequence(alpha)
-        for y_a, y_b in paired(outcomes, 0, j, by_task=exp.unit != "task"):
+        for y_a, y_b in paired(outcomes, 0, j, by_task=by_task):
             seq.add(y_a, y_b)
         diff = _difference(seq, width)
         cs_low, cs_high = float(diff["cs_low"] or 0.0), float(diff["cs_high"] or 0.0)
@@ -250,7 +253,37 @@ def experiment_view(exp: ExperimentConfig, finished: Iterable[Finished],
         "decision": first["decision"],
         "comparisons": comparisons,
         "stopped": stopped,
+        "caution": caution(exp),
     }
+
+
+def caution(exp: ExperimentConfig) -> str | None:
+    """What makes the decision unsafe to act on before every episode has finished: arms with
+    different turn budgets (a failure runs to its budget, so the longer arm's successes
+    finish first, and pairs form in finishing order)."""
+    if len({a.budget for a in exp.arms}) == 1:
+        return None
+    return ("the arms' turn budgets differ: an episode's length depends on its outcome "
+            "differently in each arm, and pairs form in finishing order, so a decision read "
+            "while episodes are running can favour the longer arm; read it once every "
+            "episode has finished (docs/experiments.md, What it assumes)")
+
+
+def first_of_each_task(outcomes: list[tuple[str | None, int, float]]
+                       ) -> list[tuple[str | None, int, float]]:
+    """With whole tasks as the unit, each task once: its first finished episode's outcome
+    (an episode without a task is a unit of its own). A task's episodes share its arm and its
+    difficulty, so they are not independent draws: counted each, pairs of a few tasks would
+    converge on the gap in difficulty between the arms' tasks, not on the arms' effect."""
+    seen: set[str] = set()
+    out = []
+    for task, arm, y in outcomes:
+        if task is not None:
+            if task in seen:
+                continue
+            seen.add(task)
+        out.append((task, arm, y))
+    return out
 
 
 def first_stops(exp: ExperimentConfig, finished: Iterable[Finished]) -> dict[

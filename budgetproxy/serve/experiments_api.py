@@ -52,6 +52,7 @@ class ExperimentView(BaseModel):
     decision: Literal["continue", "stop_a_better", "stop_b_better", "stop_futile"]
     comparisons: list[ComparisonView]
     stopped: str | None
+    caution: str | None  # why the decision is unsafe to act on while episodes run
 
 
 def add_experiment_routes(app: FastAPI, experiments: Experiments) -> None:

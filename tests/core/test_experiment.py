@@ -236,3 +236,27 @@ def test_a_kept_entry_round_trips_with_its_value() -> None:
     older = {"id": "e", "task": "t", "arm": "a", "success": True,
              "ended_at": "2026-12-06T10:00:00.000Z"}  # kept before metrics had values
     assert Finished.from_json(older).outcome == 1.0
+
+
+def test_a_task_counts_once_when_whole_tasks_are_the_unit() -> None:
+    """Episodes of one task share its arm and its difficulty: a few tasks repeated many
+    times are a few pairs, not many (an easy task in one arm and a hard one in the other
+    would otherwise look like an effect of the arms)."""
+    e = exp(unit="task", arms=[{"name": "a"}, {"name": "b"}])
+    done = [finished(i, "a" if i % 2 else "b", bool(i % 2), task=f"t{i % 4}")
+            for i in range(400)]
+    view = experiment_view(e, done)
+    assert view["difference"]["pairs"] == 2  # four tasks, two in each arm
+    assert view["decision"] == "continue"
+    assert [a["episodes"] for a in view["arms"]] == [200, 200]  # the estimates use them all
+    assert view["arms"][0]["estimate"] == 1.0 and view["arms"][1]["estimate"] == 0.0
+    per_episode = experiment_view(exp(unit="episode", arms=[{"name": "a"}, {"name": "b"}]),
+                                  [finished(i, "a" if i % 2 else "b", bool(i % 2),
+                                            task=f"t{i % 4}") for i in range(400)])
+    assert per_episode["difference"]["pairs"] == 0  # each task has one arm: none on a task
+
+
+def test_arms_of_different_budgets_carry_a_caution() -> None:
+    assert experiment_view(exp(), [])["caution"] is not None  # budgets None and 4
+    same = exp(arms=[{"name": "a"}, {"name": "b", "disclosure": "disclosed"}])
+    assert experiment_view(same, [])["caution"] is None
