@@ -60,13 +60,38 @@ def destination(scope: Scope) -> Destination:
                 "{rid}:{aid} would be another attempt's)"))
     elif (split := split_episode_prefix(path)) is not None:
         episode, tail = split
-    route = model_route(tail) if post else None
+    route = model_route(tail)
     if route is not None:
-        return Destination(route, episode, rollout)
+        if post:
+            return Destination(route, episode, rollout)
+        if (refusal := other_method(scope)) is not None:
+            return Destination(path=route, refused=refusal)
     if rollout is None and episode is not None and not is_valid_episode_id(episode):
         # (other routes ignore the id, but not a bad one)
         return Destination(path=tail, refused=invalid_episode_id())
     return Destination(path=None if tail == scope["path"] else tail)
+
+
+# What a model route answers beside POST: the API's own reads (a list of stored chat
+# completions), forwarded as they are.
+_READS = frozenset(("GET", "HEAD", "OPTIONS"))
+
+
+def other_method(scope: Scope) -> ProxyError | None:
+    """The refusal of a request to a model route that is no POST, when it could be served as
+    a model call uncounted by an upstream that reads any method (or a GET's body) as one: a
+    method that is not a read is a 405, a read that carries a body a 400; None: a read."""
+    if scope["method"] not in _READS:
+        return ProxyError(405, "method_not_allowed",
+                          f"{scope['method']} is not a method of this route: a model call is a "
+                          "POST", headers={"allow": "POST, GET, HEAD, OPTIONS"})
+    for name, value in scope["headers"]:
+        if (name == b"content-length" and value.strip() not in (b"", b"0")) or (
+                name == b"transfer-encoding"):
+            return ProxyError(400, "invalid_request",
+                              f"A {scope['method']} to a model route carries no body: a model "
+                              "call is a POST")
+    return None
 
 
 def meant_api(said: str) -> str:

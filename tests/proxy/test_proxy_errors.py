@@ -269,6 +269,39 @@ def test_the_episode_api_is_never_sent_upstream(
     assert len(upstream.requests) == before
 
 
+@pytest.mark.parametrize("route", ["/v1/chat/completions", "/v1/completions", "/v1/responses",
+                                   "/v1/messages", "/episodes/e-1/v1/Chat/Completions"])
+@pytest.mark.parametrize("method", ["PUT", "PATCH", "DELETE", "GET"])
+def test_a_model_call_by_another_method_is_never_sent_upstream(
+    faulty: Proxy, upstream: FakeUpstream, method: str, route: str
+) -> None:
+    """An upstream that reads any method (or a GET's body) as a model call would serve these
+    uncounted: a method other than the reads is a 405, a read with a body a 400."""
+    before = len(upstream.requests)
+    with faulty.http() as http:
+        r = http.request(method, route, json=chat_body("x"),
+                         headers={"X-Episode-Id": new_id()})
+    if "messages" in route:
+        assert r.status_code == (405 if method != "GET" else 400), r.text
+        assert r.json()["type"] == "error"  # Anthropic's shape on its route
+    elif method == "GET":
+        assert_openai_error(r, 400, "invalid_request")
+    else:
+        assert_openai_error(r, 405, "method_not_allowed")
+        assert r.headers["allow"] == "POST, GET, HEAD, OPTIONS"
+    assert len(upstream.requests) == before
+
+
+def test_a_read_of_a_model_route_without_a_body_is_forwarded(
+    faulty: Proxy, upstream: FakeUpstream
+) -> None:
+    """GET /v1/chat/completions lists stored completions on OpenAI: forwarded as it is."""
+    before = len(upstream.requests)
+    with faulty.http() as http:
+        http.get("/v1/chat/completions?limit=2")
+    assert len(upstream.requests) == before + 1
+
+
 @pytest.fixture(scope="module")
 def guarded(proxy: ProxyFactory, upstream: FakeUpstream) -> Proxy:
     return proxy({"auth": {"keys": ["proxy-key-1", "proxy-key-2"]},
