@@ -66,6 +66,11 @@ def destination(scope: Scope) -> Destination:
             return Destination(route, episode, rollout)
         if (refusal := other_method(scope)) is not None:
             return Destination(path=route, refused=refusal)
+    elif post and (near := near_model_route(tail)) is not None:
+        return Destination(path=near, refused=ProxyError(
+            404, "not_found", f"No route POST {tail!r}: a model call's path is {near} as it is "
+            "spelled, and this one is not forwarded (an upstream that trims it would serve "
+            "it uncounted)"))
     if rollout is None and episode is not None and not is_valid_episode_id(episode):
         # (other routes ignore the id, but not a bad one)
         return Destination(path=tail, refused=invalid_episode_id())
@@ -91,6 +96,16 @@ def other_method(scope: Scope) -> ProxyError | None:
             return ProxyError(400, "invalid_request",
                               f"A {scope['method']} to a model route carries no body: a model "
                               "call is a POST")
+    return None
+
+
+def near_model_route(path: str) -> str | None:
+    """The model route a POST's path that is none could be read as by a lenient upstream (one
+    that trims trailing dots, spaces or '?', or takes the last `/v1/...` of a path), or None."""
+    trimmed = path.lower().rstrip(". ?")
+    for route in _FOLDED:
+        if trimmed.endswith(route):
+            return _FOLDED[route]
     return None
 
 

@@ -225,6 +225,29 @@ def test_an_encoded_slash_is_refused_with_an_openai_error(guarded: Proxy) -> Non
     assert json.loads(payload)["error"]["code"] == "invalid_path"
 
 
+@pytest.mark.parametrize("target", ["/v1/chat/completions.", "/v1/chat/completions%20",
+                                    "/v1/chat/completions%3f", "/v1/v1/chat/completions",
+                                    "/v1/chat/completions%2e%2e", "/episodes/e1/v1/v1/responses",
+                                    "/v1/x/v1/Messages"])
+def test_a_near_spelling_of_a_model_route_is_not_forwarded(
+        guarded: Proxy, recorder: RecordingUpstream, target: str) -> None:
+    """An upstream that trims trailing dots, spaces or '?', or reads the last /v1/... of a
+    path, would serve these as model calls the proxy did not count: a 404, nothing sent."""
+    before = len(recorder.seen)
+    status, _, payload = _raw(guarded, "POST", target, json.dumps(chat_body("x", model="rec")
+                                                                  ).encode())
+    assert status == 404, payload
+    assert len(recorder.seen) == before
+
+
+def test_a_pass_through_post_ending_in_messages_is_still_forwarded(
+        guarded: Proxy, recorder: RecordingUpstream) -> None:
+    """POST /v1/threads/{id}/messages (the Assistants API) is no near spelling of a route."""
+    before = len(recorder.seen)
+    _raw(guarded, "POST", "/v1/threads/t1/messages", b'{"role": "user", "content": "x"}')
+    assert len(recorder.seen) == before + 1
+
+
 @pytest.mark.parametrize("target", ["/v1/messages/%2f", "//v1/messages/%2f",
                                     "/V1/Messages/%5c", "/episodes/a%2fb/v1/messages",
                                     "/rollout/r/attempt/a%2fb/v1/messages/count_tokens"])
