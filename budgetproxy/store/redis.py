@@ -353,7 +353,11 @@ class RedisStore:
                 fixed, reply, now, message_count, fingerprint), False, placements_known)
         if reply[0] == "absent":
             st = fresh()  # may raise (bad headers): then nothing is stored
-            create = [*args, *encode_state(st)]
+            # The episode is gone from Redis (lost with a restart, or never there): what this
+            # process kept of it is stale, and the reply must be whole whoever creates it (a
+            # call racing this one may, and the script then opens its turn as a later one).
+            self._fixed.pop(episode_id, None)
+            create = [*args[:11], "", *args[12:], *encode_state(st)]
             score = st.last_activity or now
 
             # Indexed (for the sweep of idle episodes) in the same write as its creation,

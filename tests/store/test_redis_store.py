@@ -290,6 +290,31 @@ async def test_replicas_racing_to_create_agree(prefix: str) -> None:
     assert calls >= 1
 
 
+async def test_an_episode_lost_from_redis_starts_again_under_concurrent_calls(
+        prefix: str) -> None:
+    """A replica that kept a turn-only episode's fixed fields, when Redis lost the episode (a
+    restart without persistence): concurrent calls recreate it, each gets a whole answer and
+    a turn of its own, none an error."""
+    import redis.asyncio as aioredis
+
+    s = RedisStore(REDIS_URL, prefix=prefix)
+    raw = aioredis.Redis.from_url(REDIS_URL)
+    try:
+        for _ in range(5):
+            eid = new_eid()
+            first = await open_(s, eid, lambda eid=eid: episode(eid, budget=50), "b0", T0)
+            assert first.grant.kind is GrantKind.FORWARD
+            await raw.delete(*s._keys(eid))  # what a restart without persistence leaves
+            opened = await asyncio.gather(*(open_(s, eid, lambda eid=eid: episode(
+                eid, budget=50), f"b{i}", T0 + 1) for i in range(1, 5)))
+            assert all(o.grant.kind is GrantKind.FORWARD for o in opened)
+            assert sorted(o.grant.turn for o in opened) == [1, 2, 3, 4]
+            assert all(o.state.budget == 50 for o in opened)
+    finally:
+        await s.close()
+        await raw.aclose()
+
+
 async def test_create_get_and_duplicates(store: RedisStore) -> None:
     eid = new_eid()
     ep = episode(eid, budget=4, tags={"k": [1, 2]}, task_id="t", group="g", announced_budget=8)
