@@ -1,6 +1,9 @@
 """`analyze --axis`: the episodes of trajectory logs as the rule along any axis needs them.
 
-Reads JSONL logs (plain or gzipped) itself: each episode's budgets from its episode record,
+Reads JSONL logs (plain or gzipped) with the reader of the default path (`load`): the same
+episode validation, the last record of an episode winning, bad lines skipped and counted,
+unreadable files (a truncated .gz) skipped and named. Each episode's budgets come from its
+episode record,
 and its spend at the success turn (`success_turn`, else `turns_used`, as the turn table reads
 it) from that turn's last answered attempt (`cumulative`), whatever order the files and lines
 came in; or, for records written without it (turn-only episodes), summed from the turn
@@ -18,15 +21,17 @@ budget).
 
 from __future__ import annotations
 
-import gzip
 from collections import defaultdict
-from collections.abc import Iterator, Sequence
+from collections.abc import Sequence
 from datetime import datetime
 from typing import Any
 
 import orjson
 
+from budgetproxy.analysis import load as logs
 from budgetproxy.analysis.axis_rule import AXES, AxisEpisode
+from budgetproxy.analysis.progress import Progress
+from budgetproxy.analysis.table import by_expression
 from budgetproxy.core.prices import PriceTable
 from budgetproxy.core.usage import billed_tokens
 
@@ -34,19 +39,6 @@ BUDGET_FIELDS = {"turns": "budget", "tokens": "token_budget", "cost": "cost_budg
                  "seconds": "time_budget_s"}
 ANNOUNCED_FIELDS = {"turns": "announced_budget", "tokens": "announced_tokens",
                     "cost": "announced_cost", "seconds": "announced_time_s"}
-
-
-def _records(files: Sequence[str]) -> Iterator[dict[str, Any]]:
-    for name in files:
-        opener = gzip.open if name.endswith(".gz") else open
-        with opener(name, "rb") as f:
-            for line in f:
-                try:
-                    rec = orjson.loads(line)
-                except orjson.JSONDecodeError:
-                    continue
-                if isinstance(rec, dict):
-                    yield rec
 
 
 def _epoch(ts: Any) -> float | None:
@@ -143,51 +135,72 @@ def unknown_spend(turns: list[dict[str, Any]], turns_used: int, prices: PriceTab
     return out, unpriced
 
 
-def _by_value(ep: dict[str, Any], name: str) -> str | None:
-    """A --by field of an episode record, or else of its tags, as text."""
-    value = ep.get(name)
-    if value is None and isinstance(ep.get("tags"), dict):
-        value = ep["tags"].get(name)
-    return None if value is None else str(value)
+# The turn record fields the spend is read from (JSON: parsed here).
+TURN_FIELDS = {"episode_id": "VARCHAR", "turn": "BIGINT", "attempt": "BIGINT",
+               "status": "VARCHAR", "model": "VARCHAR", "ts": "VARCHAR", "latency_s": "DOUBLE",
+               "usage": "JSON", "cumulative": "JSON"}
 
 
 def load(files: Sequence[str], prices: PriceTable, by: Sequence[str] = ()
          ) -> tuple[list[AxisEpisode], int]:
     """Episodes that count at all (finished with a task, not abandoned), and how many were
-    left out for that."""
-    episodes: dict[str, dict[str, Any]] = {}
-    turns: dict[str, list[dict[str, Any]]] = defaultdict(list)
-    for rec in _records(files):
-        eid = rec.get("episode_id")
-        if not isinstance(eid, str):
-            continue
-        if rec.get("type") == "episode":
-            episodes[eid] = rec
-        elif rec.get("type") == "turn":
-            turns[eid].append(rec)
+    left out for that. What reading skipped (bad lines, invalid episode records, unreadable
+    files) is reported on stderr as the default path reports it."""
+    from budgetproxy.analysis.command import _print_skipped
+
+    episodes, left_out, summary = load_logs(files, prices, by)
+    _print_skipped(summary)
+    return episodes, left_out
+
+
+def load_logs(files: Sequence[str], prices: PriceTable, by: Sequence[str] = ()
+              ) -> tuple[list[AxisEpisode], int, logs.ScanSummary]:
+    """`load`, with the reader's summary (skipped lines by reason, unreadable files) returned
+    instead of printed."""
+    inputs = logs.discover(list(files))
+    with logs.connect() as con:
+        summary = logs.load_episodes(con, inputs, Progress(inputs.total_bytes))
+        names = ["episode_id", "task_id", "end_reason", "success", "turns_used",
+                 "success_turn", "model", "disclosure",
+                 *BUDGET_FIELDS.values(), *ANNOUNCED_FIELDS.values(), *FULL_FIELDS.values()]
+        names = list(dict.fromkeys(names))
+        cols = ", ".join([*(f'"{n}"' for n in names), *(by_expression(f) for f in by)])
+        rows = con.execute(f"SELECT {cols} FROM episodes ORDER BY episode_id").fetchall()
+        turns: dict[str, list[dict[str, Any]]] = defaultdict(list)
+        if summary.episodes:
+            logs.create_turns_view(con, summary.readable, "axis_turns", TURN_FIELDS)
+            found = con.execute(
+                "SELECT * FROM axis_turns WHERE episode_id IN (SELECT episode_id FROM episodes)"
+            ).fetchall()
+            for row in found:
+                rec = dict(zip(TURN_FIELDS, row, strict=True))
+                for name in ("usage", "cumulative"):
+                    rec[name] = orjson.loads(rec[name]) if rec[name] is not None else None
+                turns[rec["episode_id"]].append(rec)
     out: list[AxisEpisode] = []
     left_out = 0
-    for eid, ep in episodes.items():
+    for row in rows:
+        ep = dict(zip(names, row[:len(names)], strict=True))
+        eid = ep["episode_id"]
         if not ep.get("task_id") or ep.get("end_reason") == "abandoned":
             left_out += 1
             continue
-        success = ep.get("outcome") == "success"
-        used = ep.get("turns_used")
-        used = used if isinstance(used, int) and not isinstance(used, bool) else 0
-        st = ep.get("success_turn")
+        success = bool(ep["success"])
+        used = int(ep["turns_used"])
         # as the turn table reads it: a success reported without a turn was at turns_used
-        st = st if isinstance(st, int) and not isinstance(st, bool) else used
+        st = ep["success_turn"] if ep["success_turn"] is not None else used
         spend = _spend(turns.get(eid, []), st, prices, ep.get("model")) if success else {}
         unknown, unpriced = unknown_spend(turns.get(eid, []), used, prices, ep.get("model"))
         out.append(AxisEpisode(
-            task_id=str(ep["task_id"]), disclosure=str(ep.get("disclosure") or "hidden"),
+            task_id=str(ep["task_id"]), disclosure=str(ep["disclosure"]),
             budgets={a: _num(ep.get(f)) for a, f in BUDGET_FIELDS.items()},
             success=success, spend_at_success=spend,
             announced={a: _num(ep.get(f)) for a, f in ANNOUNCED_FIELDS.items()},
-            by=tuple((name, _by_value(ep, name)) for name in by),
+            by=tuple((name, None if value is None else str(value))
+                     for name, value in zip(by, row[len(names):], strict=True)),
             full={a: _full(ep, a) for a in BUDGET_FIELDS},
             unknown=unknown, unpriced=unpriced))
-    return out, left_out
+    return out, left_out, summary
 
 
 FULL_FIELDS = {"turns": "max_turns", "tokens": "full_token_budget",

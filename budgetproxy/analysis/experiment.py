@@ -14,7 +14,9 @@ from collections.abc import Iterator, Sequence
 from typing import Any
 
 import orjson
+from pydantic import ValidationError
 
+from budgetproxy.analysis.db import InputError
 from budgetproxy.config import ExperimentConfig
 from budgetproxy.core.experiment import (
     DECISION_RECORD,
@@ -37,7 +39,8 @@ def _lines(path: str) -> Iterator[bytes]:
 
 
 def read_experiment(files: Sequence[str], name: str) -> dict[str, Any] | None:
-    """The experiment's view from the logs, or None when no record of its settings is found."""
+    """The experiment's view from the logs, or None when no record of its settings is found
+    (an InputError naming the file when that record is invalid)."""
     found = _read(files, name)
     if found is None:
         return None
@@ -57,6 +60,7 @@ def read_finished(files: Sequence[str], name: str) -> tuple[ExperimentConfig, li
 def _read(files: Sequence[str], name: str) -> tuple[
         ExperimentConfig, list[Finished], Decision | None] | None:
     settings: dict[str, Any] | None = None
+    settings_file = ""
     stopped: Decision | None = None
     episodes: dict[str, dict[str, Any]] = {}  # by id: the last record of each
     for path in files:
@@ -71,19 +75,31 @@ def _read(files: Sequence[str], name: str) -> tuple[
                 continue
             kind = rec.get("type")
             if kind == "experiment" and rec.get("name") == name:
-                settings = rec
+                settings, settings_file = rec, path
             elif kind == DECISION_RECORD and rec.get("experiment") == name:
                 stopped = stopped or rec.get("decision")
             elif kind == "episode" and rec.get("experiment") == name and rec.get("arm"):
                 episodes[str(rec.get("episode_id"))] = rec
     if settings is None:
         return None
-    exp = experiment_from_record(settings)
+    try:
+        exp = experiment_from_record(settings)
+    except ValidationError as exc:
+        raise InputError(f"invalid settings record of experiment {name!r} in {settings_file}: "
+                         f"{_problems(exc)}") from None
     on_exhausted: OnExhausted = ("zero" if settings.get("reward_on_exhausted") == "zero"
                                  else "keep")
     finished = [finished_of(exp, str(rec["arm"]), rec, on_exhausted)
                 for rec in episodes.values()]
     return exp, finished, stopped
+
+
+def _problems(exc: ValidationError) -> str:
+    """A validation error's problems on one line: `arms: Field required; alpha: ...`."""
+    return "; ".join(
+        f"{'.'.join(str(part) for part in err['loc']) or 'record'}: "
+        f"{' '.join(str(err['msg']).split())}"
+        for err in exc.errors())
 
 
 def run_experiment(files: Sequence[str], name: str, as_json: bool) -> int:

@@ -10,7 +10,14 @@ from typing import Any, Protocol
 
 from budgetproxy.analysis.db import sql_str
 from budgetproxy.analysis.passk import pass_at_k, tier_to_turns
-from budgetproxy.analysis.stats import FEW_TASKS_NOTE, bootstrap_ci, few_tasks, zero_width_note
+from budgetproxy.analysis.stats import (
+    FEW_TASKS_NOTE,
+    PILED_NOTE,
+    bootstrap_ci,
+    few_tasks,
+    piled,
+    zero_width_note,
+)
 
 # Episode columns `--by` can name; any other name is looked up in the episode's tags.
 EPISODE_COLUMNS = (
@@ -52,6 +59,8 @@ class Cell:
     episodes_eligible: int
     # why the interval has zero width (one task, every task at 1, ...), None when it has width
     ci_note: str | None = None
+    # most of its tasks' estimates at exactly 1 (or 0): the interval understates (stats.piled)
+    piled: bool = False
 
     @property
     def columns(self) -> tuple[tuple[str, str | None], ...]:
@@ -79,6 +88,7 @@ class Cell:
             by=dict(self.by),
             ci_note=self.ci_note,
             few_tasks=self.few_tasks,
+            piled=self.piled,
         )
         return row
 
@@ -164,14 +174,20 @@ def _cell(
     resamples: int,
     seed: int,
 ) -> Cell:
-    return Cell(k=k, budget=budget, by=by, **estimate(k, tasks, resamples, seed))
+    return Cell(k=k, budget=budget, by=by, **estimate(k, tasks, resamples, seed),
+                piled=piled(task_values(k, tasks)))
+
+
+def task_values(k: int, tasks: Sequence[tuple[int, int]]) -> list[float]:
+    """The per-task Pass@K estimates of the tasks with at least K eligible episodes."""
+    return [pass_at_k(n, c, k) for n, c in tasks if n >= k]
 
 
 def estimate(k: int, tasks: Sequence[tuple[int, int]], resamples: int, seed: int) -> dict[str, Any]:
     """A cell's numbers from its tasks' (n eligible, c succeeded), in task_id order: the mean
     Pass@K over the tasks with n >= K, its bootstrap CI over them, and the counts."""
     used = [(n, c) for n, c in tasks if n >= k]
-    values = [pass_at_k(n, c, k) for n, c in used]
+    values = task_values(k, tasks)
     value = ci_low = ci_high = None
     note = None
     if values:
@@ -265,7 +281,7 @@ def format_cells(
         column = "T" if all(getattr(b, "kind", "") == "turns" for _, b in rows) else "tier/T"
     header = [*fields, column, "tasks", "episodes", *(f"K={k}" for k in ks)]
     body = []
-    left_out = missing = few = zero = False
+    left_out = missing = few = zero = pile = False
     for (by, budget), by_k in rows.items():
         first = next(iter(by_k.values()))
         line = [("-" if v is None else v) for _, v in by]
@@ -283,6 +299,10 @@ def format_cells(
             if found.few_tasks:
                 text += " †"
                 few = True
+            # cells along another axis may not carry the flag
+            if getattr(found, "piled", False):
+                text += " ‡"
+                pile = True
             zero |= found.ci_note is not None
             line.append(text)
         body.append(line)
@@ -303,7 +323,7 @@ def format_cells(
         fmt(header),
         *(fmt(r) for r in body),
         "",
-        *table_notes(left_out, missing, few, zero, letter),
+        *table_notes(left_out, missing, few, zero, letter, piled=pile),
     ]
     return "\n".join(out) + "\n"
 
@@ -316,7 +336,8 @@ def interval_text(cell: TableCell) -> str:
 
 
 def table_notes(
-    left_out: bool, missing: bool, few: bool = False, zero: bool = False, letter: str = "T"
+    left_out: bool, missing: bool, few: bool = False, zero: bool = False, letter: str = "T",
+    *, piled: bool = False,
 ) -> list[str]:
     """The legend under a Pass@(K,T) table: why a K cell can count fewer tasks than `tasks`."""
     notes = [
@@ -332,6 +353,8 @@ def table_notes(
                      "cell is empty; the tasks column still counts them.")  # fmt: skip
     if few:
         notes.append(f"†: {FEW_TASKS_NOTE}: the interval rests on few draws.")
+    if piled:
+        notes.append(f"‡: {PILED_NOTE}.")
     if zero:
         notes.append("zero width: every resample of the tasks gives the same mean (one task, "
                      "or all tasks alike); that is no evidence of certainty.")  # fmt: skip

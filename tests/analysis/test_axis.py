@@ -124,3 +124,67 @@ def test_an_episode_without_its_turn_records_is_left_out_off_the_turns_axis(
     # e0's second turn is not in the log: its 10 tokens would look like a success within 15
     assert out["episodes"]["left_out_reasons"] == {"tokens unknown: turn records missing": 1}
     assert _values(out) == [0.0] and out["pass_at"][0]["n_episodes"] == 2
+
+
+def _episode(eid: str, task: str, won: bool, **fields: Any) -> dict[str, Any]:
+    return episode_record(
+        eid, task_id=task, budget=10, max_turns=10, turns_used=2 if won else 10,
+        outcome="success" if won else "failure", success_turn=2 if won else None,
+        end_reason="success" if won else "failure", **fields)
+
+
+def test_a_truncated_gz_is_skipped_and_named_as_the_default_path_does(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    import gzip
+
+    whole = [_episode("a", "t0", True), *(_turn("a", t, 1, 10 * t) for t in (1, 2)),
+             _episode("b", "t1", False), *(_turn("b", t, 1, 10 * t) for t in range(1, 11))]
+    (tmp_path / "traj-1.jsonl.gz").write_bytes(
+        gzip.compress("".join(json.dumps(r) + "\n" for r in whole).encode()))
+    lost = [_episode(f"x{i}", "t2", True) for i in range(40)]
+    raw = gzip.compress("".join(json.dumps(r) + "\n" for r in lost).encode())
+    (tmp_path / "traj-2.jsonl.gz").write_bytes(raw[:len(raw) // 2])
+    code = main([str(tmp_path), "--axis", "tokens", "--budgets", "100", "--k", "1", "--json"])
+    captured = capsys.readouterr()
+    assert code == 0
+    cell = json.loads(captured.out)["pass_at"][0]
+    # the readable file's two tasks alone: one success at 20 tokens, one failure
+    assert cell["value"] == pytest.approx(0.5) and cell["n_tasks"] == 2
+    assert f"skipped unreadable file {tmp_path / 'traj-2.jsonl.gz'}" in captured.err
+    assert "Traceback" not in captured.err
+
+
+def test_records_the_default_path_skips_are_skipped_and_reported(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    records = [_episode(f"f{i}", f"t{i}", False) for i in range(3)]
+    records.append(dict(_episode("s", "t3", True), schema=2))  # a schema this reader lacks
+    log = _write(tmp_path / "log.jsonl", records)
+    default = _json(capsys, log, "--turns", "5", "--k", "1", "--json")
+    assert default["inputs"]["skipped_reasons"] == {"unknown schema version 2": 1}
+    main([log, "--axis", "turns", "--budgets", "5", "--k", "1", "--json"])
+    captured = capsys.readouterr()
+    along = json.loads(captured.out)
+    assert _values(along) == _values(default) == [0.0]
+    assert along["pass_at"][0]["n_tasks"] == default["pass_at"][0]["n_tasks"] == 3
+    assert "skipped 1 record(s):" in captured.err
+    assert "1 × unknown schema version 2" in captured.err
+
+
+def test_bad_lines_are_counted_by_reason_along_an_axis(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    good = [_episode(f"g{i}", f"t{i % 4}", i % 2 == 1) for i in range(8)]
+    bad = ["{not json", "[1,2,3]", '{"schema":1}', '{"schema":1,"type":"episode"}',
+           '{"schema":1,"type":"turn"}']
+    log = tmp_path / "log.jsonl"
+    log.write_text("".join(json.dumps(r) + "\n" for r in good[:4]) + "\n".join(bad) + "\n"
+                   + "".join(json.dumps(r) + "\n" for r in good[4:]))
+    code = main([str(log), "--axis", "turns", "--budgets", "5", "--k", "1", "--json"])
+    captured = capsys.readouterr()
+    assert code == 0
+    cell = json.loads(captured.out)["pass_at"][0]
+    assert cell["value"] == pytest.approx(0.5) and cell["n_episodes"] == 8
+    assert "skipped 5 record(s):" in captured.err
+    for reason in ("not valid JSON (truncated line?)", 'no "schema" field',
+                   'no "type" field', "episode record without episode_id",
+                   "turn record without episode_id"):
+        assert f"1 × {reason}" in captured.err

@@ -64,7 +64,7 @@ def test_json_output_has_the_contract_shape(
     rows = out["pass_at"]
     assert len(rows) == 2 * 4 * 2  # arms × default tiers × K
     keys = {"k", "tier", "value", "ci_low", "ci_high", "n_tasks", "n_tasks_left_out",
-            "n_episodes", "by", "ci_note", "few_tasks"}  # the contract's, and two more
+            "n_episodes", "by", "ci_note", "few_tasks", "piled"}  # the contract's, and three more
     assert all(set(r) == keys for r in rows)
     assert [r["tier"] for r in rows[:8:2]] == ["25%", "50%", "75%", "100%"]
     assert {json.dumps(r["by"]) for r in rows} == {'{"disclosure": "disclosed"}',

@@ -86,3 +86,13 @@ def test_pass_at_passes_over_experiment_records(tmp_path: Path,
     inputs = json.loads(out)["inputs"]
     assert inputs["skipped"] == 0, inputs
     assert inputs["episode_records"] == 40
+
+
+def test_an_invalid_settings_record_is_one_line(tmp_path: Path,
+                                                capsys: pytest.CaptureFixture[str]) -> None:
+    log = tmp_path / "log.jsonl"
+    log.write_text(json.dumps({"schema": 1, "type": "experiment", "name": "x"}) + "\n")
+    code, out, err = analyze(capsys, str(tmp_path), "--experiment", "x")
+    assert code == 1 and out == ""
+    assert err == (f"budgetproxy analyze: invalid settings record of experiment 'x' in {log}: "
+                   "arms: Field required\n")

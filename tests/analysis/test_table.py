@@ -141,7 +141,7 @@ def test_tasks_with_fewer_than_k_episodes_are_left_out_and_counted(
     assert k2.as_json() == {
         "k": 2, "tier": "100%", "value": k2.value, "ci_low": k2.ci_low, "ci_high": k2.ci_high,
         "n_tasks": 1, "n_tasks_left_out": 1, "n_episodes": 3, "by": {},
-        "ci_note": "zero width: one task", "few_tasks": True,
+        "ci_note": "zero width: one task", "few_tasks": True, "piled": False,
     }  # fmt: skip
     text = format_cells(cells, resamples=200, seed=0)
     assert "K=1" in text and "K=2" in text and "(1)" in text
@@ -345,3 +345,44 @@ def test_zero_width_intervals_say_why(tmp_path: Path) -> None:
     assert spread.ci_low < spread.ci_high
     text = format_cells(split, 200, 0)
     assert "[zero width: one task]" in text and "†" in text
+
+
+def _tasks(easy: int, hard: int) -> list[dict[str, Any]]:
+    """`easy` tasks won in 4 of 5 episodes (Pass@2 exactly 1), `hard` ones in 1 of 5 (0.4)."""
+    records = []
+    for i in range(easy + hard):
+        wins = 4 if i < easy else 1
+        records += [win(f"e{i}-{j}", 2, task=f"t{i:02d}") if j < wins
+                    else episode(f"e{i}-{j}", task=f"t{i:02d}") for j in range(5)]
+    return records
+
+
+def test_cells_with_most_tasks_at_one_bound_are_flagged_piled(tmp_path: Path) -> None:
+    budgets = [Budget(TIER, Fraction(100))]
+    with load.connect() as con:
+        cells = cells_for(con, write(tmp_path / "piled.jsonl", _tasks(9, 3)), [1, 2], budgets)
+    at_two = one(cells, k=2)
+    # 9 of 12 tasks at exactly 1: the interval misses low-side uncertainty, and says so
+    assert at_two.value == pytest.approx((9 + 3 * 0.4) / 12)
+    assert at_two.piled and not at_two.few_tasks and at_two.ci_note is None
+    assert at_two.as_json()["piled"] is True
+    # at K=1 the same tasks sit at 0.8 and 0.2: no pile
+    assert not one(cells, k=1).piled and one(cells, k=1).as_json()["piled"] is False
+    text = format_cells(cells, 200, 0)
+    row = next(line for line in text.splitlines() if line.startswith("100%"))
+    assert row.endswith("‡") and row.count("‡") == 1
+    assert "‡: at least 3/4 of the tasks' estimates at exactly 1 (or at exactly 0)" in text
+    with load.connect() as con:
+        cells = cells_for(con, write(tmp_path / "spread.jsonl", _tasks(8, 4)), [2], budgets)
+    assert not one(cells, k=2).piled  # 8 of 12 at 1: under 3/4
+    assert "‡" not in format_cells(cells, 200, 0)
+
+
+def test_piled_counts_either_bound_but_not_both_together() -> None:
+    from budgetproxy.analysis.stats import piled
+
+    assert piled([1.0] * 3 + [0.5])
+    assert piled([0.0] * 3 + [0.4])
+    assert not piled([1.0] * 2 + [0.0] * 2)  # half at each bound: the spread is seen
+    assert not piled([1.0] * 2 + [0.5])
+    assert not piled([])
