@@ -60,6 +60,7 @@ def _make_store(config: Config) -> EpisodeStore:
         store: EpisodeStore = RedisStore(config.store.url, prefix=config.store.key_prefix,
                                          idle_timeout_s=ep.idle_timeout_s,
                                          retention_s=ep.retention_s,
+                                         sweep_interval_s=ep.sweep_interval_s,
                                          cluster=config.store.cluster,
                                          max_connections=config.store.max_connections)
         return store

@@ -46,6 +46,7 @@ if redis.call('EXISTS', ep) == 0 then
     return cjson.encode({'absent'})
   end
   redis.call('HSET', ep, unpack(ARGV, 15))
+  redis.call('PEXPIRE', ep, ARGV[6])  -- (a first call refused below leaves it its TTL too)
   created = 1
 end
 local f = redis.call('HMGET', ep, 'status', 'budget', 'turns_used', 'inflight', 'last_turn',

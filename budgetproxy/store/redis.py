@@ -137,6 +137,7 @@ class RedisStore:
         idle_timeout_s: float = 3600.0,
         retention_s: float = 86400.0,
         remember_s: float = 30 * 86400.0,
+        sweep_interval_s: float = 5.0,
         socket_timeout_s: float = 5.0,
         connect_timeout_s: float = 2.0,
         cluster: bool = False,
@@ -146,7 +147,10 @@ class RedisStore:
             raise ValueError("store.key_prefix: must be non-empty, without '{' or '}'")
         self.prefix = prefix
         self._active_key = f"{prefix}:active"
-        self._active_ttl_ms = _ms(2 * idle_timeout_s + retention_s)
+        # An active episode's key outlives the sweep's claim of it (at twice the idle timeout,
+        # on the sweep after: expire.lua) by an idle timeout and a sweep whatever the retention,
+        # so a call in flight that long still ends it with its record and tombstone.
+        self._active_ttl_ms = _ms(3 * idle_timeout_s + sweep_interval_s + retention_s)
         self._retention_ms = _ms(retention_s)
         self._remember_ms = _ms(remember_s)
         self._socket_timeout_s = socket_timeout_s

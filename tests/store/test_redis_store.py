@@ -478,6 +478,46 @@ async def test_an_ending_whose_turn_never_settles_is_recorded_within_one_idle_ti
         drop_prefix(prefix)
 
 
+async def test_an_episode_in_flight_outlives_the_sweeps_claim_with_no_retention() -> None:
+    """retention_s 0: the active key's TTL still reaches past the sweep that claims a turn
+    in flight (twice the idle timeout, then a sweep), so the episode is ended, not lost."""
+    import redis.asyncio as aioredis
+
+    prefix = new_prefix()
+    store = RedisStore(REDIS_URL, prefix=prefix, idle_timeout_s=1.0, retention_s=0.0,
+                       sweep_interval_s=0.5)
+    raw = aioredis.Redis.from_url(REDIS_URL)
+    try:
+        eid = new_eid()
+        now = time.time()
+        await open_(store, eid, lambda: episode(eid, created_at=now), "b1", now)
+        await asyncio.sleep(2.3)  # past twice the idle timeout, the sweep's next turn
+        assert await raw.exists(store.episode_key(eid)) == 1
+        ended = await store.expire_idle(time.time(), 1.0, 0.0)
+        assert [s.episode_id for s in ended] == [eid]
+        assert (await open_(store, eid, lambda: episode(eid), "b2", time.time())
+                ).grant.kind is GrantKind.FINISHED  # its id is not opened again
+    finally:
+        await store.close()
+        await raw.aclose()
+        drop_prefix(prefix)
+
+
+async def test_a_first_call_refused_for_a_price_leaves_its_episode_a_ttl(
+        store: RedisStore) -> None:
+    import redis.asyncio as aioredis
+
+    eid = new_eid()
+    opened = await store.open_turn(eid, lambda: episode(eid, cost_budget=0.5), "b1", T0,
+                                   free_retries=2, message_count=1, disclosure_index=None)
+    assert opened.grant.kind is GrantKind.NEED_PRICE
+    raw = aioredis.Redis.from_url(REDIS_URL)
+    try:
+        assert await raw.pttl(store.episode_key(eid)) > 0
+    finally:
+        await raw.aclose()
+
+
 async def test_an_ending_waits_for_its_turns_in_flight(store: RedisStore) -> None:
     eid = new_eid()
     first = await open_(store, eid, lambda: episode(eid, budget=2), "b1", T0)
