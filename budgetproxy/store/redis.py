@@ -63,7 +63,14 @@ from budgetproxy.store.base import (
     TurnClose,
     TurnOpen,
 )
-from budgetproxy.store.redis_cluster import CLUSTER_UNAVAILABLE, cluster_client, eval_each, run_each
+from budgetproxy.store.redis_cluster import (
+    CLUSTER_LOST,
+    CLUSTER_UNAVAILABLE,
+    as_unavailable,
+    cluster_client,
+    eval_each,
+    run_each,
+)
 from budgetproxy.store.redis_codec import decode_state, encode_state
 from budgetproxy.store.redis_pipe import Pending, ScriptPipe, resolve
 
@@ -212,9 +219,12 @@ class RedisStore:
     async def _call(self, op: Callable[[], Awaitable[T]]) -> T:
         with _store_errors():
             if self._cluster:
-                await self._discover()
-                async with self._cluster_slots:
-                    return await op()
+                try:
+                    await self._discover()
+                    async with self._cluster_slots:
+                        return await op()
+                except CLUSTER_LOST as e:
+                    raise as_unavailable(e) from e
             return await op()
 
     async def _discover(self) -> None:

@@ -25,6 +25,21 @@ CLUSTER_UNAVAILABLE: tuple[type[BaseException], ...] = (
 )
 
 
+# What redis-py's cluster client raises from a connection it is replacing while a master
+# fails over (a closed transport, a writer already gone): that node is not answering.
+CLUSTER_LOST: tuple[type[BaseException], ...] = (RuntimeError, AttributeError)
+
+
+def as_unavailable(error: BaseException) -> BaseException:
+    """`error` as the store reads it: a connection lost mid-failover as a ConnectionError
+    (503, or fail_open), any other error as it is."""
+    if isinstance(error, CLUSTER_LOST):
+        lost = rexc.ConnectionError(f"a cluster connection was lost: {error!r}")
+        lost.__cause__ = error
+        return lost
+    return error
+
+
 def cluster_client(url: str, *, socket_timeout_s: float, connect_timeout_s: float,
                    max_connections: int) -> Any:
     """A cluster client for `url` (any node; the others are discovered). Commands are
@@ -53,7 +68,7 @@ async def eval_each(ops: Sequence[Any], slots: asyncio.Semaphore) -> list[Any]:
             return await op.script(keys=op.keys, args=op.args)
 
     results = await asyncio.gather(*(one(op) for op in ops), return_exceptions=True)
-    return list(results)
+    return [as_unavailable(r) if isinstance(r, BaseException) else r for r in results]
 
 
 async def run_each(client: Any, ops: Sequence[Any], is_eval: type,
@@ -71,5 +86,5 @@ async def run_each(client: Any, ops: Sequence[Any], is_eval: type,
                     op(pipe)
                     results.extend(await pipe.execute(raise_on_error=False))
         except Exception as e:
-            results.append(e)
+            results.append(as_unavailable(e))
     return results

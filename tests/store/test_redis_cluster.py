@@ -155,3 +155,42 @@ def test_a_cluster_reached_without_cluster_true_is_a_503_never_a_500(
         if r.status_code != 200:
             assert r.status_code == 503 and r.json()["error"]["code"] == "store_unavailable"
     assert 503 in codes and 500 not in codes
+
+
+async def test_a_connection_lost_mid_failover_reads_as_the_store_unavailable() -> None:
+    """redis-py's cluster client, replacing a failed master's connections, raised these from
+    a closed transport; the store answered them as a proxy failure (500), not a 503."""
+    import asyncio
+
+    from redis import exceptions as rexc
+
+    from budgetproxy.store.redis import _raised
+    from budgetproxy.store.redis_cluster import eval_each, run_each
+
+    class Op:
+        keys: list[str] = []
+        args: list[str] = []
+
+        def __init__(self, error: BaseException) -> None:
+            self.error = error
+
+        async def script(self, **_: Any) -> Any:
+            raise self.error
+
+    lost = [RuntimeError("unable to perform operation on <TCPTransport closed=True>"),
+            AttributeError("'NoneType' object has no attribute 'writelines'")]
+    slots = asyncio.Semaphore(4)
+    results = await eval_each([Op(e) for e in lost], slots)
+    assert all(isinstance(r, rexc.ConnectionError) for r in results), results
+    class Closing:  # a client whose pipeline is built on a closed transport
+        def pipeline(self, transaction: bool) -> Any:
+            raise lost[0]
+
+    in_turn = await run_each(Closing(), [lambda pipe: pipe.get("k")], Op, slots)
+    assert isinstance(in_turn[0], rexc.ConnectionError)
+    from budgetproxy.store.base import StoreUnavailable
+
+    with pytest.raises(StoreUnavailable):
+        _raised(results[0])
+    other = await eval_each([Op(ValueError("a bug of ours"))], slots)
+    assert isinstance(other[0], ValueError)  # anything else stays what it is
