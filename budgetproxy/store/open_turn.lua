@@ -1,4 +1,4 @@
--- Open a turn: create the episode if absent (ARGV[15..] are its fields), then core reserve.
+-- Open a turn: create the episode if absent (ARGV[16..] are its fields), then core reserve.
 -- KEYS: episode, remembered id, placements. ARGV: body_hash, now, free_retries,
 -- message_count, disclosure_index ('' for none), active ttl ms, model ('' for none),
 -- fingerprint ('' for none), client output cap ('' none), USD per output token ('' unknown),
@@ -6,7 +6,7 @@
 -- keeps the episode's fixed fields (a forwarded turn of a turn-only episode is then answered
 -- with what the turn changed, not the whole episode), the placements the caller holds an
 -- answer for: their number and the newest one's digest ('' '' for none; core.episode.Known),
--- [field, value, ...].
+-- the caller's deadline in this server's clock (ms, '' for none), [field, value, ...].
 
 -- core.episode.place on the list of placements (JSON texts [index, turn, count, digest]), in
 -- work that does not grow with it: drop from its end those of longer conversations, and the
@@ -34,6 +34,15 @@ local function place(pl, index, turn, count, digest)
 end
 
 local ep, gone, pl = KEYS[1], KEYS[2], KEYS[3]
+-- A call whose caller has given up waiting (ARGV[15]: its deadline in this server's clock, in
+-- ms; '' for none) takes no turn: the caller answered it 503 (Redis stalled past its socket
+-- timeout, and the script ran once Redis woke), and a turn reserved now would stay in flight.
+if ARGV[15] ~= '' then
+  local t = redis.call('TIME')
+  if tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000) > tonumber(ARGV[15]) then
+    return cjson.encode({'late'})
+  end
+end
 local body_hash, now = ARGV[1], ARGV[2]
 local free_retries = tonumber(ARGV[3])
 local index = ARGV[5]
@@ -42,10 +51,10 @@ if redis.call('EXISTS', ep) == 0 then
   if redis.call('EXISTS', gone) == 1 then
     return cjson.encode({'gone'})
   end
-  if #ARGV < 15 then
+  if #ARGV < 16 then
     return cjson.encode({'absent'})
   end
-  redis.call('HSET', ep, unpack(ARGV, 15))
+  redis.call('HSET', ep, unpack(ARGV, 16))
   redis.call('PEXPIRE', ep, ARGV[6])  -- (a first call refused below leaves it its TTL too)
   created = 1
 end

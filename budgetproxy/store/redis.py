@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import asyncio
 import math
+import time
 from collections.abc import Awaitable, Callable, Iterator, Sequence
 from contextlib import contextmanager
 from importlib import resources
@@ -161,6 +162,7 @@ class RedisStore:
         self._retention_ms = _ms(retention_s)
         self._remember_ms = _ms(remember_s)
         self._socket_timeout_s = socket_timeout_s
+        self._clock_offset_ms: float | None = None  # Redis's clock minus ours (_measure_clock)
         self._cluster = cluster
         self._cluster_ready = False
         self._cluster_lock = asyncio.Lock()
@@ -211,6 +213,22 @@ class RedisStore:
 
     def placements_key(self, episode_id: str) -> str:
         return f"{self.prefix}:pl:{{{episode_id}}}"
+
+    def _deadline_ms(self) -> str:
+        """When a turn's reserve sent now is past its caller's wait (its socket timeout), in
+        Redis's clock: the script refuses to reserve after it ('' before the clock is read)."""
+        offset = self._clock_offset_ms
+        if offset is None:
+            return ""
+        return str(int(time.time() * 1000 + offset + self._socket_timeout_s * 1000))
+
+    async def _measure_clock(self) -> None:
+        """How far Redis's clock is from this process's (read by each sweep), for deadlines."""
+        before = time.time()
+        seconds, micros = await self._call(lambda: self._redis.time())
+        after = time.time()
+        self._clock_offset_ms = (int(seconds) * 1000 + int(micros) / 1000
+                                 - (before + after) * 500)
 
     def _keys(self, episode_id: str) -> list[str]:
         return [self.episode_key(episode_id), self.remembered_key(episode_id),
@@ -359,8 +377,11 @@ class RedisStore:
             "" if fixed is None else "1",
             "" if placements_known is None else placements_known.size,
             "" if placements_known is None else placements_known.digest,
+            self._deadline_ms(),
         ]
         reply = _json(await self._eval(_Eval(self._open, keys, args)))
+        if reply[0] == "late":
+            raise StoreUnavailable("Redis ran the turn's reserve past the call's deadline")
         if fixed is not None and reply[0] == "forward" and reply[2] is False:
             # what the turn changed (open_turn.lua)
             return _forward(episode_id, body_hash, reply, _slim_state(
@@ -381,6 +402,8 @@ class RedisStore:
                                                                    episode_id])
             reply = _json(await self._eval(_Eval(self._open, keys, create)))
             _raised(await indexed)
+            if reply[0] == "late":
+                raise StoreUnavailable("Redis ran the turn's reserve past the call's deadline")
         opened = _turn_open(episode_id, body_hash, reply, placements_known)
         st = opened.state
         if (opened.grant.kind is GrantKind.FORWARD and st.status == "active"
@@ -496,6 +519,7 @@ class RedisStore:
 
         Finished episodes need no sweep: Redis expires them after retention.
         """
+        await self._measure_clock()
         cutoff = now - idle_timeout_s
         args = [repr(float(now)), repr(float(idle_timeout_s)), _ms(retention_s),
                 self._remember_ms]

@@ -255,3 +255,37 @@ def test_fail_open_forwards_and_counts_then_resumes(
         assert metric_total(text, "budgetproxy_store_degraded") == 0
         r = _call(proxy, eid, "two")
         assert r.status_code == 200 and r.headers["x-episode-turn"] == "2"
+
+
+async def test_a_reserve_redis_runs_after_its_caller_gave_up_takes_no_turn(
+        server: RedisServer) -> None:
+    """Redis stalled past the store's socket timeout (a 503 to the caller), then woke and
+    ran the queued script: it must not reserve the turn (charged, and in flight for good)."""
+    import os
+    import signal
+
+    store = RedisStore(server.url, prefix="late", socket_timeout_s=0.5)
+    eid = "ep-late"
+    try:
+        await store.expire_idle(time.time(), 3600, 60)  # the sweep reads Redis's clock
+        first = await store.open_turn(eid, lambda: fresh(eid), "a", time.time(), free_retries=0,
+                                      message_count=1, disclosure_index=None)
+        await store.close_turn(eid, first.grant, SettleResult.OK, time.time(),
+                               count_failed=False)
+        assert server.proc is not None
+        os.kill(server.proc.pid, signal.SIGSTOP)
+        try:
+            with pytest.raises(StoreUnavailable):
+                await store.open_turn(eid, lambda: fresh(eid), "b", time.time(),
+                                      free_retries=0, message_count=1, disclosure_index=None)
+            await asyncio.sleep(0.3)  # past the deadline the script carries
+        finally:
+            os.kill(server.proc.pid, signal.SIGCONT)
+        await asyncio.sleep(0.3)  # the queued script runs now
+        st = await store.get(eid)
+        assert st is not None and (st.turns_used, st.inflight) == (1, 0)
+        again = await store.open_turn(eid, lambda: fresh(eid), "c", time.time(),
+                                      free_retries=0, message_count=1, disclosure_index=None)
+        assert again.grant.kind is GrantKind.FORWARD and again.grant.turn == 2
+    finally:
+        await store.close()
