@@ -141,22 +141,11 @@ TURN_FIELDS = {"episode_id": "VARCHAR", "turn": "BIGINT", "attempt": "BIGINT",
                "usage": "JSON", "cumulative": "JSON"}
 
 
-def load(files: Sequence[str], prices: PriceTable, by: Sequence[str] = ()
-         ) -> tuple[list[AxisEpisode], int]:
-    """Episodes that count at all (finished with a task, not abandoned), and how many were
-    left out for that. What reading skipped (bad lines, invalid episode records, unreadable
-    files) is reported on stderr as the default path reports it."""
-    from budgetproxy.analysis.command import _print_skipped
-
-    episodes, left_out, summary = load_logs(files, prices, by)
-    _print_skipped(summary)
-    return episodes, left_out
-
-
 def load_logs(files: Sequence[str], prices: PriceTable, by: Sequence[str] = ()
               ) -> tuple[list[AxisEpisode], int, logs.ScanSummary]:
-    """`load`, with the reader's summary (skipped lines by reason, unreadable files) returned
-    instead of printed."""
+    """Episodes that count at all (finished with a task, not abandoned), how many were left
+    out for that, and the reader's summary (skipped lines by reason, unreadable files), read
+    as the default path reads them."""
     inputs = logs.discover(list(files))
     with logs.connect() as con:
         summary = logs.load_episodes(con, inputs, Progress(inputs.total_bytes))

@@ -10,6 +10,7 @@ from typing import Any
 
 from budgetproxy.analysis import axis, axis_table, load
 from budgetproxy.analysis.axis_rule import Column
+from budgetproxy.analysis.command import _inputs_json, _print_skipped
 from budgetproxy.analysis.compare import adjusted
 from budgetproxy.core.prices import PriceTable
 
@@ -47,7 +48,8 @@ def run_axis(args: argparse.Namespace) -> int:
         prices = PriceTable(axis.parse_prices(args.price))
     except ValueError as e:
         raise load.InputError(str(e), exit_code=2) from None
-    loaded, left_out = axis.load(inputs.jsonl, prices, fields)
+    loaded, left_out, summary = axis.load_logs(inputs.jsonl, prices, fields)
+    _print_skipped(summary)
     if not loaded:
         raise load.InputError(f"no finished episodes with a task_id in {inputs.files} file(s)")
     capped = [name, *(y for y, level in fixed.items() if level is not None)]
@@ -91,6 +93,7 @@ def run_axis(args: argparse.Namespace) -> int:
         out: dict[str, Any] = {"pass_at": [c.as_json() for c in cells]}
         if args.compare:
             out["compare"] = [d.as_json() for _, ds in differences for d in ds]
+        out["inputs"] = _inputs_json(summary)
         out["episodes"] = counts
         out["settings"] = {
             "k": args.k, "axis": name, "budgets": args.budgets or [],
@@ -101,7 +104,8 @@ def run_axis(args: argparse.Namespace) -> int:
         print(json.dumps(out, indent=2, ensure_ascii=False))
     else:
         why = "; ".join(f"{n:,} {r}" for r, n in reasons.items()) or "none"
-        lines = [f"episodes: {counts['counted']:,} counted; left out: {why}"]
+        lines = [*_read_lines(summary),
+                 f"episodes: {counts['counted']:,} counted; left out: {why}"]
         if counts.get("not_in_tiers"):
             what = "max_turns" if name == "turns" else f"budget on {name}"
             lines.append(f"{counts['not_in_tiers']:,} episodes without a {what}: not in tier "
@@ -117,3 +121,14 @@ def run_axis(args: argparse.Namespace) -> int:
               file=sys.stderr)
         return 1
     return 0
+
+
+def _read_lines(summary: load.ScanSummary) -> list[str]:
+    """What was read, worded as the default path's summary (command._summary_text) words it:
+    files, size, records and how many were skipped, and the duplicate episode records."""
+    lines = [f"read {summary.files:,} file(s), {summary.bytes / 1e6:,.1f} MB: "
+             f"{summary.turn_records:,} turn records, {summary.episode_records:,} episode "
+             "records" + (f", {summary.skipped:,} skipped" if summary.skipped else "")]
+    if summary.duplicates:
+        lines.append(f"{summary.duplicates:,} duplicate episode records (the last one kept)")
+    return lines

@@ -28,8 +28,8 @@ from budgetproxy.analysis.compare import (
     paired,
     significant,
 )
-from budgetproxy.analysis.stats import few_tasks
-from budgetproxy.analysis.table import estimate, format_cells, slice_order
+from budgetproxy.analysis.stats import few_tasks, piled
+from budgetproxy.analysis.table import estimate, format_cells, slice_order, task_values
 
 By = tuple[tuple[str, str | None], ...]
 Hold = dict[str, float | None]
@@ -58,6 +58,8 @@ class AxisCell:
     tasks_eligible: int
     episodes_eligible: int
     ci_note: str | None = None
+    # most of its tasks' estimates at exactly 1 (or 0): the interval understates (stats.piled)
+    piled: bool = False
 
     @property
     def columns(self) -> By:
@@ -72,7 +74,7 @@ class AxisCell:
         row.update(value=self.value, ci_low=self.ci_low, ci_high=self.ci_high,
                    n_tasks=self.n_tasks, n_tasks_left_out=self.n_tasks_left_out,
                    n_episodes=self.n_episodes, by=dict(self.by), hold=self.hold,
-                   ci_note=self.ci_note, few_tasks=self.few_tasks)
+                   ci_note=self.ci_note, few_tasks=self.few_tasks, piled=self.piled)
         return row
 
 
@@ -193,7 +195,8 @@ def compute(episodes: Sequence[AxisEpisode], axis: str, columns: Sequence[Column
             for k in ks:
                 cells.append(AxisCell(k=k, axis=axis, budget=column, hold=dict(hold),
                                       by=tuple(zip(by, key, strict=True)),
-                                      **estimate(k, tasks, resamples, seed)))
+                                      **estimate(k, tasks, resamples, seed),
+                                      piled=piled(task_values(k, tasks))))
     return cells
 
 

@@ -11,7 +11,7 @@ from typing import Any
 from budgetproxy.analysis.compare import Difference
 from budgetproxy.analysis.compare_chart import difference_charts
 from budgetproxy.analysis.passk import tier_to_turns
-from budgetproxy.analysis.stats import FEW_TASKS_NOTE, ratio_ci
+from budgetproxy.analysis.stats import FEW_TASKS_NOTE, PILED_NOTE, ratio_ci
 from budgetproxy.analysis.svg import (
     PALETTE,
     Series,
@@ -154,6 +154,8 @@ def pass_curves(
             caption += f"Tasks per point: {_span(counts)} (hover a point for its own)."
             if any(c.few_tasks for c in drawn):
                 caption += f" Points on {FEW_TASKS_NOTE} rest on few draws."
+            if any(c.piled for c in drawn):
+                caption += f" Points marked ‡ in the table have {PILED_NOTE}."
             undrawn = [s.name for s in series if not s.has_data]
             if len(undrawn) == len(series):
                 caption = ""  # the empty chart says why
@@ -171,9 +173,10 @@ def _pass_td(cell: Cell | None) -> str:
         return "<td>—</td>"
     fewer = f" ({cell.n_tasks})" if cell.n_tasks < cell.tasks_eligible else ""
     few = " †" if cell.few_tasks else ""
+    pile = " ‡" if cell.piled else ""
     return (
         f"<td>{_pct(cell.value)} <span class=muted>{escape(interval_text(cell))}{fewer}{few}"
-        f"</span></td>"
+        f"{pile}</span></td>"
     )
 
 
@@ -196,9 +199,10 @@ def pass_table(cells: Sequence[Cell]) -> str:
     missing = any(c.value is None for c in cells)
     few = any(c.few_tasks for c in cells)
     zero = any(c.ci_note is not None for c in cells)
+    pile = any(c.value is not None and c.piled for c in cells)
     notes = [
         "Pass@(K,T) in %, mean over tasks, [95% bootstrap CI over tasks].",
-        *table_notes(left_out, missing, few, zero),
+        *table_notes(left_out, missing, few, zero, piled=pile),
     ]
     items = "".join(f"<li>{escape(n)}</li>" for n in notes)
     return (

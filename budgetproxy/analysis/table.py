@@ -256,6 +256,8 @@ class TableCell(Protocol):
     def ci_note(self) -> str | None: ...
     @property
     def few_tasks(self) -> bool: ...
+    @property
+    def piled(self) -> bool: ...
 
 
 def format_cells(
@@ -299,8 +301,7 @@ def format_cells(
             if found.few_tasks:
                 text += " †"
                 few = True
-            # cells along another axis may not carry the flag
-            if getattr(found, "piled", False):
+            if found.piled:
                 text += " ‡"
                 pile = True
             zero |= found.ci_note is not None

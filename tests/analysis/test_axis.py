@@ -188,3 +188,84 @@ def test_bad_lines_are_counted_by_reason_along_an_axis(
                    'no "type" field', "episode record without episode_id",
                    "turn record without episode_id"):
         assert f"1 × {reason}" in captured.err
+
+
+def test_inputs_and_skips_are_reported_in_json_and_text_as_the_default_path_does(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    good = [_episode(f"g{i}", f"t{i % 4}", i % 2 == 1) for i in range(8)]
+    good.append(_episode("g0", "t0", False))  # a second record of g0: a duplicate, the last kept
+    log = tmp_path / "log.jsonl"
+    log.write_text("".join(json.dumps(r) + "\n" for r in good[:4]) + "{not json\n"
+                   + json.dumps(dict(_episode("s", "t9", True), schema=2)) + "\n"
+                   + "".join(json.dumps(r) + "\n" for r in good[4:]))
+    default = _json(capsys, str(log), "--turns", "5", "--k", "1", "--json")
+    along = _json(capsys, str(log), "--axis", "turns", "--budgets", "5", "--k", "1", "--json")
+    inputs = along["inputs"]
+    assert inputs == default["inputs"]
+    assert inputs["files"] == 1 and inputs["episode_records"] == 9
+    assert inputs["duplicate_episode_records"] == 1
+    assert inputs["skipped"] == 2
+    assert inputs["skipped_reasons"] == {"not valid JSON (truncated line?)": 1,
+                                         "unknown schema version 2": 1}
+    assert inputs["unreadable_files"] == []
+    assert main([str(log), "--turns", "5", "--k", "1"]) == 0
+    first = capsys.readouterr().out.splitlines()[0]
+    assert first.startswith("read 1 file(s), ") and first.endswith(
+        ": 0 turn records, 9 episode records, 2 skipped")
+    assert main([str(log), "--axis", "turns", "--budgets", "5", "--k", "1"]) == 0
+    captured = capsys.readouterr()
+    lines = captured.out.splitlines()
+    assert lines[0] == first
+    assert lines[1] == "1 duplicate episode records (the last one kept)"
+    assert lines[2].startswith("episodes: 8 counted")
+    # stderr still names the skips, once
+    assert captured.err.count("skipped 2 record(s):") == 1
+
+
+def test_an_unreadable_file_is_in_the_inputs_along_an_axis(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    import gzip
+
+    _write(tmp_path / "a.jsonl", [_episode("a", "t0", True), _episode("b", "t1", False)])
+    raw = gzip.compress("".join(json.dumps(_episode(f"x{i}", "t2", True)) + "\n"
+                                for i in range(40)).encode())
+    (tmp_path / "b.jsonl.gz").write_bytes(raw[:len(raw) // 2])
+    out = _json(capsys, str(tmp_path), "--axis", "turns", "--budgets", "5", "--k", "1",
+                "--json")
+    assert [f["file"] for f in out["inputs"]["unreadable_files"]] == [
+        str(tmp_path / "b.jsonl.gz")]
+    assert out["inputs"]["skipped"] == 0 and not out["inputs"]["skipped_reasons"]
+    assert main([str(tmp_path), "--axis", "turns", "--budgets", "5", "--k", "1"]) == 0
+    assert capsys.readouterr().out.startswith("read ")
+
+
+def _piled_log(path: Path, easy: int, hard: int) -> str:
+    """`easy` tasks won in 4 of 5 episodes (Pass@2 exactly 1), `hard` ones in 1 of 5 (0.4)."""
+    records = [_episode(f"e{i}-{j}", f"t{i:02d}", j < (4 if i < easy else 1))
+               for i in range(easy + hard) for j in range(5)]
+    return _write(path, records)
+
+
+def test_an_axis_cell_with_most_tasks_at_one_is_flagged_piled(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    log = _piled_log(tmp_path / "piled.jsonl", 9, 3)
+    out = _json(capsys, log, "--axis", "turns", "--budgets", "5", "--k", "1,2", "--json")
+    k1, k2 = out["pass_at"]
+    # 9 of 12 tasks at exactly 1 at K=2; at K=1 they sit at 0.8 and 0.2
+    assert k2["value"] == pytest.approx((9 + 3 * 0.4) / 12)
+    assert k2["piled"] is True and k2["few_tasks"] is False and k2["ci_note"] is None
+    assert k1["piled"] is False
+    # the turn table's cell agrees
+    table = _json(capsys, log, "--turns", "5", "--k", "1,2", "--json")
+    assert [c["piled"] for c in table["pass_at"]] == [False, True]
+    assert main([log, "--axis", "turns", "--budgets", "5", "--k", "1,2"]) == 0
+    text = capsys.readouterr().out
+    row = next(line for line in text.splitlines() if line.startswith("none "))
+    assert row.endswith("‡") and row.count("‡") == 1
+    assert "‡: at least 3/4 of the tasks' estimates at exactly 1 (or at exactly 0)" in text
+    # 8 of 12 at 1: under 3/4, no flag and no note
+    spread = _piled_log(tmp_path / "spread.jsonl", 8, 4)
+    out = _json(capsys, spread, "--axis", "turns", "--budgets", "5", "--k", "2", "--json")
+    assert out["pass_at"][0]["piled"] is False
+    assert main([spread, "--axis", "turns", "--budgets", "5", "--k", "2"]) == 0
+    assert "‡" not in capsys.readouterr().out

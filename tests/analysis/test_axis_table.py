@@ -39,7 +39,7 @@ def _json(capsys: pytest.CaptureFixture[str], *argv: str) -> dict[str, Any]:
 
 
 KEYS = ("k", "tier", "value", "ci_low", "ci_high", "n_tasks", "n_tasks_left_out", "n_episodes",
-        "by", "ci_note", "few_tasks")
+        "by", "ci_note", "few_tasks", "piled")
 
 
 @pytest.mark.parametrize("seed", [0, 1])

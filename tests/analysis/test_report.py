@@ -283,3 +283,28 @@ def test_tier_axis_says_turns_when_every_task_shares_max_turns(tmp_path: Path, c
     cells = compute_cells(con, [1], [Budget("tier", Fraction(p)) for p in (25, 100)], [], 50, 0)
     page = report.render_report(con, cells, ["disclosure"], {})
     assert "25% (3)" in page and "100% (10)" in page and "max_turns = 10" in page
+
+
+def test_piled_cells_are_marked_in_the_report(tmp_path: Path, con: Any) -> None:
+    won: dict[str, Any] = {"outcome": "success", "end_reason": "success", "success_turn": 2}
+    # 9 tasks won in 4 of 5 episodes (Pass@2 exactly 1), 3 in 1 of 5 (0.4): piled at K=2
+    records = [
+        episode(f"e{t}-{j}", task=f"t{t:02d}", budget=5, max_turns=5,
+                **(won if j < (4 if t < 9 else 1) else {}))
+        for t in range(12) for j in range(5)
+    ]  # fmt: skip
+    loaded(con, tmp_path / "log.jsonl", records)
+    cells = compute_cells(con, [1, 2], [Budget("tier", Fraction(100))], [], 200, 0)
+    assert [c.piled for c in cells] == [False, True]
+    html = report.pass_table(cells)
+    assert html.count("‡") == 2  # the K=2 cell, and its note in the legend
+    row = re.search(r"<tr><td>all</td><td>100%</td>.*?</tr>", html)
+    assert row is not None
+    k1, k2 = re.findall(r"<td>[\d.]+ <span class=muted>[^<]*</span></td>", row.group(0))
+    assert "‡" in k2 and "‡" not in k1
+    assert "<li>‡: at least 3/4 of the tasks&#x27; estimates at exactly 1" in html
+    page = report.render_report(con, cells, ["disclosure"], {}, resamples=200, seed=0)
+    assert "Points marked ‡ in the table have at least 3/4 of the tasks" in page
+    # no piled cell, no mark and no note
+    plain = report.pass_table([cells[0]])
+    assert "‡" not in plain
