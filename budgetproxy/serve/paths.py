@@ -103,10 +103,7 @@ def near_model_route(path: str) -> str | None:
     """The model route a POST's path that is none could be read as by a lenient upstream (one
     that trims trailing dots, spaces or '?', or takes the last `/v1/...` of a path), or None."""
     trimmed = path.lower().rstrip(". ?")
-    for route in _FOLDED:
-        if trimmed.endswith(route):
-            return _FOLDED[route]
-    return None
+    return next((route for folded, route in _FOLDED.items() if trimmed.endswith(folded)), None)
 
 
 def meant_api(said: str) -> str:

@@ -97,6 +97,9 @@ MAX_CONNECTIONS = 64
 # their turns' replies carry only what a turn changes (~1 KB each); an episode leaves when
 # it ends through this process, or, oldest first, when more would be kept.
 _FIXED_MAX = 4096
+# open_turn.lua's ARGV[12] (its args from 0 here): '1' when this process keeps the episode's
+# fixed fields, so a forwarded turn is answered with what it changed.
+_KNOWS_FIXED = 11
 
 class _Eval:
     """One script call inside a pipeline (a plain class: one is made per call)."""
@@ -379,9 +382,7 @@ class RedisStore:
             "" if placements_known is None else placements_known.digest,
             self._deadline_ms(),
         ]
-        reply = _json(await self._eval(_Eval(self._open, keys, args)))
-        if reply[0] == "late":
-            raise StoreUnavailable("Redis ran the turn's reserve past the call's deadline")
+        reply = _in_time(await self._eval(_Eval(self._open, keys, args)))
         if fixed is not None and reply[0] == "forward" and reply[2] is False:
             # what the turn changed (open_turn.lua)
             return _forward(episode_id, body_hash, reply, _slim_state(
@@ -392,7 +393,8 @@ class RedisStore:
             # process kept of it is stale, and the reply must be whole whoever creates it (a
             # call racing this one may, and the script then opens its turn as a later one).
             self._fixed.pop(episode_id, None)
-            create = [*args[:11], "", *args[12:], *encode_state(st)]
+            args[_KNOWS_FIXED] = ""
+            create = [*args, *encode_state(st)]
             score = st.last_activity or now
 
             # Indexed (for the sweep of idle episodes) in the same write as its creation,
@@ -400,10 +402,8 @@ class RedisStore:
             # (~5,000 opcodes, a tenth of a 10-turn episode's extra cost per call).
             indexed = self.submit(self._index, [self._active_key], [repr(float(score)),
                                                                    episode_id])
-            reply = _json(await self._eval(_Eval(self._open, keys, create)))
+            reply = _in_time(await self._eval(_Eval(self._open, keys, create)))
             _raised(await indexed)
-            if reply[0] == "late":
-                raise StoreUnavailable("Redis ran the turn's reserve past the call's deadline")
         opened = _turn_open(episode_id, body_hash, reply, placements_known)
         st = opened.state
         if (opened.grant.kind is GrantKind.FORWARD and st.status == "active"
@@ -642,6 +642,15 @@ def _raised(result: Any) -> Any:
         with _store_errors():
             raise result
     return result
+
+
+def _in_time(raw: Any) -> list[Any]:
+    """open_turn.lua's reply; StoreUnavailable when it ran past the call's deadline (its
+    caller had already answered 503, and it reserved nothing)."""
+    reply = _json(raw)
+    if reply[0] == "late":
+        raise StoreUnavailable("Redis ran the turn's reserve past the call's deadline")
+    return reply
 
 
 def _ms(seconds: float) -> int:
