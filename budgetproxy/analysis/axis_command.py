@@ -10,7 +10,12 @@ from typing import Any
 
 from budgetproxy.analysis import axis, axis_table, load
 from budgetproxy.analysis.axis_rule import Column
-from budgetproxy.analysis.command import _inputs_json, _print_skipped
+from budgetproxy.analysis.command import (
+    _inputs_json,
+    _print_skipped,
+    duplicates_lines,
+    read_line,
+)
 from budgetproxy.analysis.compare import adjusted
 from budgetproxy.core.prices import PriceTable
 
@@ -104,7 +109,7 @@ def run_axis(args: argparse.Namespace) -> int:
         print(json.dumps(out, indent=2, ensure_ascii=False))
     else:
         why = "; ".join(f"{n:,} {r}" for r, n in reasons.items()) or "none"
-        lines = [*_read_lines(summary),
+        lines = [read_line(summary), *duplicates_lines(summary),
                  f"episodes: {counts['counted']:,} counted; left out: {why}"]
         if counts.get("not_in_tiers"):
             what = "max_turns" if name == "turns" else f"budget on {name}"
@@ -121,14 +126,3 @@ def run_axis(args: argparse.Namespace) -> int:
               file=sys.stderr)
         return 1
     return 0
-
-
-def _read_lines(summary: load.ScanSummary) -> list[str]:
-    """What was read, worded as the default path's summary (command._summary_text) words it:
-    files, size, records and how many were skipped, and the duplicate episode records."""
-    lines = [f"read {summary.files:,} file(s), {summary.bytes / 1e6:,.1f} MB: "
-             f"{summary.turn_records:,} turn records, {summary.episode_records:,} episode "
-             "records" + (f", {summary.skipped:,} skipped" if summary.skipped else "")]
-    if summary.duplicates:
-        lines.append(f"{summary.duplicates:,} duplicate episode records (the last one kept)")
-    return lines

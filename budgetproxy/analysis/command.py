@@ -586,16 +586,27 @@ def _inputs_json(summary: Any) -> dict[str, Any]:
     }
 
 
+def read_line(summary: Any) -> str:
+    """What was read: files, size, records and how many were skipped (every analysis path)."""
+    return (f"read {summary.files:,} file(s), {summary.bytes / 1e6:,.1f} MB: "
+            f"{summary.turn_records:,} turn records, {summary.episode_records:,} episode records"
+            + (f", {summary.skipped:,} skipped" if summary.skipped else ""))
+
+
+def duplicates_lines(summary: Any) -> list[str]:
+    """The duplicate episode records read, if any (the last of each is kept)."""
+    if not summary.duplicates:
+        return []
+    return [f"{summary.duplicates:,} duplicate episode records (the last one kept)"]
+
+
 def _summary_text(summary: Any, counts: dict[str, int]) -> str:
     lines = [
-        f"read {summary.files:,} file(s), {summary.bytes / 1e6:,.1f} MB: "
-        f"{summary.turn_records:,} turn records, {summary.episode_records:,} episode records"
-        + (f", {summary.skipped:,} skipped" if summary.skipped else ""),
+        read_line(summary),
         f"episodes: {counts['total']:,}; left out: {counts['left_out_abandoned']:,} abandoned, "
         f"{counts['left_out_no_task_id']:,} without task_id",
+        *duplicates_lines(summary),
     ]
-    if summary.duplicates:
-        lines.append(f"{summary.duplicates:,} duplicate episode records (the last one kept)")
     if counts["no_max_turns"]:
         lines.append(
             f"{counts['no_max_turns']:,} episodes without max_turns: left out of "
