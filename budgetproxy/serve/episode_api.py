@@ -192,9 +192,15 @@ def build_api(
         done = await store.finish(sid, report, time.time())
         episode_id = local_id(sid)
         if done.status is None or done.state is None:
-            if await store.is_known(sid):
-                return _json({"episode_id": episode_id, "status": "finished"})
-            raise _not_found(episode_id)
+            if not await store.is_known(sid):
+                raise _not_found(episode_id)
+            if report is not None:  # (only its id is left: the report would be lost unseen)
+                raise ProxyError(
+                    409, "episode_forgotten",
+                    f"Episode {episode_id!r} ended and was forgotten (past "
+                    "episodes.retention_s, or evicted by episodes.max_retained): its outcome "
+                    "can no longer be recorded")
+            return _json({"episode_id": episode_id, "status": "finished"})
         if done.status is FinishStatus.CONFLICT:
             raise ProxyError(
                 409, "outcome_conflict",

@@ -70,6 +70,9 @@ _WHEN_HERE: dict[tuple[str, str, int], str] = {
         "(`episode_not_found`), or its turns are not kept: it is past retention, or "
         "`rollouts.keep_turns` is false (`trajectory_not_found`)",
     ("get", _TRAJECTORY, 409): "The episode has not ended (`episode_active`)",
+    ("post", "/v1/episodes/{episode_id}/outcome", 409): "The episode ended with a different "
+        "outcome (`outcome_conflict`), or it ended and was forgotten: only its id is left, "
+        "and the report can no longer be recorded (`episode_forgotten`)",
     ("post", "/v1/groups", 400): "Malformed JSON, or a missing, wrong-typed or out-of-bounds "
         "field (`invalid_request`)",
     ("post", "/v1/groups", 409): "The group was declared with another size (`group_conflict`)",
