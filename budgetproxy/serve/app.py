@@ -140,7 +140,7 @@ class BudgetProxy:
             t = config.trajectories
             sink = (
                 JsonlSink(t.dir, max_file_bytes=t.max_file_bytes, gzip_rotated=t.gzip_rotated,
-                          queue_size=t.queue_size)
+                          queue_size=t.queue_size, linger_s=t.flush_interval_s)
                 if t.enabled else NullSink()
             )
         self.sink = sink

@@ -3,11 +3,13 @@
 A record is encoded as it is put (once its call has answered, while what it holds is still in
 the CPU's caches) and waits as its line. Back-pressure: the queue is bounded; when it is full,
 `put` waits, so calls slow down instead of records being dropped. After a quiet spell a line
-is written and flushed to the OS at once, by its `put`; lines that come within a few
-milliseconds of the previous write wait for the writer, which takes them all at once when
-those milliseconds have passed and writes them as one batch (small batches inline, large ones
-and rotations from a thread). A SIGKILL loses only what was still queued, never a written
-line. SIGTERM drains the queue before the process exits.
+is written and flushed to the OS at once, by its `put`; lines that come within the flush
+interval (`linger`, `trajectories.flush_interval_s`) of the previous write wait for the writer,
+which takes them all at once when it has passed (or the queue is full, or the sink closes) and
+writes them as one batch (small batches inline, large ones and rotations from a thread): a
+file write that follows others by milliseconds costs a call more than the rest of its record
+(bench/README.md). A SIGKILL loses only what was still queued (at most a flush interval's
+records), never a written line. SIGTERM drains the queue before the process exits.
 """
 
 from __future__ import annotations
@@ -126,7 +128,7 @@ class JsonlSink:
         max_file_bytes: int,
         gzip_rotated: bool,
         queue_size: int,
-        linger_s: float = 0.005,
+        linger_s: float = 0.2,
     ) -> None:
         self._linger = linger_s
         self._dir = Path(directory)
@@ -137,6 +139,8 @@ class JsonlSink:
         self._records: list[bytes] = []
         self._max_queued = queue_size
         self._wake: asyncio.Future[None] | None = None  # the writer, waiting for a record
+        # the writer, waiting for the flush interval to pass (cut short when the queue fills)
+        self._lingering: asyncio.Future[None] | None = None
         self._space: collections.deque[asyncio.Future[None]] = collections.deque()  # callers
         self._closing = False
         self._task: asyncio.Task[None] | None = None
@@ -190,12 +194,15 @@ class JsonlSink:
             return
         if len(self._records) >= self._max_queued or self._space:  # full, or others first
             await self._wait_for_space()
-        self._records.append(line)  # (the list the writer takes next)
+        records = self._records
+        records.append(line)  # (the list the writer takes next)
         wake = self._wake
         if wake is not None:
             self._wake = None
             if not wake.done():
                 wake.set_result(None)
+        elif len(records) >= self._max_queued:  # full: the writer lingers no longer
+            self._stop_lingering()
 
     def _idle(self, size: int) -> bool:
         """Whether a line of `size` bytes may be written at once: the sink is not closing, its
@@ -218,6 +225,11 @@ class JsonlSink:
                     self._space.remove(waiter)
             if len(self._records) < self._max_queued:
                 return
+
+    def _stop_lingering(self) -> None:
+        lingering = self._lingering
+        if lingering is not None and not lingering.done():
+            lingering.set_result(None)
 
     def _let_in(self) -> None:
         """Wake every caller waiting for room, in the order they came."""
@@ -245,10 +257,16 @@ class JsonlSink:
                 continue
             # A batch waits only until `linger` has passed since the previous write: after a
             # quiet spell a record leaves at once (no timer, no extra wake of the process);
-            # under load the records of that time leave together in one write.
+            # otherwise the records of that time leave together in one write.
             wait = self._last_write + self._linger - loop.time()
-            if wait > 0 and not self._closing:
-                await asyncio.sleep(wait)
+            if wait > 0 and not self._closing and len(self._records) < self._max_queued:
+                lingering = self._lingering = loop.create_future()
+                timer = loop.call_later(wait, self._stop_lingering)
+                try:
+                    await lingering
+                finally:
+                    timer.cancel()
+                    self._lingering = None
             self._last_write = loop.time()
             batch = self._records
             if len(batch) > _BATCH_MAX:
@@ -275,6 +293,7 @@ class JsonlSink:
             wake = self._wake
             if wake is not None and not wake.done():
                 wake.set_result(None)
+            self._stop_lingering()  # (what is queued is written now)
             with contextlib.suppress(asyncio.CancelledError):
                 await self._task
             self._task = None

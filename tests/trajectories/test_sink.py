@@ -37,10 +37,11 @@ async def test_a_full_queue_makes_callers_wait_and_loses_nothing(tmp_path: Path)
     await sink.start()
     await asyncio.sleep(0)  # the writer is idle, waiting for a first record
     puts = [asyncio.create_task(sink.put({"i": i})) for i in range(10)]
-    # The first batch (a full queue) leaves at once; the writer lingers over the second.
-    await asyncio.sleep(0.01)
+    # One step each: the first record is written by its put, the next three fill the queue,
+    # and the writer (woken by the second) has not run yet.
+    await asyncio.sleep(0)
     waiting = [t for t in puts if not t.done()]
-    assert len(waiting) >= 3  # back-pressure: callers wait instead of records being dropped
+    assert len(waiting) == 6  # back-pressure: callers wait instead of records being dropped
     # A caller that gives up while waiting costs nobody else their record.
     waiting[-1].cancel()
     await asyncio.wait_for(asyncio.gather(*waiting[:-1]), 2)
@@ -123,3 +124,25 @@ async def test_records_written_by_put_and_by_the_writer_keep_their_order(
         await asyncio.sleep(0.01 if burst % 2 else 0.08)  # sometimes within linger
     await sink.close()
     assert [r["i"] for r in _lines(tmp_path)] == list(range(order))
+
+
+@pytest.mark.asyncio
+async def test_a_full_queue_and_close_cut_the_flush_interval_short(tmp_path: Path) -> None:
+    """Records wait for the flush interval only while the queue has room: a full queue is
+    written at once (calls do not stall for the interval), and close writes what waits."""
+    sink = JsonlSink(tmp_path, max_file_bytes=1 << 30, gzip_rotated=False, queue_size=4,
+                     linger_s=30.0)
+    await sink.start()
+    await asyncio.sleep(0)  # the writer waits for a first record
+    await sink.put({"i": 0})  # after a quiet spell: written by its put
+    for i in range(1, 4):
+        await sink.put({"i": i})
+    await asyncio.sleep(0.05)
+    assert [r["i"] for r in _lines(tmp_path)] == [0]  # within the interval: waiting
+    await asyncio.wait_for(sink.put({"i": 4}), 1)  # the queue is full: written now
+    await asyncio.sleep(0.05)
+    assert [r["i"] for r in _lines(tmp_path)] == [0, 1, 2, 3, 4]
+    for i in range(5, 7):
+        await sink.put({"i": i})
+    await asyncio.wait_for(sink.close(), 1)  # not 30 s
+    assert [r["i"] for r in _lines(tmp_path)] == list(range(7))
