@@ -2,9 +2,11 @@
 
 Nothing here is asserted in advance. Each claim is a paired difference from ``budgetproxy
 analyze --json --compare`` (per task, bootstrap CI over tasks), printed with its interval, and
-an effect is named only where the interval excludes 0 and the row is not ``few_tasks`` (at
+an effect is named only where the interval excludes 0, the row's p-value adjusted over its
+comparison's cells (Holm, analyze's default) is below 0.05 (``significant``: the demo reads
+many cells, and some intervals exclude 0 by chance alone), and the row is not ``few_tasks`` (at
 least FEW_TASKS tasks, and 2K eligible episodes a task); otherwise the sentence says that this
-run does not show it.
+run does not show it, and why.
 """
 
 from __future__ import annotations
@@ -66,12 +68,23 @@ def _too_few(rows: Sequence[Mapping[str, Any]]) -> str:
 
 
 def _sign(row: Mapping[str, Any]) -> int:
-    """+1 / -1 when the interval lies above / below 0 and rests on enough draws (not
-    few_tasks), else 0: an interval over two or three tasks excludes 0 too easily to name an
-    effect by."""
-    if not row.get("excludes_zero") or _few(row):
+    """+1 / -1 when the interval lies above / below 0, holds once adjusted for the comparison's
+    other cells (`significant`; a row without the field: its interval alone), and rests on
+    enough draws (not few_tasks), else 0: an interval over two or three tasks excludes 0 too
+    easily to name an effect by."""
+    if not row.get("excludes_zero") or not row.get("significant", True) or _few(row):
         return 0
     return 1 if row["diff"] > 0 else -1
+
+
+def _unsupported(row: Mapping[str, Any]) -> str:
+    """Why a row with enough draws names no effect, in words."""
+    if row.get("excludes_zero"):
+        p = row.get("p_adjusted")
+        shown = "" if p is None else f" ({p:.2f})"
+        return (f"its interval excludes 0 but its p-value adjusted over the comparison's cells"
+                f"{shown} is not below 0.05")
+    return "its interval includes 0"
 
 
 def ordering_flip(
@@ -97,10 +110,10 @@ def ordering_flip(
     elif _few(tight) or _few(loose):
         lines.append(f"  No flip this run can support: {_too_few([tight, loose])}.")
     else:
-        weak = [t for t, r in ((TIGHT, tight), (LOOSE, loose)) if not _sign(r)]
+        weak = [(t, r) for t, r in ((TIGHT, tight), (LOOSE, loose)) if not _sign(r)]
         lines.append(
             "  No flip this run can support: "
-            + (f"the interval at {' and '.join(weak)} includes 0." if weak
+            + ("; ".join(f"at {t} {_unsupported(r)}" for t, r in weak) + "." if weak
                else "both intervals lie on the same side of 0.")  # fmt: skip
         )
     at_k = []
@@ -212,7 +225,8 @@ def what_this_shows(
     lines = [
         "What this shows (numbers from this run; differences of Pass@1 per task, with 95% "
         "paired bootstrap intervals over tasks; * marks an interval that excludes 0 on at least "
-        f"{FEW_TASKS} tasks with 2K episodes each on average):"
+        f"{FEW_TASKS} tasks with 2K episodes each on average, whose p-value adjusted over its "
+        "comparison's cells (Holm) is below 0.05):"
     ]
     flip_lines, _ = ordering_flip(diffs, ks)
     lines += ["- Budget-dependent ordering. " + flip_lines[0], *flip_lines[1:]]
@@ -229,6 +243,9 @@ def what_this_shows(
             f"  {_too_few(_rows(diffs, 'budget-aware', tiers)).capitalize()}: too few to name "
             "an effect of disclosure."
             if any(_few(r) for r in _rows(diffs, "budget-aware", tiers))
+            else "  No difference holds once adjusted for the comparison's cells: this run "
+            "does not show an effect of disclosure."
+            if any(r.get("excludes_zero") for r in _rows(diffs, "budget-aware", tiers))
             else "  No interval excludes 0: this run does not show an effect of disclosure."
         )
     for control in ("careful", "recovering"):
@@ -263,8 +280,8 @@ def token_claim(
     elif _few(row):
         lines.append(f"  {_too_few([row]).capitalize()}: too few to name an effect.")
     else:
-        lines.append("  The interval includes 0: this run does not show an effect of disclosing "
-                     "the token budget.")
+        lines.append(f"  {_unsupported(row).capitalize()}: this run does not show an effect of "
+                     "disclosing the token budget.")
     parts = []
     for arm in ("hidden", "disclosed"):
         mine = [r for r in runs if r.plan.disclosure == arm]

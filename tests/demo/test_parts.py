@@ -152,7 +152,20 @@ def test_summary_claims_only_what_the_intervals_support() -> None:
     rows[1] = _diff("policy", "hidden", "100%", 1, -0.09, -0.33, 0.05)
     text = "\n".join(what_this_shows(rows, results))
     assert "The order flips" not in text
-    assert "No flip this run can support: the interval at 100% includes 0." in text
+    assert "No flip this run can support: at 100% its interval includes 0." in text
+    # Nor is one whose interval excludes 0 but that does not hold once adjusted for the
+    # comparison's other cells (analyze's Holm): the demo reads many cells.
+    rows[1] = dict(_diff("policy", "hidden", "100%", 1, -0.14, -0.24, -0.05),
+                   p_adjusted=0.09, significant=False)
+    text = "\n".join(what_this_shows(rows, results))
+    assert "The order flips" not in text
+    assert ("at 100% its interval excludes 0 but its p-value adjusted over the comparison's "
+            "cells (0.09) is not below 0.05.") in text
+    adjusted = [dict(r, significant=False, p_adjusted=0.2) if r["field"] == "disclosure" else r
+                for r in rows]
+    text = "\n".join(what_this_shows(adjusted, results))
+    assert "25%: +0.39 [+0.23, +0.57]; 100%" in text  # no star
+    assert "No difference holds once adjusted for the comparison's cells" in text
     # Intervals over a handful of tasks exclude 0 too easily: no effect is named on them.
     few = [dict(r, n_tasks=2) for r in rows]
     text = "\n".join(what_this_shows(few, results))
