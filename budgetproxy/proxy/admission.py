@@ -163,7 +163,7 @@ class Admission:
         if counted:
             assert eid is not None
             call.raw_from = earlier = self.prefixes.get(eid)
-            conversation, call.raw, call.raw_proven = dialect.conversation_from(
+            conversation, call.raw, call.raw_proven, call.floatless = dialect.conversation_from(
                 payload, None if earlier is None else earlier.raw)
         if counted and self.uncounted_prompts and (
                 lone_text(conversation, dialect.heads) in self.uncounted_prompts):

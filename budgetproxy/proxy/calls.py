@@ -62,6 +62,7 @@ class ModelCall:
         "payload", "timed_out", "cumulative", "capture", "tokens", "sent", "upstream_body",
         "counts", "answer", "warning", "compaction", "leg", "written", "extends", "lossless",
         "lossy", "placed", "logged_after", "raw", "raw_proven", "raw_from", "sent_body",
+        "floatless",
     )
 
     def __init__(self, route: str, dialect: Dialect) -> None:
@@ -107,6 +108,9 @@ class ModelCall:
         self.raw: Raw | None = None
         self.raw_proven = 0
         self.raw_from: Prefix | None = None
+        # its body's items past the `raw_proven` ones hold no float an integer past 64 bits
+        # became, as their writing shows (dialects/base.py `Read`)
+        self.floatless = False
         # its conversation with the disclosure texts placed, for the next turn to start from
         self.placed: Disclosed | None = None
         # where the body the upstream gets is kept for the next turn (its episode's Prefix's)
@@ -300,6 +304,12 @@ def exact_payload_for(call: ModelCall, body: bytes, payload: dict[str, Any],
                 prints.messages is payload.get(key)) and (
                 _without_large_floats(call.written, len(previous.written) - 1)):
             call.exact, call.lossless = False, True  # (what the walk below would find)
+            return None
+        if known and call.floatless and call.raw_from is previous:
+            # (a Messages call: its items past those its Raw proves the previous turn's, as
+            # orjson wrote them with their markers, hold no `e+`; the proven ones are that
+            # turn's, which it checked)
+            call.exact, call.lossless = False, True
             return None
         checked = Checked(prints.messages, previous.messages, key, dialect.heads, known,
                           call.raw_proven if call.raw_from is previous else 0)

@@ -6,6 +6,7 @@ message, resend a turn, and rewrite their history."""
 from __future__ import annotations
 
 import copy
+import json
 from typing import Any
 
 import orjson
@@ -148,3 +149,31 @@ def test_a_text_that_lands_among_the_items_taken_makes_the_turn_placed_whole() -
     assert got["messages"][1]["content"] == [{"type": "text", "text": "u1"},
                                              {"type": "text", "text": "old"},
                                              {"type": "text", "text": "on a1"}]
+
+
+def test_floatless_says_whether_the_unproven_items_hold_a_float_past_64_bits() -> None:
+    """`floatless` covers the items after the proven ones (all, with none proven), as orjson
+    writes them, markers included: a float an integer past 64 bits became there, or a text
+    holding `e+`, makes it False (the values are then walked); so does such an item that was
+    the newest last turn, read again once its marker moves off; clean new messages leave it
+    True, whatever the proven items hold."""
+    big = 123456789012345678901234567891  # orjson reads it as a float, writes it with e+
+    history: list[dict[str, Any]] = [{"role": "user", "content": "u0"}]
+    raw: Raw | None = None
+    for t in range(1, 8):
+        history = _grow(history, "tool", t)
+        if t == 3:  # a new message with such a float
+            history[-1] = {**history[-1], "n": big}
+        if t == 4:  # a new text holding e+ (no float: still walked)
+            history[-1] = {"role": "user", "content": "1e+5 is a float"}
+        payload = orjson.loads(json.dumps({"model": "m", "system": "sys",
+                                           "messages": _marked(history, t > 1)}))
+        read = MESSAGES.conversation_from(payload, raw)
+        assert read.floatless == (t not in (3, 4, 5)), t
+        if t == 6:  # the float of turn 3 is among the proven items now
+            assert read.proven >= 5 and any("n" in m for m in payload["messages"][:read.proven])
+        raw = read.raw
+    # with none proven, every item is looked at
+    payload = orjson.loads(json.dumps({"model": "m", "system": "sys",
+                                       "messages": _marked(history, True)}))
+    assert not MESSAGES.conversation_from(payload, None).floatless

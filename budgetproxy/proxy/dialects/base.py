@@ -20,6 +20,9 @@ class Read(NamedTuple):
     conversation: list[Any]
     raw: Raw | None  # for the episode's next turn (None: the dialect keeps none)
     proven: int  # the payload's items byte for byte those of the `earlier` turn (0: none)
+    # The payload's items after the `proven` ones (all, when none is), as orjson writes them,
+    # hold no `e+`: no float an integer past 64 bits became among them (False: not known).
+    floatless: bool = False
 
 
 def read_whole(conversation: list[Any]) -> Read:

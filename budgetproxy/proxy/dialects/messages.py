@@ -188,8 +188,10 @@ class MessagesDialect:
             written_last = len(orjson.dumps(conversation[-1]))
         except (TypeError, ValueError):
             return Read(conversation, None, proven)
+        # (the system prompt is among the payload's other values, checked apart: `others`)
+        floatless = raw.find(b"e+", len(earlier.head) if proven and earlier else 0) < 0
         return Read(conversation, Raw(raw[:cut], len(messages) - 1, conversation, written_last),
-                    proven)
+                    proven, floatless)
 
     def continues(self, payload: dict[str, Any]) -> str | None:
         return None
