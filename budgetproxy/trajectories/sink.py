@@ -142,6 +142,7 @@ class JsonlSink:
         # the writer, waiting for the flush interval to pass (cut short when the queue fills)
         self._lingering: asyncio.Future[None] | None = None
         self._space: collections.deque[asyncio.Future[None]] = collections.deque()  # callers
+        self._putting = 0  # callers waiting for room: the writer lets each in before it ends
         self._closing = False
         self._task: asyncio.Task[None] | None = None
         self._file: Any = None
@@ -214,17 +215,21 @@ class JsonlSink:
 
     async def _wait_for_space(self) -> None:
         loop = asyncio.get_running_loop()
-        while True:
-            waiter: asyncio.Future[None] = loop.create_future()
-            self._space.append(waiter)
-            try:
-                await waiter
-            finally:
-                # A caller that gives up still lets those behind it in (they are woken whole).
-                if waiter in self._space:
-                    self._space.remove(waiter)
-            if len(self._records) < self._max_queued:
-                return
+        self._putting += 1
+        try:
+            while True:
+                waiter: asyncio.Future[None] = loop.create_future()
+                self._space.append(waiter)
+                try:
+                    await waiter
+                finally:
+                    # A caller that gives up still lets those behind it in (woken whole).
+                    if waiter in self._space:
+                        self._space.remove(waiter)
+                if len(self._records) < self._max_queued:
+                    return
+        finally:
+            self._putting -= 1
 
     def _stop_lingering(self) -> None:
         lingering = self._lingering
@@ -248,10 +253,17 @@ class JsonlSink:
 
     async def _run(self) -> None:
         loop = asyncio.get_running_loop()
+        backlog = False  # the previous batch left records behind: no wait for them
         while True:
             if not self._records:
                 if self._closing:
-                    return
+                    if not self._putting:
+                        return
+                    # Callers let in (or still waiting) put their records first: a sink
+                    # closing with calls blocked on a full queue writes theirs too.
+                    self._let_in()
+                    await asyncio.sleep(0)
+                    continue
                 self._wake = loop.create_future()
                 await self._wake
                 continue
@@ -259,7 +271,8 @@ class JsonlSink:
             # quiet spell a record leaves at once (no timer, no extra wake of the process);
             # otherwise the records of that time leave together in one write.
             wait = self._last_write + self._linger - loop.time()
-            if wait > 0 and not self._closing and len(self._records) < self._max_queued:
+            if wait > 0 and not self._closing and not backlog and (
+                    len(self._records) < self._max_queued):
                 lingering = self._lingering = loop.create_future()
                 timer = loop.call_later(wait, self._stop_lingering)
                 try:
@@ -269,7 +282,8 @@ class JsonlSink:
                     self._lingering = None
             self._last_write = loop.time()
             batch = self._records
-            if len(batch) > _BATCH_MAX:
+            backlog = len(batch) > _BATCH_MAX
+            if backlog:
                 batch, self._records = batch[:_BATCH_MAX], batch[_BATCH_MAX:]
             else:
                 self._records = []

@@ -146,3 +146,39 @@ async def test_a_full_queue_and_close_cut_the_flush_interval_short(tmp_path: Pat
         await sink.put({"i": i})
     await asyncio.wait_for(sink.close(), 1)  # not 30 s
     assert [r["i"] for r in _lines(tmp_path)] == list(range(7))
+
+
+@pytest.mark.asyncio
+async def test_close_writes_the_records_of_callers_blocked_on_a_full_queue(
+        tmp_path: Path) -> None:
+    """A sink closed while calls wait for room writes their records too, and lets every one
+    of those calls return (the writer used to end once the queue was empty, before the
+    callers it had let in put theirs)."""
+    sink = JsonlSink(tmp_path, max_file_bytes=1 << 30, gzip_rotated=False, queue_size=4,
+                     linger_s=0.05)
+    await sink.start()
+    await asyncio.sleep(0)
+    puts = [asyncio.create_task(sink.put({"i": i})) for i in range(12)]
+    await asyncio.sleep(0)  # the queue is full, callers wait
+    await asyncio.wait_for(sink.close(), 2)
+    await asyncio.wait_for(asyncio.gather(*puts), 2)
+    assert [r["i"] for r in _lines(tmp_path)] == list(range(12))
+
+
+@pytest.mark.asyncio
+async def test_a_backlog_past_one_batch_leaves_without_another_interval(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """More records than one batch takes: the rest follow at once, not a flush interval
+    later for each batch."""
+    from budgetproxy.trajectories import sink as sink_module
+
+    monkeypatch.setattr(sink_module, "_BATCH_MAX", 10)
+    sink = JsonlSink(tmp_path, max_file_bytes=1 << 30, gzip_rotated=False, queue_size=100,
+                     linger_s=1.0)
+    await sink.start()
+    await asyncio.sleep(0)
+    for i in range(25):  # the first written by its put; 24 wait for the interval
+        await sink.put({"i": i})
+    await asyncio.sleep(1.6)  # one interval and some: three batches of 10, 10 and 4 by now
+    assert [r["i"] for r in _lines(tmp_path)] == list(range(25))
+    await sink.close()
