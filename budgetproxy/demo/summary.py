@@ -79,6 +79,8 @@ def _sign(row: Mapping[str, Any]) -> int:
 
 def _unsupported(row: Mapping[str, Any]) -> str:
     """Why a row with enough draws names no effect, in words."""
+    if row.get("ci_note"):  # (a zero-width interval, anywhere: no evidence of anything)
+        return f"its interval has no spread to read ({row['ci_note']})"
     if row.get("excludes_zero"):
         p = row.get("p_adjusted")
         shown = "" if p is None else f" ({p:.2f})"
@@ -128,11 +130,18 @@ def ordering_flip(
     return lines, flipped
 
 
+def _tiers(
+    diffs: Mapping[tuple[str, str, str, int], Any], policy: str, tiers: Sequence[str]
+) -> list[tuple[str, Mapping[str, Any]]]:
+    """(tier, disclosed − hidden row at K=1) for one policy, where the row has a difference."""
+    rows = [(t, diffs.get((DISCLOSURE[0], policy, t, 1))) for t in tiers]
+    return [(t, r) for t, r in rows if r is not None and r["diff"] is not None]
+
+
 def _rows(
     diffs: Mapping[tuple[str, str, str, int], Any], policy: str, tiers: Sequence[str]
 ) -> list[Mapping[str, Any]]:
-    rows = [diffs.get((DISCLOSURE[0], policy, t, 1)) for t in tiers]
-    return [r for r in rows if r is not None and r["diff"] is not None]
+    return [r for _, r in _tiers(diffs, policy, tiers)]
 
 
 def disclosure_effect(
@@ -242,11 +251,13 @@ def what_this_shows(
             if shown else
             f"  {_too_few(_rows(diffs, 'budget-aware', tiers)).capitalize()}: too few to name "
             "an effect of disclosure."
-            if any(_few(r) for r in _rows(diffs, "budget-aware", tiers))
-            else "  No difference holds once adjusted for the comparison's cells: this run "
-            "does not show an effect of disclosure."
-            if any(r.get("excludes_zero") for r in _rows(diffs, "budget-aware", tiers))
+            if all(_few(r) for r in _rows(diffs, "budget-aware", tiers))
             else "  No interval excludes 0: this run does not show an effect of disclosure."
+            if not any(r.get("excludes_zero") or _few(r)
+                       for r in _rows(diffs, "budget-aware", tiers))
+            else "  This run does not show an effect of disclosure: " + "; ".join(
+                f"at {t} {_too_few([r]) if _few(r) else _unsupported(r)}"
+                for t, r in _tiers(diffs, "budget-aware", tiers)) + "."
         )
     for control in ("careful", "recovering"):
         control_lines, _ = disclosure_effect(diffs, control, tiers)

@@ -165,7 +165,18 @@ def test_summary_claims_only_what_the_intervals_support() -> None:
                 for r in rows]
     text = "\n".join(what_this_shows(adjusted, results))
     assert "25%: +0.39 [+0.23, +0.57]; 100%" in text  # no star
-    assert "No difference holds once adjusted for the comparison's cells" in text
+    assert ("This run does not show an effect of disclosure: at 25% its interval excludes 0 "
+            "but its p-value adjusted over the comparison's cells (0.20) is not below 0.05; at "
+            "100% its interval includes 0.") in text
+    # One tier rejected by the adjustment, another on too few tasks: each said as it is.
+    mixed = [*adjusted[:5], dict(adjusted[5], n_tasks=3)]
+    text = "\n".join(what_this_shows(mixed, results))
+    assert ("at 25% its interval excludes 0 but its p-value adjusted over the comparison's "
+            "cells (0.20) is not below 0.05; at 100% fewer than 10 tasks.") in text
+    # A zero-width interval away from 0 is no interval holding 0.
+    rows[1] = _diff("policy", "hidden", "100%", 1, -0.5, -0.5, -0.5, note="zero width")
+    text = "\n".join(what_this_shows(rows, results))
+    assert "at 100% its interval has no spread to read (zero width)." in text
     # Intervals over a handful of tasks exclude 0 too easily: no effect is named on them.
     few = [dict(r, n_tasks=2) for r in rows]
     text = "\n".join(what_this_shows(few, results))
