@@ -225,6 +225,25 @@ def budgetmix_groups(results: Sequence[EpisodeResult]) -> list[str]:
     return lines
 
 
+def _disclosure_verdict(found: Sequence[tuple[str, Mapping[str, Any]]],
+                        shown: Sequence[str], tiers: Sequence[str]) -> str:
+    """The sentence under the disclosure claim: the tiers where it holds, or why none does
+    (each tier's own reason when they differ)."""
+    rows = [r for _, r in found]
+    if shown:
+        others = [t for t in tiers if t not in shown]
+        return (f"  The interval excludes 0 at {', '.join(shown)}: the policy paces itself by "
+                "the budget line the proxy appends, so telling it its budget changes what it "
+                "does" + (f"; at {', '.join(others)} this run cannot tell the arms apart."
+                          if others else "."))
+    if all(_few(r) for r in rows):
+        return f"  {_too_few(rows).capitalize()}: too few to name an effect of disclosure."
+    if not any(r.get("excludes_zero") or _few(r) for r in rows):
+        return "  No interval excludes 0: this run does not show an effect of disclosure."
+    return "  This run does not show an effect of disclosure: " + "; ".join(
+        f"at {t} {_too_few([r]) if _few(r) else _unsupported(r)}" for t, r in found) + "."
+
+
 def what_this_shows(
     compare: Iterable[Mapping[str, Any]], results: Sequence[EpisodeResult], ks: Sequence[int] = (1,)
 ) -> list[str]:
@@ -242,23 +261,7 @@ def what_this_shows(
     disc_lines, shown = disclosure_effect(diffs, "budget-aware", tiers)
     lines += ["- Disclosure changes behaviour. " + disc_lines[0]]
     if disc_lines and "not enough" not in disc_lines[0]:
-        others = [t for t in tiers if t not in shown]
-        lines.append(
-            f"  The interval excludes 0 at {', '.join(shown)}: the policy paces itself by the "
-            "budget line the proxy appends, so telling it its budget changes what it does"
-            + (f"; at {', '.join(others)} this run cannot tell the arms apart." if others
-               else ".")  # fmt: skip
-            if shown else
-            f"  {_too_few(_rows(diffs, 'budget-aware', tiers)).capitalize()}: too few to name "
-            "an effect of disclosure."
-            if all(_few(r) for r in _rows(diffs, "budget-aware", tiers))
-            else "  No interval excludes 0: this run does not show an effect of disclosure."
-            if not any(r.get("excludes_zero") or _few(r)
-                       for r in _rows(diffs, "budget-aware", tiers))
-            else "  This run does not show an effect of disclosure: " + "; ".join(
-                f"at {t} {_too_few([r]) if _few(r) else _unsupported(r)}"
-                for t, r in _tiers(diffs, "budget-aware", tiers)) + "."
-        )
+        lines.append(_disclosure_verdict(_tiers(diffs, "budget-aware", tiers), shown, tiers))
     for control in ("careful", "recovering"):
         control_lines, _ = disclosure_effect(diffs, control, tiers)
         if "not enough" not in control_lines[0]:
