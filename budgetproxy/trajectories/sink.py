@@ -7,7 +7,7 @@ is written and flushed to the OS at once, by its `put`; lines that come within t
 interval (`linger`, `trajectories.flush_interval_s`) of the previous write wait for the writer,
 which takes them all at once when it has passed (or the queue is full, or the sink closes) and
 writes them as one batch (small batches inline, large ones and rotations from a thread): a
-file write that follows others by milliseconds costs a call more than the rest of its record
+file write that is the first in milliseconds costs a call more than the rest of its record
 (bench/README.md). A SIGKILL loses only what was still queued (at most a flush interval's
 records), never a written line. SIGTERM drains the queue before the process exits.
 """
